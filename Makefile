@@ -1,0 +1,37 @@
+# Two commands do all the setup on a fresh machine with Python 3.11:
+#   make train   creates .venv, installs the pinned dependencies, trains on the bundled sample with 2 local workers
+#   make test    same setup, then the test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv train test test-fast lint ui clean
+
+venv: $(STAMP)
+
+# torch is installed first and pinned: an open range would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+train: venv
+	$(BIN)/python -m nre_ray.train --num-workers 2 $(ARGS)
+
+test: venv
+	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: venv
+	$(BIN)/python -m pytest -m "not integration" $(ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+
+ui: venv
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .nre_ray_cache
