@@ -1,0 +1,264 @@
+"""One typed configuration tree for a training run.
+
+Every field carries its help text; the CLI (``python -m nre_ray.train``) is generated from these dataclasses, and an
+optional TOML file (``--config run.toml`` with ``[data]``, ``[model]``, ``[train]``, ``[run]`` tables) fills the same
+fields. Command-line flags override the file. An unknown key or a value of the wrong type is an error with a hint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value or key that cannot be used; the message says which and what to do."""
+
+
+def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None) -> Any:
+    meta = {"help": help, "choices": choices, "flag": flag}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    """Where the data is and how it becomes tensors."""
+
+    data_dir: str | None = _f(None, "Folder with train.csv and optionally valid.csv, test.csv, relation.txt. "
+                                    "Default: the sample dataset bundled with nre_ray.")
+    train: str | None = _f(None, "Explicit training file (overrides the one in --data-dir).")
+    valid: str | None = _f(None, "Explicit validation file.")
+    test: str | None = _f(None, "Explicit test file.")
+    labels: str | None = _f(None, "Label file (relation.txt: one label per line, in class order).")
+    format: str | None = _f(None, "Input format; detected from the file when not given.",
+                            choices=("csv", "tsv", "jsonl", "parquet", "deepke", "opennre", "semeval"))
+    columns: str | None = _f(None, "Column mapping for files with other column names, e.g. "
+                                   "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
+    tokenizer: str = _f("regex", "'regex': words and punctuation for alphabetic scripts, one token per character "
+                                 "for Chinese/Japanese/Korean; 'jieba': Chinese word segmentation, each entity kept "
+                                 "as one token.", choices=("regex", "jieba"))
+    lowercase: bool = _f(True, "Lower-case tokens before building the vocabulary.")
+    min_freq: int = _f(2, "Minimum count in the training split for a token to enter the vocabulary.")
+    max_length: int = _f(128, "Maximum tokens per sentence; longer sentences keep a window around both entities.")
+    position_window: int = _f(50, "Relative positions to the head and tail are clipped to +-this value.")
+    valid_fraction: float = _f(0.1, "Without a validation file, this seeded stratified share of train validates.")
+    on_bad_rows: str = _f("error", "'error': stop before training and list the bad rows; 'skip': train on the good "
+                                   "rows and write the rejected ones next to the run.", choices=("error", "skip"))
+    negative_label: str | None = _f(None, "The 'no relation' label (e.g. Other, no_relation, NA); adds the "
+                                          "positive-class scores and makes them the default selection metric.")
+    cache_dir: str | None = _f(None, "Folder for the preprocessing cache (default: .nre_ray_cache in the working "
+                                     "directory).")
+    no_cache: bool = _f(False, "Rebuild the preprocessed data even when a cached copy exists.")
+
+
+@dataclass
+class ModelConfig:
+    """The encoder and its classifier head."""
+
+    model: str = _f("cnn", "Encoder: see nre_ray.models.registry for the names ('cnn', 'pcnn', ...).")
+    word_dim: int = _f(100, "Word embedding size.")
+    pos_dim: int = _f(10, "Size of each of the two relative-position embeddings.")
+    hidden_size: int = _f(230, "Encoder output size (CNN filters).")
+    kernel_size: int = _f(3, "CNN/PCNN convolution width.")
+    dropout: float = _f(0.5, "Dropout before the classifier.")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop."""
+
+    epochs: int = _f(10, "Training epochs.")
+    batch_size: int = _f(64, "Examples per step on each worker (the global batch is this times --num-workers).")
+    lr: float = _f(1e-3, "Adam learning rate.")
+    weight_decay: float = _f(0.0, "Adam weight decay.")
+    grad_clip: float = _f(5.0, "Clip the gradient norm to this value (0 disables).")
+    lr_factor: float = _f(0.3, "ReduceLROnPlateau factor, applied when the selection metric stops improving.")
+    lr_patience: int = _f(5, "ReduceLROnPlateau patience in epochs.")
+    patience: int = _f(0, "Stop early after this many epochs without improvement of the selection metric (0: off).")
+    select_metric: str | None = _f(None, "Validation metric that selects the best checkpoint (default: macro_f1, or "
+                                         "pos_macro_f1 with --negative-label).")
+    seed: int = _f(1, "Random seed for initialisation, shuffling and the validation split.")
+    num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu.")
+    use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
+    keep_checkpoints: int = _f(2, "Checkpoints kept, best first by the selection metric.")
+    max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
+
+
+@dataclass
+class RunConfig:
+    """Where the run goes: Ray cluster, storage, MLflow."""
+
+    experiment_name: str = _f("nre_ray", "MLflow experiment.")
+    run_name: str | None = _f(None, "Name of the run (Ray Train run and MLflow run); default: model and time.")
+    tracking_uri: str | None = _f(None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
+                                        "in the working directory).")
+    storage_path: str | None = _f(None, "Where Ray Train writes checkpoints (shared storage on a cluster, e.g. "
+                                        "s3://bucket/path); default ./ray_results.")
+    address: str | None = _f(None, "Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    summary_json: str | None = _f(None, "Write the run id, best checkpoint, best epoch and metrics here as JSON.")
+
+
+@dataclass
+class Config:
+    """The whole run configuration."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain nested dict (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """``{"section.field": value}`` for MLflow params."""
+        return {f"{s}.{k}": v for s, sec in self.to_dict().items() for k, v in sec.items()}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> Config:
+        """Build from a nested dict, rejecting unknown sections/keys and values of the wrong type."""
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        unknown = set(raw) - set(sections)
+        if unknown:
+            raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}; expected {sorted(sections)}")
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            section_cls = _SECTIONS[f.name]
+            kwargs[f.name] = _build_section(section_cls, raw.get(f.name, {}), f"{source}: [{f.name}]")
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Check value ranges; raise ConfigError with the flag to fix."""
+        checks = [
+            (self.train.epochs >= 1, "--epochs must be >= 1"),
+            (self.train.batch_size >= 1, "--batch-size must be >= 1"),
+            (self.train.num_workers >= 1, "--num-workers must be >= 1"),
+            (self.train.lr > 0, "--lr must be > 0"),
+            (self.data.max_length >= 4, "--max-length must be >= 4"),
+            (self.data.position_window >= 1, "--position-window must be >= 1"),
+            (0 < self.data.valid_fraction < 1, "--valid-fraction must be between 0 and 1"),
+            (self.data.min_freq >= 1, "--min-freq must be >= 1"),
+            (0 <= self.model.dropout < 1, "--dropout must be in [0, 1)"),
+            (self.model.kernel_size >= 1 and self.model.kernel_size % 2 == 1, "--kernel-size must be odd and >= 1"),
+            (self.train.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    @property
+    def select_metric(self) -> str:
+        """The validation metric used for model selection and the LR schedule."""
+        if self.train.select_metric:
+            return self.train.select_metric
+        return "pos_macro_f1" if self.data.negative_label else "macro_f1"
+
+
+_SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
+
+
+def _field_types(section_cls: type) -> dict[str, type]:
+    """Field name -> its base type (``int | None`` -> int), resolved from the annotations."""
+    return {name: _base_type(tp) for name, tp in typing.get_type_hints(section_cls).items()}
+
+
+def _base_type(tp: Any) -> type:
+    """``int | None`` -> int; ``str`` -> str."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0]
+    return tp
+
+
+def _coerce(value: Any, tp: type, where: str) -> Any:
+    if value is None:
+        return None
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {tp.__name__}, found {type(value).__name__} {value!r}")
+    return value
+
+
+def _build_section(section_cls: type, raw: dict[str, Any], where: str) -> Any:
+    known = {f.name: f for f in dataclasses.fields(section_cls)}
+    types_ = _field_types(section_cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+        f = known[key]
+        value = _coerce(value, types_[key], f"{where} {key}")
+        choices = f.metadata.get("choices")
+        if choices and value is not None and value not in choices:
+            raise ConfigError(f"{where} {key}: {value!r} is not one of {list(choices)}")
+        kwargs[key] = value
+    return section_cls(**kwargs)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser(prog: str = "python -m nre_ray.train", description: str | None = None) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per config field, grouped by section. Defaults are None (= not given)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [data], [model], [train], [run] tables; "
+                        "flags given on the command line override it.")
+    for section, section_cls in _SECTIONS.items():
+        group = parser.add_argument_group(f"{section} options", section_cls.__doc__)
+        defaults = section_cls()
+        types_ = _field_types(section_cls)
+        for f in dataclasses.fields(section_cls):
+            tp = types_[f.name]
+            help_text = f.metadata["help"] + f" (default: {getattr(defaults, f.name)!r})"
+            dest = f"{section}.{f.name}"
+            if tp is bool and getattr(defaults, f.name):
+                group.add_argument(_flag(f.name), dest=dest, action=argparse.BooleanOptionalAction, default=None,
+                                   help=help_text)
+            elif tp is bool:
+                group.add_argument(_flag(f.name), dest=dest, action="store_const", const=True, default=None,
+                                   help=f.metadata["help"])
+            else:
+                group.add_argument(_flag(f.name), dest=dest, type=tp, default=None, help=help_text,
+                                   choices=f.metadata.get("choices"), metavar=f.name.upper())
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Merge an optional TOML file and the flags that were given into a validated Config."""
+    raw: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        try:
+            loaded = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+        for section, values in loaded.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: top-level key {section!r} must be a table such as [train]")
+            raw.setdefault(section, {}).update(values)
+        source = str(path)
+    else:
+        source = "command line"
+    for dest, value in vars(args).items():
+        if "." in dest and value is not None:
+            section, key = dest.split(".", 1)
+            raw[section][key] = value
+    return Config.from_dict(raw, source=source)

@@ -1,0 +1,42 @@
+"""The typed config: CLI flags, TOML file, unknown keys and bad values."""
+
+import pytest
+
+from nre_ray.config import Config, ConfigError, build_parser, config_from_args
+
+
+def test_flags_override_defaults():
+    args = build_parser().parse_args(["--epochs", "3", "--no-lowercase", "--model", "pcnn", "--use-gpu"])
+    cfg = config_from_args(args)
+    assert (cfg.train.epochs, cfg.data.lowercase, cfg.model.model, cfg.train.use_gpu) == (3, False, "pcnn", True)
+    assert cfg.select_metric == "macro_f1"
+
+
+def test_toml_file_then_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[train]\nepochs = 7\nlr = 1\n[data]\nnegative_label = "Other"\n')
+    cfg = config_from_args(build_parser().parse_args(["--config", str(path), "--epochs", "2"]))
+    assert cfg.train.epochs == 2 and cfg.train.lr == 1.0
+    assert cfg.select_metric == "pos_macro_f1"
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nepoch = 7\n")
+    with pytest.raises(ConfigError, match="unknown key 'epoch' \\(did you mean 'epochs'\\?\\)"):
+        config_from_args(build_parser().parse_args(["--config", str(path)]))
+
+
+def test_bad_values():
+    with pytest.raises(ConfigError, match="expected int"):
+        Config.from_dict({"train": {"epochs": "ten"}})
+    with pytest.raises(ConfigError, match="--num-workers must be >= 1"):
+        Config.from_dict({"train": {"num_workers": 0}})
+    with pytest.raises(ConfigError, match="unknown section"):
+        Config.from_dict({"trian": {}})
+
+
+def test_round_trip():
+    cfg = Config.from_dict({"model": {"model": "pcnn"}})
+    assert Config.from_dict(cfg.to_dict()) == cfg
+    assert cfg.flat()["model.model"] == "pcnn"
