@@ -1,0 +1,145 @@
+"""Tokenization and the per-token features of one example, as pure functions (written once, run by Ray Data).
+
+The sentence is first cut at the entity boundaries given by the character offsets, then each piece is tokenized on
+its own. Entity boundaries therefore always fall between tokens, and an entity's token span is found from its offsets,
+never by searching for its text.
+
+Spans are half-open token ranges ``(start, end)``. Relative positions are clipped to ``+-window`` and shifted by
+``window + 1`` so that 0 stays free for padding: ids are in ``[1, 2 * window + 1]``; ``window + 1`` means "inside the
+entity". PCNN segment ids are 1 (up to the end of the first entity), 2 (up to the end of the second), 3 (after).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+# One token per CJK ideograph / kana / hangul syllable; runs of other letters and digits; any other visible character.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+_TOKEN_RE = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])[^\W_])+|\S")
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A tokenized example: tokens and the half-open token spans of head and tail."""
+
+    tokens: list[str]
+    head: Span
+    tail: Span
+
+
+def regex_tokens(text: str, lowercase: bool) -> list[str]:
+    """Words and punctuation for alphabetic scripts, characters for CJK. ``"Acme's 2nd"`` -> ``acme ' s 2nd``."""
+    tokens = _TOKEN_RE.findall(text)
+    return [t.lower() for t in tokens] if lowercase else tokens
+
+
+@lru_cache(maxsize=1)
+def _jieba():
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    return jieba
+
+
+def jieba_tokens(text: str, lowercase: bool) -> list[str]:
+    """Chinese word segmentation (jieba); whitespace dropped."""
+    tokens = [t for t in _jieba().lcut(text) if t.strip()]
+    return [t.lower() for t in tokens] if lowercase else tokens
+
+
+def tokenize_example(sentence: str, head_offset: int, head_len: int, tail_offset: int, tail_len: int,
+                     tokenizer: str = "regex", lowercase: bool = True) -> Tokenized:
+    """Tokenize ``sentence`` so that both entities are whole token spans.
+
+    Raises ValueError when an entity covers no token (e.g. it is only whitespace).
+    """
+    head_chars = (head_offset, head_offset + head_len)
+    tail_chars = (tail_offset, tail_offset + tail_len)
+    cuts = sorted({0, len(sentence), *head_chars, *tail_chars})
+    nested = _overlaps(head_chars, tail_chars)
+    tokens: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for lo, hi in itertools.pairwise(cuts):
+        piece = sentence[lo:hi]
+        is_entity = (lo, hi) in (head_chars, tail_chars)
+        if tokenizer == "jieba" and is_entity and not nested and piece.strip():
+            piece_tokens = [piece.strip().lower() if lowercase else piece.strip()]
+        elif tokenizer == "jieba":
+            piece_tokens = jieba_tokens(piece, lowercase)
+        else:
+            piece_tokens = regex_tokens(piece, lowercase)
+        tokens.extend(piece_tokens)
+        starts.extend([lo] * len(piece_tokens))
+        ends.extend([hi] * len(piece_tokens))
+    head = _span(starts, ends, head_chars)
+    tail = _span(starts, ends, tail_chars)
+    if head[0] == head[1]:
+        raise ValueError("head: the entity contains no token (only spaces?)")
+    if tail[0] == tail[1]:
+        raise ValueError("tail: the entity contains no token (only spaces?)")
+    return Tokenized(tokens, head, tail)
+
+
+def _overlaps(a: Span, b: Span) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _span(starts: list[int], ends: list[int], chars: Span) -> Span:
+    """Token span of the pieces that lie inside ``chars`` (pieces never straddle an entity boundary)."""
+    inside = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if s >= chars[0] and e <= chars[1]]
+    return (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+
+def truncation_window(length: int, head: Span, tail: Span, max_length: int) -> Span:
+    """The ``[start, end)`` token window of at most ``max_length`` tokens, centred on both entities.
+
+    When both entities fit, they are both kept whole; when they are further apart than ``max_length``, the window
+    starts at the first entity.
+    """
+    if length <= max_length:
+        return (0, length)
+    lo, hi = min(head[0], tail[0]), max(head[1], tail[1])
+    if hi - lo >= max_length:
+        start = lo
+    else:
+        start = max(0, lo - (max_length - (hi - lo)) // 2)
+    start = min(start, length - max_length)
+    return (start, start + max_length)
+
+
+def relative_positions(length: int, span: Span, window: int) -> list[int]:
+    """Position id of each token relative to ``span``: ``window + 1`` inside it, less before, more after."""
+    start, end = span
+    out = []
+    for i in range(length):
+        if i < start:
+            rel = i - start
+        elif i >= end:
+            rel = i - end + 1
+        else:
+            rel = 0
+        out.append(max(-window, min(window, rel)) + window + 1)
+    return out
+
+
+def pcnn_segments(length: int, head: Span, tail: Span) -> list[int]:
+    """PCNN piece of each token: 1 up to the end of the first entity, 2 up to the end of the second, 3 after."""
+    first, second = sorted((head, tail))
+    cut1 = min(first[1], length)
+    cut2 = max(cut1, min(second[1], length))
+    return [1 if i < cut1 else 2 if i < cut2 else 3 for i in range(length)]
+
+
+def clip_span(span: Span, window: Span) -> Span:
+    """A span shifted into ``window`` coordinates and clipped to it."""
+    start = min(max(span[0] - window[0], 0), window[1] - window[0])
+    end = min(max(span[1] - window[0], 0), window[1] - window[0])
+    return (start, end)

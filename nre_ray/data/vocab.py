@@ -1,0 +1,50 @@
+"""The token vocabulary, built from the training split only and stored as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PAD, UNK = "<pad>", "<unk>"
+PAD_ID, UNK_ID = 0, 1
+
+
+@dataclass
+class Vocab:
+    """Token <-> id. Id 0 is padding, id 1 stands for every token not in the vocabulary."""
+
+    tokens: list[str]
+    index: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.tokens[:2] != [PAD, UNK]:
+            raise ValueError(f"a vocabulary starts with {PAD!r}, {UNK!r}")
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        if len(self.index) != len(self.tokens):
+            raise ValueError("a vocabulary holds each token once")
+
+    @classmethod
+    def build(cls, counts: Mapping[str, int], min_freq: int = 1) -> Vocab:
+        """Tokens seen at least ``min_freq`` times, most frequent first (ties alphabetically: deterministic)."""
+        kept = sorted((t for t, c in counts.items() if c >= min_freq and t not in (PAD, UNK)),
+                      key=lambda t: (-counts[t], t))
+        return cls([PAD, UNK, *kept])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        """Ids of ``tokens``; unknown tokens map to UNK_ID."""
+        get = self.index.get
+        return [get(t, UNK_ID) for t in tokens]
+
+    def save(self, path: Path) -> None:
+        """Write as a JSON list of tokens (the id is the position)."""
+        Path(path).write_text(json.dumps(self.tokens, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> Vocab:
+        """Read a vocabulary written by :meth:`save`."""
+        return cls(json.loads(Path(path).read_text(encoding="utf-8")))
