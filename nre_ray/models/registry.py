@@ -1,0 +1,61 @@
+"""Model registry: a name -> builder map. Registering a name twice is an error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from nre_ray.models.classifier import RelationClassifier
+from nre_ray.models.cnn import CNNEncoder, PCNNEncoder
+from nre_ray.models.embedding import WordPositionEmbedding
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a builder needs to know about the data."""
+
+    vocab_size: int
+    num_classes: int
+    num_positions: int
+
+
+Builder = Callable[["object", ModelSpec], nn.Module]
+MODELS: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator: ``@register("cnn")`` adds a builder ``(model_config, spec) -> nn.Module``."""
+
+    def add(builder: Builder) -> Builder:
+        if name in MODELS:
+            raise ValueError(f"model {name!r} is already registered")
+        MODELS[name] = builder
+        return builder
+
+    return add
+
+
+def build_model(model_config: object, spec: ModelSpec) -> nn.Module:
+    """Build the model named ``model_config.model``; an unknown name lists the known ones."""
+    name = model_config.model
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(sorted(MODELS))}")
+    return MODELS[name](model_config, spec)
+
+
+def _embedding(cfg: object, spec: ModelSpec) -> WordPositionEmbedding:
+    return WordPositionEmbedding(spec.vocab_size, cfg.word_dim, spec.num_positions, cfg.pos_dim)
+
+
+@register("cnn")
+def _cnn(cfg: object, spec: ModelSpec) -> nn.Module:
+    return RelationClassifier(CNNEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.kernel_size),
+                              spec.num_classes, cfg.dropout)
+
+
+@register("pcnn")
+def _pcnn(cfg: object, spec: ModelSpec) -> nn.Module:
+    return RelationClassifier(PCNNEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.kernel_size),
+                              spec.num_classes, cfg.dropout)
