@@ -1,0 +1,269 @@
+"""The per-worker training loop that Ray Train's TorchTrainer runs: build, prepare, epochs, evaluate, report.
+
+Every rank runs the same code. Distribution shows up in three places only: ``prepare_model`` / ``prepare_data_loader``
+(DDP and the DistributedSampler), the all-reduce of counts in :func:`evaluate` (so every example is counted exactly
+once whatever the number of workers), and rank 0 alone writing checkpoints and MLflow data.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Sampler
+
+from nre_ray import metrics as M
+from nre_ray import reports
+from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from nre_ray.config import Config
+from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
+from nre_ray.data.vocab import Vocab
+from nre_ray.models import build_model
+from nre_ray.models.registry import ModelSpec
+from nre_ray.tracking import Tracker, make_tracker
+
+log = logging.getLogger(__name__)
+EVAL_BATCH_SIZE = 256
+
+
+class ShardSampler(Sampler[int]):
+    """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: every example exactly once, no padding."""
+
+    def __init__(self, n: int, rank: int, world_size: int) -> None:
+        self.indices = range(rank, n, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (or the model itself)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def eval_loader(split: EncodedSplit, rank: int, world_size: int) -> DataLoader:
+    """A loader over this rank's exact shard of ``split`` (no DistributedSampler padding), moved to the device."""
+    loader = DataLoader(EncodedDataset(split), batch_size=EVAL_BATCH_SIZE,
+                        sampler=ShardSampler(len(split), rank, world_size), collate_fn=identity_collate)
+    return ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, num_classes: int) -> tuple[np.ndarray, float]:
+    """Confusion matrix (C, C) and mean loss over the whole split, summed over all ranks."""
+    model.eval()
+    device = ray.train.torch.get_device()
+    cm = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
+    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, count)
+    for batch in loader:
+        logits = model(batch)  # (B, C)
+        gold = batch["labels"]
+        loss_sum[0] += nn.functional.cross_entropy(logits, gold, reduction="sum").double()
+        loss_sum[1] += gold.numel()
+        cm += torch.bincount(gold * num_classes + logits.argmax(dim=-1), minlength=num_classes * num_classes)
+    _all_reduce(cm)
+    _all_reduce(loss_sum)
+    mean_loss = (loss_sum[0] / loss_sum[1].clamp(min=1)).item()
+    return cm.view(num_classes, num_classes).cpu().numpy(), mean_loss
+
+
+def _finite(value: float) -> float:
+    """Ray stores NaN/inf score attributes as null, which breaks a later resume."""
+    return value if math.isfinite(value) else 0.0
+
+
+def _arrays(data: Any) -> dict[str, Any]:
+    return ray.get(data) if isinstance(data, ray.ObjectRef) else data
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Train on this worker's shard; called by TorchTrainer on every rank.
+
+    ``loop_config``: ``config`` (Config.to_dict()), ``data`` (dict or ObjectRef of a dict with ``splits`` name ->
+    arrays, ``vocab``, ``labels``, ``num_positions``), ``tracking_uri`` and ``run_id`` (or None), ``threads``.
+    """
+    cfg = Config.from_dict(loop_config["config"])
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one progress line per epoch, not Ray's report logs
+    data = _arrays(loop_config["data"])
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(max(1, int(loop_config.get("threads", 1))))
+    torch.manual_seed(cfg.train.seed)
+    tracker = make_tracker(rank, loop_config.get("tracking_uri"), loop_config.get("run_id"))
+
+    vocab, labels = Vocab(list(data["vocab"])), list(data["labels"])
+    splits = {name: EncodedSplit({k: np.array(v) for k, v in arrays.items()})
+              for name, arrays in data["splits"].items()}
+    spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
+    model = build_model(cfg.model, spec)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=cfg.train.lr_factor,
+                                                           patience=cfg.train.lr_patience)
+    state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None}
+    resumed = ray.train.get_checkpoint()
+    if resumed:
+        with resumed.as_directory() as folder:
+            loaded = load_checkpoint(Path(folder))
+        check_compatible(loaded, cfg.model.model, vocab, labels)
+        model.load_state_dict(loaded.state["model"])
+        optimizer.load_state_dict(loaded.state["optimizer"])
+        scheduler.load_state_dict(loaded.state["scheduler"])
+        state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
+        state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
+        if rank == 0:
+            log.warning("resuming after epoch %d from %s", state["epoch"], resumed.path)
+    elif rank == 0:
+        tracker.log_params({**cfg.flat(), "data.vocab_size": len(vocab), "data.num_classes": len(labels),
+                            **{f"data.{name}_rows": len(s) for name, s in splits.items()}})
+        tracker.set_tags({"workers": str(world_size), "device": str(ray.train.torch.get_device())})
+
+    model = ray.train.torch.prepare_model(model)
+    generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
+    train_loader = ray.train.torch.prepare_data_loader(DataLoader(
+        EncodedDataset(splits["train"]), batch_size=cfg.train.batch_size, shuffle=True,
+        collate_fn=identity_collate, generator=generator))
+    valid_loader = eval_loader(splits["valid"], rank, world_size)
+    select = cfg.select_metric
+    stale = 0
+
+    for epoch in range(state["epoch"] + 1, cfg.train.epochs + 1):
+        if hasattr(train_loader.sampler, "set_epoch"):
+            train_loader.sampler.set_epoch(epoch)
+        start = time.perf_counter()
+        train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip)
+        elapsed = time.perf_counter() - start
+        cm, valid_loss = evaluate(model, valid_loader, len(labels))
+        valid = M.scores(cm, labels, cfg.data.negative_label)
+        if select not in valid:
+            raise ValueError(f"--select-metric {select!r} is not a validation metric here; choose one of "
+                             f"{', '.join(sorted(valid))}")
+        score = _finite(valid[select])
+        scheduler.step(score)
+        improved = score > state["best_score"]
+        if improved:
+            state.update(best_score=score, best_epoch=epoch,
+                         best_model=copy.deepcopy({k: v.cpu() for k, v in unwrap(model).state_dict().items()}))
+            stale = 0
+        else:
+            stale += 1
+        metrics = {
+            "epoch": epoch, "train_loss": train_loss, "valid_loss": valid_loss,
+            **{f"valid_{k}": _finite(v) for k, v in valid.items()},
+            "lr": optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
+            "epoch_seconds": elapsed, "best_epoch": state["best_epoch"],
+        }
+        tracker.log_metrics(metrics, step=epoch)
+        _report(rank, metrics, model, optimizer, scheduler, state, epoch, cfg, vocab, labels, spec)
+        if rank == 0:
+            print(f"epoch {epoch:3d}/{cfg.train.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
+                  f"valid_{select} {score:.4f}  valid_acc {valid['accuracy']:.4f}  lr {metrics['lr']:.2g}  "
+                  f"{metrics['examples_per_sec']:.0f} ex/s" + ("  *" if improved else ""), flush=True)
+        if cfg.train.patience and stale >= cfg.train.patience:
+            if rank == 0:
+                print(f"early stop: no improvement of valid_{select} for {stale} epochs", flush=True)
+            break
+
+    _final(model, state, splits, labels, cfg, rank, world_size, tracker, vocab, spec)
+
+
+def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
+                 grad_clip: float) -> tuple[float, float]:
+    """One pass over this rank's shard. Returns (mean loss over all ranks, examples seen by all ranks)."""
+    model.train()
+    device = ray.train.torch.get_device()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, examples)
+    for batch in loader:
+        logits = model(batch)  # (B, C)
+        loss = nn.functional.cross_entropy(logits, batch["labels"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        n = batch["labels"].numel()
+        totals[0] += loss.detach().double() * n
+        totals[1] += n
+    _all_reduce(totals)
+    return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item()
+
+
+def _meta(cfg: Config, spec: ModelSpec, epoch: int) -> dict[str, Any]:
+    return {"model": cfg.model.model, "epoch": epoch, "vocab_size": spec.vocab_size,
+            "num_classes": spec.num_classes, "num_positions": spec.num_positions}
+
+
+def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+            scheduler: Any, state: dict[str, Any], epoch: int, cfg: Config, vocab: Vocab, labels: list[str],
+            spec: ModelSpec) -> None:
+    """Every rank reports; rank 0 attaches a complete checkpoint."""
+    if rank != 0:
+        ray.train.report(metrics, checkpoint=None)
+        return
+    full_state = {
+        "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(), "epoch": epoch, "best_score": state["best_score"],
+        "best_epoch": state["best_epoch"], "metrics": {k: float(v) for k, v in metrics.items()},
+        "best_model": None if state["best_epoch"] == epoch else state["best_model"],
+    }
+    # Ray copies the folder to storage and then deletes it; in local mode (num_workers=0) the folder is the checkpoint.
+    folder = tempfile.mkdtemp(prefix="nre_ray_ckpt_")
+    save_checkpoint(Path(folder), full_state, cfg, vocab, labels, _meta(cfg, spec, epoch))
+    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder),
+                     delete_local_checkpoint_after_upload=True)
+
+
+def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSplit], labels: list[str],
+           cfg: Config, rank: int, world_size: int, tracker: Tracker, vocab: Vocab, spec: ModelSpec) -> None:
+    """Load the best weights, score valid and test once, and log reports and the best checkpoint (rank 0)."""
+    if state["best_model"] is None:
+        return
+    unwrap(model).load_state_dict(state["best_model"])
+    results = {}
+    for name in ("valid", "test"):
+        if name in splits:
+            cm, loss = evaluate(model, eval_loader(splits[name], rank, world_size), len(labels))
+            results[name] = (cm, {**M.scores(cm, labels, cfg.data.negative_label), "loss": loss})
+    if rank != 0:
+        return
+    final = {f"{name}_{k}": _finite(v) for name, (_, s) in results.items() for k, v in s.items()}
+    tracker.log_metrics({"best_epoch": state["best_epoch"], **{k: v for k, v in final.items()
+                                                               if k.startswith("test_")}}, step=state["best_epoch"])
+    with tempfile.TemporaryDirectory(prefix="nre_ray_report_") as tmp:
+        folder = Path(tmp)
+        for name, (cm, _) in results.items():
+            reports.write_class_report(cm, labels, folder, name)
+            reports.plot_confusion_matrix(cm, labels, folder / f"{name}_confusion_matrix.png",
+                                          f"{name} (best epoch {state['best_epoch']})")
+        tracker.log_artifacts(folder, "reports")
+    with tempfile.TemporaryDirectory(prefix="nre_ray_best_") as tmp:
+        best = {"model": state["best_model"], "epoch": state["best_epoch"], "best_score": state["best_score"],
+                "best_epoch": state["best_epoch"], "metrics": final}
+        save_checkpoint(Path(tmp), best, cfg, vocab, labels, _meta(cfg, spec, state["best_epoch"]))
+        tracker.log_artifacts(Path(tmp), "best_checkpoint")
+    if "test" in results:
+        test = results["test"][1]
+        print(f"test (best epoch {state['best_epoch']}): " + "  ".join(
+            f"{k} {test[k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1", "pos_macro_f1", "pos_micro_f1",
+                                          "semeval_macro_f1") if k in test), flush=True)
