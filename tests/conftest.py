@@ -1,0 +1,35 @@
+"""Test-session fixtures: one real local Ray cluster for the whole session (started on first use)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "datasets"
+
+for key, value in {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+                   "RAY_AUTH_MODE": "disabled", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+                   "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}.items():
+    os.environ.setdefault(key, value)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray with 4 logical CPUs (on 2 cores), shared by every test that needs one."""
+    import ray
+
+    ray.init(num_cpus=4, logging_level=logging.WARNING, log_to_driver=True)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    """``../shared/datasets`` beside the checkout (read in place, never copied into the repo)."""
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is not here")
+    return SHARED

@@ -1,0 +1,87 @@
+"""The real CLI on a real local Ray cluster with a real MLflow sqlite store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from nre_ray.checkpoint import load_checkpoint
+from nre_ray.train import main
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def _client(folder: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+
+
+def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    summary_path = tmp_path / "summary.json"
+    code = main(["--num-workers", "2", "--epochs", "2", "--run-name", "sample", "--experiment-name", "it",
+                 "--summary-json", str(summary_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "best epoch" in out and "test " in out
+
+    summary = json.loads(summary_path.read_text())
+    assert summary["run_name"] == "sample" and summary["best_epoch"] in (1, 2)
+    assert Path(summary["best_checkpoint"]).is_dir()
+    assert summary["valid"]["macro_f1"] > 0.5  # 9 classes: chance is about 0.11
+    assert summary["test"]["macro_f1"] > 0.5
+    assert summary["storage_path"] == str(tmp_path / "ray_results")
+
+    client = _client(tmp_path)
+    run = client.get_run(summary["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "sample"
+    assert run.data.params["train.epochs"] == "2" and run.data.params["model.model"] == "cnn"
+    assert run.data.tags["workers"] == "2"
+    history = client.get_metric_history(run.info.run_id, "valid_macro_f1")
+    assert sorted(m.step for m in history) == [1, 2]
+    for name in ("train_loss", "valid_accuracy", "valid_micro_f1", "lr", "examples_per_sec"):
+        assert len(client.get_metric_history(run.info.run_id, name)) == 2, name
+    assert run.data.metrics["test_macro_f1"] == pytest.approx(summary["test"]["macro_f1"])
+
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "best_checkpoint")}
+    assert {"best_checkpoint/state.pt", "best_checkpoint/vocab.json", "best_checkpoint/labels.json"} <= artifacts
+    reports = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
+    assert "reports/test_confusion_matrix.png" in reports and "reports/valid_per_class.md" in reports
+    local = Path(client.download_artifacts(run.info.run_id, "best_checkpoint", str(tmp_path / "dl")))
+    loaded = load_checkpoint(local)
+    assert loaded.state["epoch"] == summary["best_epoch"]
+    assert "no_relation" in loaded.labels
+
+    # The same run name again is refused: nothing is overwritten.
+    assert main(["--num-workers", "1", "--epochs", "1", "--run-name", "sample"]) == 2
+    assert "already has checkpoints" in capsys.readouterr().err
+
+
+def test_chinese_data_without_valid_file(ray_cluster, tmp_path, monkeypatch, shared_datasets):
+    """DeepKE's Chinese data: no valid file (a stratified split of train), extra columns, CJK tokens."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["--data-dir", str(shared_datasets / "deepke_chinese" / "csv"), "--num-workers", "2",
+                 "--epochs", "1", "--run-name", "zh", "--summary-json", "s.json"])
+    assert code == 0
+    summary = json.loads(Path("s.json").read_text())
+    assert summary["test"]["macro_f1"] > 0.3  # 10 balanced classes: chance is 0.1
+
+
+def test_use_gpu_without_gpu_is_a_clear_error(ray_cluster, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--use-gpu", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--use-gpu: this Ray cluster has no GPU" in err and "Traceback" not in err
+
+
+def test_help_lists_every_option():
+    out = subprocess.run([sys.executable, "-m", "nre_ray.train", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for flag in ("--data-dir", "--model", "--num-workers", "--use-gpu", "--epochs", "--batch-size", "--lr", "--seed",
+                 "--experiment-name", "--run-name", "--tracking-uri", "--storage-path", "--address",
+                 "--summary-json"):
+        assert flag in out
