@@ -105,7 +105,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     arrays, ``vocab``, ``labels``, ``num_positions``), ``tracking_uri`` and ``run_id`` (or None), ``threads``.
     """
     cfg = Config.from_dict(loop_config["config"])
-    logging.getLogger("ray.train").setLevel(logging.WARNING)  # one progress line per epoch, not Ray's report logs
+    # One progress line per epoch, not Ray's per-report INFO logs (some go to the root logger under a file name).
+    logging.getLogger().setLevel(logging.WARNING)
     data = _arrays(loop_config["data"])
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
