@@ -131,6 +131,14 @@ def run(cfg: Config) -> dict[str, Any]:
         raise UsageError(f"run {run_name!r} already has checkpoints in {Path(storage) / run_name} "
                          f"({', '.join(existing[:3])}); nothing was overwritten. Choose another --run-name.")
     tracking_uri = tracking.resolve_tracking_uri(cfg.run.tracking_uri)
+    if cfg.model.embeddings:  # workers chdir into Ray's session folder: they need an absolute path
+        from nre_ray.models.pretrained import check_dim
+
+        cfg.model.embeddings = str(Path(cfg.model.embeddings).expanduser().absolute())
+        try:
+            check_dim(cfg.model.embeddings, cfg.model.word_dim)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
 
     start_ray(cfg.run.address, cfg.train.num_workers)
     resources = plan_resources(cfg.train.num_workers, cfg.train.use_gpu, alive_nodes())
@@ -235,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(description="Train a sentence-level relation classifier with Ray Train, Ray Data and "
                                       "MLflow. Without --data-dir it trains on the bundled English sample.")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("nre_ray").setLevel(logging.INFO)
+    for noisy in ("ray.data", "mlflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from nre_ray.checkpoint import CheckpointError
     from nre_ray.data.errors import DataError
 
