@@ -64,12 +64,22 @@ class DataConfig:
 class ModelConfig:
     """The encoder and its classifier head."""
 
-    model: str = _f("cnn", "Encoder: see nre_ray.models.registry for the names ('cnn', 'pcnn', ...).")
+    model: str = _f("cnn", "Encoder: 'cnn', 'pcnn', 'bilstm' (attention BiLSTM), 'transformer' (see "
+                              "nre_ray.models.registry).")
     word_dim: int = _f(100, "Word embedding size.")
     pos_dim: int = _f(10, "Size of each of the two relative-position embeddings.")
-    hidden_size: int = _f(230, "Encoder output size (CNN filters).")
+    hidden_size: int = _f(230, "Encoder size: CNN/PCNN filters, BiLSTM units of both directions together, "
+                               "Transformer d_model.")
     kernel_size: int = _f(3, "CNN/PCNN convolution width.")
     dropout: float = _f(0.5, "Dropout before the classifier.")
+    num_layers: int | None = _f(None, "BiLSTM / Transformer layers; when not given: 1 for bilstm, 2 for transformer.")
+    num_heads: int | None = _f(None, "Transformer attention heads; must divide --hidden-size. When not given: the "
+                                     "largest of 8, 4, 2, 1 that divides it.")
+    max_positions: int = _f(512, "Longest input the transformer's learned absolute position embedding covers; must "
+                                 "be >= --max-length.")
+    embeddings: str | None = _f(None, "Pretrained word vectors in the word2vec/GloVe text format (.txt/.vec, "
+                                      "optionally .gz) loaded into the word embedding for vocabulary words; their "
+                                      "dimension must equal --word-dim. The file must be readable on every node.")
 
 
 @dataclass
@@ -91,6 +101,8 @@ class TrainConfig:
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
     keep_checkpoints: int = _f(2, "Checkpoints kept, best first by the selection metric.")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
+    amp: bool = _f(True, "Automatic mixed precision on GPU (bf16 where supported, else fp16 with loss scaling); "
+                         "no effect on CPU.")
 
 
 @dataclass
@@ -153,6 +165,13 @@ class Config:
             (0 <= self.model.dropout < 1, "--dropout must be in [0, 1)"),
             (self.model.kernel_size >= 1 and self.model.kernel_size % 2 == 1, "--kernel-size must be odd and >= 1"),
             (self.train.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
+            (self.model.num_layers is None or self.model.num_layers >= 1, "--num-layers must be >= 1"),
+            (self.model.num_heads is None or self.model.num_heads >= 1, "--num-heads must be >= 1"),
+            (self.model.model != "transformer" or not self.model.num_heads
+             or self.model.hidden_size % self.model.num_heads == 0,
+             f"--num-heads {self.model.num_heads} must divide --hidden-size {self.model.hidden_size}"),
+            (self.model.model != "transformer" or self.model.max_positions >= self.data.max_length,
+             f"--max-positions {self.model.max_positions} must be >= --max-length {self.data.max_length}"),
         ]
         for ok, message in checks:
             if not ok:

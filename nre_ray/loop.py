@@ -7,6 +7,7 @@ once whatever the number of workers), and rank 0 alone writing checkpoints and M
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -32,6 +33,7 @@ from nre_ray.config import Config
 from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
+from nre_ray.models.pretrained import load_word_vectors, word_embedding
 from nre_ray.models.registry import ModelSpec
 from nre_ray.tracking import Tracker, make_tracker
 
@@ -89,6 +91,26 @@ def evaluate(model: nn.Module, loader: DataLoader, num_classes: int) -> tuple[np
     return cm.view(num_classes, num_classes).cpu().numpy(), mean_loss
 
 
+def amp_dtype(device: torch.device, enabled: bool) -> torch.dtype | None:
+    """The autocast dtype for training on ``device``: bf16 where the GPU supports it, else fp16; None on CPU/off."""
+    if not enabled or device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def autocast_context(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` on a CUDA device with ``enabled`` (see :func:`amp_dtype`); a no-op context otherwise."""
+    dtype = amp_dtype(device, enabled)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, enabled: bool) -> torch.amp.GradScaler:
+    """A loss scaler, active only for fp16 autocast (bf16 and fp32 need none; a disabled one passes through)."""
+    return torch.amp.GradScaler(device.type, enabled=amp_dtype(device, enabled) == torch.float16)
+
+
 def _finite(value: float) -> float:
     """Ray stores NaN/inf score attributes as null, which breaks a later resume."""
     return value if math.isfinite(value) else 0.0
@@ -135,10 +157,18 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
         if rank == 0:
             log.warning("resuming after epoch %d from %s", state["epoch"], resumed.path)
-    elif rank == 0:
-        tracker.log_params({**cfg.flat(), "data.vocab_size": len(vocab), "data.num_classes": len(labels),
-                            **{f"data.{name}_rows": len(s) for name, s in splits.items()}})
-        tracker.set_tags({"workers": str(world_size), "device": str(ray.train.torch.get_device())})
+    else:
+        hits = None
+        if cfg.model.embeddings:  # every rank loads the same vectors (DDP would broadcast rank 0's anyway)
+            hits = load_word_vectors(cfg.model.embeddings, vocab, word_embedding(model), lowercase=cfg.data.lowercase)
+        if rank == 0:
+            tracker.log_params({**cfg.flat(), "data.vocab_size": len(vocab), "data.num_classes": len(labels),
+                                **{f"data.{name}_rows": len(s) for name, s in splits.items()}})
+            tracker.set_tags({"workers": str(world_size), "device": str(ray.train.torch.get_device())})
+            if hits is not None:
+                tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
+                print(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}",
+                      flush=True)
 
     model = ray.train.torch.prepare_model(model)
     generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
@@ -153,7 +183,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
         start = time.perf_counter()
-        train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip)
+        train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp)
         elapsed = time.perf_counter() - start
         cm, valid_loss = evaluate(model, valid_loader, len(labels))
         valid = M.scores(cm, labels, cfg.data.negative_label)
@@ -190,19 +220,26 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
 
 def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
-                 grad_clip: float) -> tuple[float, float]:
-    """One pass over this rank's shard. Returns (mean loss over all ranks, examples seen by all ranks)."""
+                 grad_clip: float, amp: bool = False) -> tuple[float, float]:
+    """One pass over this rank's shard. Returns (mean loss over all ranks, examples seen by all ranks).
+
+    With ``amp`` on a CUDA device the forward pass runs under autocast (bf16, or fp16 with loss scaling).
+    """
     model.train()
     device = ray.train.torch.get_device()
+    scaler = grad_scaler(device, amp)
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, examples)
     for batch in loader:
-        logits = model(batch)  # (B, C)
-        loss = nn.functional.cross_entropy(logits, batch["labels"])
+        with autocast_context(device, amp):
+            logits = model(batch)  # (B, C)
+        loss = nn.functional.cross_entropy(logits.float(), batch["labels"])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         if grad_clip > 0:
+            scaler.unscale_(optimizer)
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         n = batch["labels"].numel()
         totals[0] += loss.detach().double() * n
         totals[1] += n

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from nre_ray.models.bilstm import BiLSTMAttentionEncoder
 from nre_ray.models.classifier import RelationClassifier
 from nre_ray.models.cnn import CNNEncoder, PCNNEncoder
 from nre_ray.models.embedding import WordPositionEmbedding
+from nre_ray.models.transformer import TransformerEncoder, default_num_heads
 
 
 @dataclass(frozen=True)
@@ -59,3 +61,16 @@ def _cnn(cfg: object, spec: ModelSpec) -> nn.Module:
 def _pcnn(cfg: object, spec: ModelSpec) -> nn.Module:
     return RelationClassifier(PCNNEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.kernel_size),
                               spec.num_classes, cfg.dropout)
+
+
+@register("bilstm")
+def _bilstm(cfg: object, spec: ModelSpec) -> nn.Module:
+    encoder = BiLSTMAttentionEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.num_layers or 1, cfg.dropout)
+    return RelationClassifier(encoder, spec.num_classes, cfg.dropout)
+
+
+@register("transformer")
+def _transformer(cfg: object, spec: ModelSpec) -> nn.Module:
+    encoder = TransformerEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.num_layers or 2,
+                                 cfg.num_heads or default_num_heads(cfg.hidden_size), cfg.max_positions)
+    return RelationClassifier(encoder, spec.num_classes, cfg.dropout)
