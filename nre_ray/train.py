@@ -185,7 +185,9 @@ def run(cfg: Config) -> dict[str, Any]:
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints,
                                                          checkpoint_score_attribute=metric,
                                                          checkpoint_score_order="max"),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures),
+            # A worker group that cannot be placed times out after 60 s; controller_failure_limit=0 turns that
+            # into an error instead of Ray's default of retrying forever.
+            failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures, controller_failure_limit=0),
             logging_config=LoggingConfig(log_level="WARNING"),
             worker_runtime_env={"env_vars": {k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}},
         ),
