@@ -1,0 +1,247 @@
+"""``python -m nre_ray.evaluate``: score a checkpoint on a labelled file with the evaluation code of training.
+
+The file is read and encoded with the checkpoint's vocabulary, labels and tokenizer settings (the pure functions of
+training, through :func:`nre_ray.inference.encode_rows`); a row whose label the checkpoint does not know is an error
+that names it. A TorchTrainer then runs :func:`eval_loop_per_worker` on ``--num-workers`` workers: each scores its exact
+shard (``nre_ray.loop.eval_loader``, every row once, no padding), the confusion counts are all-reduced
+(``nre_ray.loop.evaluate``) and rank 0 computes the scores (``nre_ray.metrics.scores``) and hands them to the driver
+through a small actor. The numbers therefore do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from nre_ray import metrics as M
+from nre_ray.checkpoint import CheckpointError, load_checkpoint
+from nre_ray.config import Config
+from nre_ray.data.encode import EncodedSplit
+from nre_ray.data.errors import DataError
+from nre_ray.data.read import FORMATS, parse_column_map, problems_of, read_table
+from nre_ray.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
+from nre_ray.models import build_model
+from nre_ray.models.registry import ModelSpec
+
+SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
+              "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
+
+
+class UsageError(Exception):
+    """A problem with the command line the user can fix."""
+
+
+@ray.remote(num_cpus=0)
+class ResultSink:
+    """Holds what rank 0 reports (Ray Train keeps a report's metrics only together with a checkpoint)."""
+
+    def __init__(self) -> None:
+        self.result: dict[str, Any] | None = None
+
+    def put(self, result: dict[str, Any]) -> None:
+        """Store rank 0's result."""
+        self.result = result
+
+    def get(self) -> dict[str, Any] | None:
+        """What was stored (None if nothing)."""
+        return self.result
+
+
+def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Score this worker's shard; called by TorchTrainer on every rank.
+
+    ``loop_config``: ``model`` (dict or ObjectRef: ``config`` as Config.to_dict(), ``state`` weights, ``spec``
+    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (dict or ObjectRef of the encoded arrays),
+    ``labels``, ``negative_label``, ``threads``, ``sink`` (a :class:`ResultSink` handle, or an absolute path for a
+    JSON file).
+    """
+    import ray.train
+    import ray.train.torch
+
+    from nre_ray.loop import eval_loader, evaluate
+
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(max(1, int(loop_config.get("threads", 1))))
+    payload = _resolve(loop_config["model"])
+    cfg = Config.from_dict(payload["config"])
+    model = build_model(cfg.model, ModelSpec(*payload["spec"]))
+    model.load_state_dict(payload["state"])
+    model.to(ray.train.torch.get_device())  # no DDP: nothing is trained, and ranks may run different batch counts
+    split = EncodedSplit({k: np.array(v) for k, v in _resolve(loop_config["data"]).items()})
+    labels = list(loop_config["labels"])
+    cm, loss = evaluate(model, eval_loader(split, rank, world_size), len(labels))
+    if rank != 0:
+        return
+    result = {"metrics": M.scores(cm, labels, loop_config.get("negative_label")), "loss": loss,
+              "confusion_matrix": cm.tolist(), "labels": labels, "rows": int(cm.sum()), "workers": world_size}
+    sink = loop_config["sink"]
+    if isinstance(sink, str):
+        Path(sink).write_text(json.dumps(result), encoding="utf-8")
+    else:
+        ray.get(sink.put.remote(result))
+
+
+def _resolve(value: Any) -> Any:
+    return ray.get(value) if isinstance(value, ray.ObjectRef) else value
+
+
+def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: str | None = None,
+                  fmt: str | None = None, columns: str | None = None, on_bad_rows: str = "error",
+                  tracking_uri: str | None = None, address: str | None = None) -> dict[str, Any]:
+    """Evaluate ``model`` (checkpoint folder or MLflow model URI) on the labelled file ``data``.
+
+    Returns ``model``, ``data``, ``rows``, ``skipped``, ``workers``, ``negative_label``, ``metrics`` (the scores of
+    :func:`nre_ray.metrics.scores`), ``loss``, ``per_class`` (one dict per label), ``labels`` and
+    ``confusion_matrix`` (rows = gold, columns = predicted).
+    """
+    if num_workers < 1:
+        raise UsageError("--num-workers must be >= 1")
+    if on_bad_rows not in ON_BAD_ROWS:
+        raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
+    resolved = resolve_checkpoint(model, tracking_uri)
+    try:
+        loaded = load_checkpoint(resolved.checkpoint)
+    finally:
+        resolved.cleanup()
+    labels = loaded.labels
+    negative = negative_label or loaded.config.data.negative_label
+    if negative_label and negative_label not in labels:
+        raise UsageError(f"--negative-label {negative_label!r} is not one of the checkpoint's labels "
+                         f"({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})")
+
+    frame = read_table(Path(data), fmt, parse_column_map(columns) if columns else None, require_relation=True)
+    problems, split = encode_rows(frame, loaded.config.data, loaded.vocab, labels, loaded.assets)
+    bad = (problems != "").to_numpy()
+    if bad.any() and on_bad_rows == "error":
+        raise DataError(problems_of(frame.assign(problem=problems.to_numpy())[bad]), hint=_bad_rows_hint(frame, bad,
+                                                                                                            labels))
+    if len(split) == 0:
+        raise UsageError(f"{data}: no usable rows to evaluate")
+
+    result = _run_trainer(loaded, split, labels, negative, num_workers, address)
+    cm = np.asarray(result["confusion_matrix"], dtype=np.int64)
+    return {"model": model, "data": str(data), "rows": result["rows"], "skipped": int(bad.sum()),
+            "workers": result["workers"], "negative_label": negative if negative in labels else None,
+            "metrics": result["metrics"], "loss": result["loss"],
+            "per_class": M.per_class_table(cm, labels).to_dict(orient="records"),
+            "labels": labels, "confusion_matrix": result["confusion_matrix"]}
+
+
+def _bad_rows_hint(frame: Any, bad: np.ndarray, labels: list[str]) -> str:
+    unknown = sorted(set(frame["relation"][bad]) - set(labels) - {""})
+    named = f"Labels the checkpoint does not know: {', '.join(map(repr, unknown))}. " if unknown else ""
+    return named + "Fix these rows, or pass --on-bad-rows skip to evaluate on the other rows."
+
+
+def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: str | None, num_workers: int,
+                 address: str | None) -> dict[str, Any]:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2.api.config import LoggingConfig
+
+    from nre_ray.train import QUIET_ENV, alive_nodes, plan_resources, start_ray
+    from nre_ray.train import UsageError as TrainUsageError
+
+    start_ray(address, num_workers)
+    try:
+        resources = plan_resources(num_workers, False, alive_nodes())
+    except TrainUsageError as err:
+        raise UsageError(str(err)) from None
+    meta = loaded.meta
+    payload = {"config": loaded.config.to_dict(), "state": loaded.state["model"],
+               "spec": (int(meta["vocab_size"]), int(meta["num_classes"]), int(meta["num_positions"]),
+                        loaded.pretrained_config)}
+    sink = ResultSink.remote()
+    with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_") as storage:
+        trainer = TorchTrainer(
+            eval_loop_per_worker,
+            train_loop_config={"model": ray.put(payload), "data": ray.put(split.arrays), "labels": labels,
+                               "negative_label": negative, "threads": resources.threads, "sink": sink},
+            scaling_config=ray.train.ScalingConfig(num_workers=num_workers, resources_per_worker=resources.per_worker),
+            run_config=ray.train.RunConfig(
+                name=f"evaluate-{uuid.uuid4().hex[:8]}", storage_path=storage,
+                failure_config=ray.train.FailureConfig(controller_failure_limit=0),
+                logging_config=LoggingConfig(log_level="WARNING"),
+                worker_runtime_env={"env_vars": {k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}},
+            ),
+        )
+        try:
+            trainer.fit()
+        except ray.train.TrainingFailedError as err:
+            raise UsageError(f"evaluation failed: {err}") from None
+    result = ray.get(sink.get.remote())
+    ray.kill(sink)
+    if result is None:
+        raise UsageError("evaluation failed: rank 0 reported no result")
+    return result
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The scores, then the per-class table."""
+    metrics = report["metrics"]
+    print(f"{report['data']}: {report['rows']} rows" + (f" ({report['skipped']} bad rows skipped)"
+                                                          if report["skipped"] else "")
+          + f", {report['workers']} worker(s), model {report['model']}")
+    print("  " + "  ".join(f"{k} {metrics[k]:.4f}" for k in SCORE_KEYS if k in metrics))
+    width = max(len("label"), *(len(r["label"]) for r in report["per_class"]))
+    print(f"\n  {'label':<{width}}  precision  recall      f1  support  predicted")
+    for r in report["per_class"]:
+        print(f"  {r['label']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  {r['f1']:6.4f}  "
+              f"{r['support']:7d}  {r['predicted']:9d}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m nre_ray.evaluate`` options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m nre_ray.evaluate",
+        description="Evaluate a trained checkpoint on a labelled file with the evaluation code of training "
+                    "(every row counted once, whatever the number of workers).")
+    parser.add_argument("--model", required=True, help="A checkpoint folder (or runs:/<run_id>/model, "
+                        "models:/<name>/<version>).")
+    parser.add_argument("--data", required=True, help="A labelled file in any format training reads.")
+    parser.add_argument("--num-workers", type=int, default=1, help="Ray Train workers (default: 1).")
+    parser.add_argument("--negative-label", help="The 'no relation' label for the positive-class scores (default: the "
+                        "one the model was trained with, if any).")
+    parser.add_argument("--output", help="Write the scores, the per-class table and the confusion matrix here as "
+                        "JSON.")
+    parser.add_argument("--format", choices=FORMATS, help="Input format; detected from the file when not given.")
+    parser.add_argument("--columns", help="Column mapping for other column names, e.g. 'text=sentence,label=relation'.")
+    parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
+                        help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ URIs.")
+    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 2 bad input or usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        report = evaluate_file(args.model, args.data, num_workers=args.num_workers,
+                               negative_label=args.negative_label, fmt=args.format, columns=args.columns,
+                               on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address)
+    except (UsageError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"error: bad input data\n{err}", file=sys.stderr)
+        return 2
+    print_report(report)
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+        print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

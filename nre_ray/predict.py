@@ -1,0 +1,414 @@
+"""``python -m nre_ray.predict``: label a file of raw rows with a trained model, streaming it through Ray Data.
+
+The input is read in chunks (:mod:`nre_ray.data.chunks`) by Ray tasks; an actor pool of ``--num-workers`` actors,
+each holding the model once, labels each chunk with :class:`nre_ray.inference.Predictor` (the preprocessing of
+training); the driver writes the chunks in input order as they come back. Memory stays bounded by a few chunks
+whatever the size of the input. The output keeps the input's columns, in order, and adds ``predicted_relation`` and
+``score`` (and ``top_k_labels`` / ``top_k_scores`` with ``--top-k``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from nre_ray.checkpoint import CheckpointError, load_checkpoint
+from nre_ray.data.chunks import DEFAULT_CHUNK_ROWS, PREFIX, InputPlan, canonical_part, input_part, plan_chunks
+from nre_ray.data.errors import DataError, Problem
+from nre_ray.data.read import FORMATS, parse_column_map, problems_of
+from nre_ray.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
+
+OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+                  ".parquet": "parquet", ".pq": "parquet"}
+MAX_PROBLEMS = 1000
+"""With ``--on-bad-rows error``, reading stops after this many bad rows."""
+
+
+class UsageError(Exception):
+    """A problem with the command line the user can fix."""
+
+
+@dataclasses.dataclass
+class PredictSummary:
+    """What a prediction run did."""
+
+    rows: int
+    written: int
+    skipped: int
+    seconds: float
+    output: str
+    rejected: str | None
+    workers: int
+
+    @property
+    def rows_per_second(self) -> float:
+        """Input rows per second, end to end (reading, predicting, writing; not Ray's start)."""
+        return self.rows / max(self.seconds, 1e-9)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Ray Data stages
+
+
+def read_chunks(batch: pd.DataFrame, plan: Any) -> pd.DataFrame:
+    """Ray Data stage: each row of ``batch`` names a chunk (start, end, first_line, rows); returns its records."""
+    import ray
+
+    from nre_ray.data.chunks import Chunk
+
+    plan = ray.get(plan) if isinstance(plan, ray.ObjectRef) else plan
+    frames = [plan.read_chunk(Chunk(int(r.start), int(r.end), int(r.first_line), int(r.rows)))
+              for r in batch.itertuples()]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+class PredictChunks:
+    """Ray Data actor: loads the model once, then labels each chunk (a whole block: the batches inside depend on the
+    chunk only, so any number of actors gives the same numbers)."""
+
+    def __init__(self, checkpoint: Any, batch_size: int, top_k: int, threads: int, device: str) -> None:
+        import ray
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        if isinstance(checkpoint, list):  # [ObjectRef]: nested, so the actor fetches it itself
+            checkpoint = checkpoint[0]
+        loaded = ray.get(checkpoint) if isinstance(checkpoint, ray.ObjectRef) else checkpoint
+        self.predictor = Predictor.from_loaded(loaded, device, batch_size)
+        self.top_k = top_k
+
+    def __call__(self, frame: pd.DataFrame) -> pd.DataFrame:
+        preds = self.predictor.predict_rows(canonical_part(frame), self.top_k)
+        return _with_predictions(frame, preds)
+
+
+def _with_predictions(frame: pd.DataFrame, preds: pd.DataFrame) -> pd.DataFrame:
+    """The input columns (old prediction columns dropped), the predictions, and ``_nre_file/line/problem``."""
+    out = input_part(frame).drop(columns=[c for c in (*OUTPUT_COLUMNS, *TOP_K_COLUMNS) if c in frame.columns])
+    out = out.reset_index(drop=True).copy()
+    for column in preds.columns:
+        if column != "problem":
+            out[column] = preds[column].to_numpy()
+    out[PREFIX + "file"] = frame[PREFIX + "file"].to_numpy()
+    out[PREFIX + "line"] = frame[PREFIX + "line"].to_numpy()
+    out[PREFIX + "problem"] = preds["problem"].to_numpy()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# writers
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _as_text(value: Any) -> Any:
+    """Non-text values of an object column as text (JSON syntax), so a Parquet column keeps one type."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return json.dumps(_jsonable(value), ensure_ascii=False)
+
+
+class Writer:
+    """Writes frames one after another to a CSV, TSV, JSON Lines or Parquet file (the first frame fixes the columns)."""
+
+    def __init__(self, path: Path, fmt: str) -> None:
+        self.path, self.fmt = path, fmt
+        self.rows = 0
+        self._schema = None
+        self._parquet = None
+        self._fh = None if fmt == "parquet" else open(path, "w", encoding="utf-8", newline="")
+
+    def write(self, frame: pd.DataFrame) -> None:
+        """Append ``frame`` (list cells are written as JSON arrays in CSV/TSV)."""
+        if self.fmt in ("csv", "tsv"):
+            frame = frame.copy()
+            for column in TOP_K_COLUMNS:
+                if column in frame.columns:
+                    frame[column] = [json.dumps(_jsonable(v), ensure_ascii=False) if v is not None else None
+                                     for v in frame[column]]
+            frame.to_csv(self._fh, index=False, header=self.rows == 0, sep="\t" if self.fmt == "tsv" else ",")
+        elif self.fmt == "jsonl":
+            columns = list(frame.columns)
+            for values in frame.itertuples(index=False, name=None):
+                record = {c: _jsonable(v) for c, v in zip(columns, values, strict=True)}
+                self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        else:
+            self._write_parquet(frame)
+        self.rows += len(frame)
+
+    def _write_parquet(self, frame: pd.DataFrame) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        frame = frame.copy()
+        for column in frame.columns:
+            if frame[column].dtype == object and column not in TOP_K_COLUMNS:
+                frame[column] = [_as_text(v) for v in frame[column]]
+        if self._schema is None:
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            self._schema = table.schema.remove_metadata()
+            self._parquet = pq.ParquetWriter(self.path, self._schema)
+        else:
+            table = pa.Table.from_pandas(frame, schema=self._schema, preserve_index=False)
+        self._parquet.write_table(table)
+
+    def close(self) -> None:
+        """Finish the file (a Parquet file with no rows still gets written, empty)."""
+        if self._fh is not None:
+            self._fh.close()
+        if self._parquet is not None:
+            self._parquet.close()
+        elif self.fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.table({}), self.path)
+
+
+def output_format(path: str | Path) -> str:
+    """The output format from the extension; UsageError for others."""
+    ext = Path(path).suffix.lower()
+    if ext not in OUTPUT_FORMATS:
+        raise UsageError(f"--output {path}: cannot tell the format from {ext or 'no extension'!r}; use one of "
+                         f"{', '.join(OUTPUT_FORMATS)}")
+    return OUTPUT_FORMATS[ext]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the run
+
+
+def predict_file(model: str, input_path: str, output: str, batch_size: int = 256, num_workers: int = 1,
+                 top_k: int = 0, fmt: str | None = None, columns: str | None = None, on_bad_rows: str = "error",
+                 tracking_uri: str | None = None, address: str | None = None,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_gpu: bool = False, progress: bool = True) -> PredictSummary:
+    """Label ``input_path`` with ``model`` and write ``output``; see the module docstring and ``--help``."""
+    if num_workers < 1 or batch_size < 1 or top_k < 0 or chunk_rows < 1:
+        raise UsageError("--num-workers, --batch-size and --chunk-rows must be >= 1, --top-k >= 0")
+    if on_bad_rows not in ON_BAD_ROWS:
+        raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
+    out_fmt = output_format(output)
+    out_path = Path(output)
+    if not out_path.parent.is_dir():
+        raise UsageError(f"--output {output}: the folder {out_path.parent} does not exist")
+    column_map = parse_column_map(columns) if columns else None
+    plan = plan_chunks(input_path, fmt, column_map, chunk_rows, require_relation=False)
+
+    resolved = resolve_checkpoint(model, tracking_uri)
+    try:
+        loaded = load_checkpoint(resolved.checkpoint)
+    finally:
+        resolved.cleanup()
+    loaded.state = {"model": loaded.state["model"]}  # the optimizer's state is not needed to predict
+    Predictor.from_loaded(loaded)  # fails here, clearly, if the weights do not fit the model
+
+    from nre_ray.train import start_ray
+
+    start_ray(address, num_workers)
+    start = time.perf_counter()
+    batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu)
+    summary = _write(batches, plan, out_path, out_fmt, on_bad_rows, progress)
+    summary.seconds = time.perf_counter() - start
+    summary.workers = num_workers
+    return summary
+
+
+def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, top_k: int,
+             use_gpu: bool) -> Iterator[pd.DataFrame]:
+    import ray
+    import ray.data
+
+    from nre_ray.train import UsageError as TrainUsageError
+    from nre_ray.train import alive_nodes, plan_resources
+
+    try:
+        # One CPU share per actor and one for the reading tasks; with --use-gpu also one GPU per actor.
+        resources = plan_resources(num_workers + 1, False, alive_nodes())
+        if use_gpu:
+            plan_resources(num_workers, True, alive_nodes())
+    except TrainUsageError as err:
+        raise UsageError(str(err)) from None
+    cpu = resources.per_worker["CPU"]
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+
+    items = [dataclasses.asdict(c) for c in plan.chunks]
+    shipped = ray.put(dataclasses.replace(plan, chunks=[]))
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    ds = ds.map_batches(read_chunks, batch_size=1, batch_format="pandas", fn_kwargs={"plan": shipped}, num_cpus=cpu)
+    ds = ds.map_batches(
+        PredictChunks, batch_size=None, batch_format="pandas",
+        compute=ray.data.ActorPoolStrategy(size=num_workers),
+        fn_constructor_kwargs={"checkpoint": [ray.put(loaded)], "batch_size": batch_size, "top_k": top_k,
+                               "threads": resources.threads, "device": "cuda" if use_gpu else "cpu"},
+        num_cpus=cpu, num_gpus=1 if use_gpu else 0,
+    )
+    return ds.iter_batches(batch_size=None, batch_format="pandas")
+
+
+def _rejected_path(output: Path) -> Path:
+    return output.with_name(output.name[: -len(output.suffix)] + ".rejected.csv")
+
+
+def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: Path, out_fmt: str, on_bad_rows: str,
+           progress: bool) -> PredictSummary:
+    """Write the good rows (in order) to a temporary file renamed to ``output`` at the end; bad rows are collected
+    (error) or written to ``<output>.rejected.csv`` (skip)."""
+    from tqdm import tqdm
+
+    partial = output.with_name(output.name + ".partial")
+    rejected_path = _rejected_path(output)
+    writer = Writer(partial, out_fmt)
+    rejected: Writer | None = None
+    problems: list[Problem] = []
+    bad_rows = rows = 0
+    internal = [PREFIX + c for c in ("file", "line", "problem")]
+    done = False
+    try:
+        with tqdm(total=plan.total_rows, unit="rows", desc="predict", disable=not progress, file=sys.stderr,
+                  mininterval=1.0) as bar:
+            for batch in batches:
+                rows += len(batch)
+                bar.update(len(batch))
+                bad = (batch[PREFIX + "problem"] != "").to_numpy()
+                if bad.any():
+                    bad_rows += int(bad.sum())
+                    flagged = batch[bad]
+                    if on_bad_rows == "error":
+                        problems.extend(problems_of(canonical_part(flagged[internal])))
+                        if bad_rows >= MAX_PROBLEMS:
+                            break
+                    else:
+                        if rejected is None:
+                            rejected = Writer(rejected_path, "csv")
+                        rejected.write(_rejected_frame(flagged))
+                if on_bad_rows == "skip" or not problems:
+                    writer.write(batch.loc[~bad].drop(columns=internal))
+        done = True
+    finally:
+        writer.close()
+        if rejected is not None:
+            rejected.close()
+        if not done or problems:
+            partial.unlink(missing_ok=True)
+    if problems:
+        more = " (stopped reading there)" if bad_rows >= MAX_PROBLEMS else ""
+        raise DataError(problems, hint=f"{bad_rows} bad rows{more}. Fix them, or pass --on-bad-rows skip to predict "
+                                       "the good rows only (the others are listed in a .rejected.csv file).")
+    os.replace(partial, output)
+    if rejected is None:
+        rejected_path.unlink(missing_ok=True)  # a stale list from an earlier run would mislead
+    return PredictSummary(rows=rows, written=writer.rows, skipped=bad_rows, seconds=0.0, output=str(output),
+                          rejected=str(rejected_path) if rejected is not None else None, workers=0)
+
+
+def _rejected_frame(flagged: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame({"file": flagged[PREFIX + "file"].to_numpy(), "line": flagged[PREFIX + "line"].to_numpy(),
+                        "problem": flagged[PREFIX + "problem"].to_numpy()})
+    for column in input_part(flagged).columns:
+        if column not in (*OUTPUT_COLUMNS, *TOP_K_COLUMNS, "file", "line", "problem"):
+            out[column] = flagged[column].to_numpy()
+    return out
+
+
+def _data_error(err: BaseException) -> DataError | None:
+    """The DataError behind an error raised through Ray (a task's exception arrives wrapped)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if type(err) is DataError:
+            return err
+        seen.add(id(err))
+        err = getattr(err, "cause", None) or err.__cause__ or err.__context__
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m nre_ray.predict`` options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m nre_ray.predict",
+        description="Label the rows of a file with a trained relation classifier. The output keeps the input's "
+                    "columns, in order, and adds predicted_relation and score.")
+    parser.add_argument("--model", required=True, help="A checkpoint folder, an MLflow model URI runs:/<run_id>/model, "
+                        "or a registered model models:/<name>/<version> (or models:/<name>@<alias>).")
+    parser.add_argument("--input", required=True, help="Rows to label: any format training reads (CSV, TSV, JSON "
+                        "Lines, Parquet, DeepKE, OpenNRE, SemEval); a relation column is not needed and is ignored.")
+    parser.add_argument("--output", required=True, help="Where to write: .csv, .tsv, .jsonl or .parquet.")
+    parser.add_argument("--batch-size", type=int, default=256, help="Rows per forward pass (default: 256).")
+    parser.add_argument("--num-workers", type=int, default=1, help="Ray actors, each holding the model once "
+                        "(default: 1).")
+    parser.add_argument("--top-k", type=int, default=0, help="Also write the K most likely labels and their "
+                        "probabilities (top_k_labels, top_k_scores as JSON lists in CSV).")
+    parser.add_argument("--format", choices=FORMATS, help="Input format; detected from the file when not given.")
+    parser.add_argument("--columns", help="Column mapping for other column names, e.g. "
+                        "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
+    parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
+                        help="'error' (default): write nothing and list the bad rows; 'skip': label the good rows "
+                             "and list the bad ones in OUTPUT.rejected.csv.")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ (default: "
+                        "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
+    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
+                        help=f"Rows read at a time (memory per chunk in flight; default {DEFAULT_CHUNK_ROWS}).")
+    parser.add_argument("--use-gpu", action="store_true", help="One GPU per worker.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 2 bad input or usage, 130 interrupted)."""
+    args = build_parser().parse_args(argv)
+    try:
+        summary = predict_file(args.model, args.input, args.output, batch_size=args.batch_size,
+                               num_workers=args.num_workers, top_k=args.top_k, fmt=args.format, columns=args.columns,
+                               on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address,
+                               chunk_rows=args.chunk_rows, use_gpu=args.use_gpu, progress=not args.no_progress)
+    except (UsageError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        return 130
+    except Exception as err:
+        data_error = _data_error(err)
+        if data_error is None:
+            raise
+        print(f"error: bad input data\n{data_error}", file=sys.stderr)
+        return 2
+    print(f"predicted {summary.rows} rows in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} rows/s, "
+          f"{summary.workers} worker(s)) -> {summary.output}", flush=True)
+    if summary.skipped:
+        print(f"skipped {summary.skipped} bad rows, listed in {summary.rejected}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

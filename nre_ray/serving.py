@@ -1,0 +1,156 @@
+"""The trained model as a self-contained MLflow pyfunc model: raw rows in, relation labels out.
+
+:func:`log_model` logs a checkpoint folder (weights, vocabulary, labels, tokenizer settings) as the artifact
+``checkpoint`` of a pyfunc model named ``model`` in an existing MLflow run, together with the ``nre_ray`` package
+itself (``code_paths``), an explicit signature, an input example and pinned requirements. In a fresh process
+``mlflow.pyfunc.load_model("runs:/<run_id>/model").predict(frame)`` labels raw rows, and
+``mlflow models serve -m runs:/<run_id>/model --env-manager local`` serves them over HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import mlflow.pyfunc
+import pandas as pd
+
+MODEL_NAME = "model"
+#: Distributions the pyfunc model imports (pinned to the versions installed when it was logged).
+REQUIREMENTS = ("torch", "mlflow", "pandas", "numpy", "pyarrow", "jieba")
+#: What a --model bert checkpoint (a pretrained encoder and its tokenizer) imports besides.
+BERT_REQUIREMENTS = ("transformers", "tokenizers", "safetensors")
+
+MODEL_SCRIPT = """\
+import mlflow
+
+from nre_ray.serving import RelationModel
+
+mlflow.models.set_model(RelationModel())
+"""
+
+
+class RelationModel(mlflow.pyfunc.PythonModel):
+    """pyfunc wrapper around :class:`nre_ray.inference.Predictor`.
+
+    ``predict`` takes a DataFrame with ``sentence, head, head_offset, tail, tail_offset`` (offsets: 0-based character
+    offsets) and returns ``predicted_relation`` and ``score``; ``params={"top_k": K}`` adds ``top_k_labels`` and
+    ``top_k_scores``. A bad row is an error (MLflow's server answers 400 with the rows' problems).
+    """
+
+    def load_context(self, context: Any) -> None:
+        """Build the predictor from the logged checkpoint folder."""
+        from nre_ray.inference import Predictor
+
+        self.predictor = Predictor.from_checkpoint(context.artifacts["checkpoint"])
+
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Label the rows of ``model_input``."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        from nre_ray.data.errors import DataError
+        from nre_ray.inference import OUTPUT_COLUMNS, TOP_K_COLUMNS
+
+        top_k = int((params or {}).get("top_k") or 0)
+        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+        try:
+            out = self.predictor.predict_frame(frame, top_k=top_k)
+        except DataError as err:
+            fixed = DataError(err.problems, hint="Fix these rows (head_offset / tail_offset: 0-based character "
+                                                 "offsets of head and tail in sentence) and send them again.")
+            raise MlflowException(str(fixed), error_code=INVALID_PARAMETER_VALUE) from None
+        columns = list(OUTPUT_COLUMNS) + (list(TOP_K_COLUMNS) if top_k > 0 else [])
+        return out[columns].reset_index(drop=True)
+
+
+def signature() -> Any:
+    """Inputs ``sentence, head, head_offset, tail, tail_offset`` and the optional ``head_type, tail_type`` (read by
+    --typed-markers models); outputs ``predicted_relation, score``; param ``top_k`` (default 0)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    inputs = Schema([ColSpec("string", "sentence"), ColSpec("string", "head"), ColSpec("long", "head_offset"),
+                     ColSpec("string", "tail"), ColSpec("long", "tail_offset"),
+                     ColSpec("string", "head_type", required=False), ColSpec("string", "tail_type", required=False)])
+    outputs = Schema([ColSpec("string", "predicted_relation"), ColSpec("double", "score")])
+    return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
+
+
+def input_example(rows: int = 2) -> pd.DataFrame:
+    """The first rows of the bundled sample's test file, as the model takes them."""
+    path = Path(str(resources.files("nre_ray.data") / "sample" / "test.csv"))
+    frame = pd.read_csv(path, nrows=rows, keep_default_na=False)
+    return frame[["sentence", "head", "head_offset", "tail", "tail_offset"]].astype(
+        {"head_offset": "int64", "tail_offset": "int64"})
+
+
+def pip_requirements(extra: tuple[str, ...] = ()) -> list[str]:
+    """``name==version`` of what the model imports (and of ``extra``), as installed now (local version suffixes such
+    as +cu121 are dropped so that the pins resolve from PyPI)."""
+    pins = []
+    for name in (*REQUIREMENTS, *extra):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        pins.append(f"{name}=={version.split('+')[0]}")
+    return pins
+
+
+@dataclass
+class LoggedModel:
+    """Where :func:`log_model` put the model."""
+
+    model_uri: str
+    registered_uri: str | None = None
+
+
+def _weights_only_copy(checkpoint: Path, folder: Path) -> Path:
+    """The checkpoint without the optimizer and scheduler state (what predicting needs; about a third the size)."""
+    from nre_ray.checkpoint import load_checkpoint, save_checkpoint
+
+    loaded = load_checkpoint(checkpoint)
+    state = {k: v for k, v in loaded.state.items() if k in ("model", "epoch", "best_epoch", "best_score", "metrics")}
+    meta = {k: v for k, v in loaded.meta.items() if k not in ("format_version", "files")}
+    return save_checkpoint(folder, state, loaded.config, loaded.vocab, loaded.labels, meta, loaded.assets)
+
+
+def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
+              registered_model_name: str | None = None) -> LoggedModel:
+    """Log ``checkpoint`` (a folder; the optimizer state is left out) as the pyfunc model ``model`` of run ``run_id``
+    and register it under ``registered_model_name``. The run's status is left as it was."""
+    import nre_ray
+    from nre_ray.inference import mlflow_settings
+
+    with tempfile.TemporaryDirectory(prefix="nre_ray_code_") as tmp:
+        # The package without caches, so the model imports nre_ray in an environment that does not have it.
+        code = Path(tmp) / "nre_ray"
+        shutil.copytree(Path(nre_ray.__file__).parent, code,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        slim = _weights_only_copy(Path(checkpoint), Path(tmp) / "checkpoint")
+        script = Path(tmp) / "relation_model.py"  # "models from code": the model is built by code, not unpickled
+        script.write_text(MODEL_SCRIPT, encoding="utf-8")
+        with mlflow_settings(tracking_uri):
+            client = mlflow.MlflowClient(tracking_uri)
+            status = client.get_run(run_id).info.status
+            # An active run makes the logged model belong to the run's experiment (runs:/<id>/model finds it).
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.pyfunc.log_model(
+                    name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)},
+                    code_paths=[str(code)], signature=signature(), input_example=input_example(),
+                    pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
+                    registered_model_name=registered_model_name,
+                )
+            if status != "FINISHED":  # start_run's exit marked it FINISHED: give it back its status
+                client.update_run(run_id, status=status)
+    registered = None
+    if registered_model_name and info.registered_model_version is not None:
+        registered = f"models:/{registered_model_name}/{info.registered_model_version}"
+    return LoggedModel(f"runs:/{run_id}/{MODEL_NAME}", registered)

@@ -1,0 +1,200 @@
+"""Using a trained model, for real: one small model trained on the bundled sample, then the checkpoint folder, the
+runs:/ model, the registered model and the served model give the same predictions; 1 and 2 prediction workers give
+the same file; bad rows stop with a clear message; evaluation gives the same scores on 1, 2 and 3 workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+from mlflow.tracking import MlflowClient
+
+from nre_ray.data.pipeline import sample_dir
+from nre_ray.evaluate import evaluate_file
+from nre_ray.evaluate import main as evaluate_main
+from nre_ray.inference import INPUT_COLUMNS, Predictor
+from nre_ray.predict import main as predict_main
+from nre_ray.train import main as train_main
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+SAMPLE_TEST = sample_dir() / "test.csv"
+REGISTERED = "nre_sample"
+SERVE_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def trained(ray_cluster, tmp_path_factory):
+    """One epoch on the sample, its model logged and registered; returns the summary dict and the folder."""
+    folder = tmp_path_factory.mktemp("predict")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    code = train_main(["--epochs", "1", "--num-workers", "1", "--run-name", "predict-it", "--experiment-name", "it",
+                       "--tracking-uri", uri, "--storage-path", str(folder / "ray_results"),
+                       "--cache-dir", str(folder / "cache"), "--register-model", REGISTERED,
+                       "--summary-json", str(folder / "summary.json")])
+    assert code == 0
+    summary = json.loads((folder / "summary.json").read_text())
+    return {**summary, "folder": folder}
+
+
+def sample_rows(n: int = 60) -> pd.DataFrame:
+    return pd.read_csv(SAMPLE_TEST, nrows=n, keep_default_na=False)
+
+
+def assert_same(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    assert got["predicted_relation"].tolist() == expected["predicted_relation"].tolist()
+    np.testing.assert_allclose(np.asarray(got["score"], dtype=float), expected["score"].to_numpy(), rtol=0,
+                               atol=1e-6)
+
+
+def test_training_logs_and_registers_the_model(trained):
+    run_id = trained["run_id"]
+    assert trained["model_uri"] == f"runs:/{run_id}/model"
+    assert trained["registered_model_uri"] == f"models:/{REGISTERED}/1"
+    client = MlflowClient(trained["tracking_uri"])
+    assert client.get_run(run_id).info.status == "FINISHED"
+    version = client.get_model_version(REGISTERED, "1")
+    assert version.run_id == run_id
+
+
+def test_checkpoint_runs_registered_and_served_models_agree(trained):
+    rows = sample_rows()
+    expected = Predictor.from_checkpoint(trained["best_checkpoint"]).predict_frame(rows)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(trained["tracking_uri"])
+    try:
+        for uri in (trained["model_uri"], trained["registered_model_uri"]):
+            model = mlflow.pyfunc.load_model(uri)
+            schema = model.metadata.get_input_schema()
+            assert [c.name for c in schema.inputs if c.required] == list(INPUT_COLUMNS)
+            got = model.predict(rows[list(INPUT_COLUMNS)])
+            assert list(got.columns) == ["predicted_relation", "score"]
+            assert_same(got, expected)
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert_same(served_predictions(trained, rows[list(INPUT_COLUMNS)]), expected)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def served_predictions(trained: dict, rows: pd.DataFrame) -> pd.DataFrame:
+    """``mlflow models serve`` in a subprocess (killed at the end, whatever happens), then POST /invocations."""
+    port = _free_port()
+    bin_dir = str(Path(sys.executable).parent)  # the server starts uvicorn from PATH
+    env = {**os.environ, "MLFLOW_TRACKING_URI": trained["tracking_uri"], "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    log = open(trained["folder"] / "serve.log", "wb")  # closed in finally
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", trained["model_uri"],
+                               "--env-manager", "local", "--host", "127.0.0.1", "-p", str(port), "-w", "1"],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVE_TIMEOUT_S
+        while True:
+            assert server.poll() is None, f"the server exited: {(trained['folder'] / 'serve.log').read_text()[-2000:]}"
+            try:
+                if requests.get(f"{base}/ping", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, f"the server was not up after {SERVE_TIMEOUT_S} s"
+            time.sleep(1)
+        payload = {"dataframe_split": json.loads(rows.to_json(orient="split", index=False))}
+        response = requests.post(f"{base}/invocations", json=payload, timeout=60)
+        assert response.status_code == 200, response.text
+        bad = rows.head(2).copy()
+        bad.loc[1, "head_offset"] = 9999
+        refused = requests.post(f"{base}/invocations", timeout=60,
+                                json={"dataframe_split": json.loads(bad.to_json(orient="split", index=False))})
+        assert refused.status_code == 400 and "row 2: head_offset" in refused.json()["message"]
+        return pd.DataFrame(response.json()["predictions"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=15)
+        log.close()
+
+
+def test_cli_gives_the_same_file_with_1_and_2_workers_and_any_model_uri(trained, tmp_path, capsys):
+    rows = sample_rows(200).drop(columns=["relation"])
+    rows.insert(2, "note", "keep me")
+    source = tmp_path / "in.csv"
+    rows.to_csv(source, index=False)
+    outputs = []
+    for workers, model in ((1, trained["best_checkpoint"]), (2, trained["model_uri"]),
+                           (2, trained["registered_model_uri"])):
+        out = tmp_path / f"out{len(outputs)}.csv"
+        code = predict_main(["--model", model, "--input", str(source), "--output", str(out), "--num-workers",
+                             str(workers), "--chunk-rows", "32", "--batch-size", "16", "--tracking-uri",
+                             trained["tracking_uri"], "--no-progress"])
+        assert code == 0, capsys.readouterr().err
+        outputs.append(pd.read_csv(out, dtype=str, keep_default_na=False))
+    first = outputs[0]
+    assert list(first.columns) == [*rows.columns, "predicted_relation", "score"]
+    assert first["id"].tolist() == rows["id"].tolist() and (first["note"] == "keep me").all()
+    for other in outputs[1:]:
+        pd.testing.assert_frame_equal(other, first)
+    assert_same(first.astype({"score": float}), Predictor.from_checkpoint(trained["best_checkpoint"])
+                .predict_frame(rows))
+
+
+def test_cli_bad_row_exits_2_with_file_line_and_field(trained, tmp_path, capsys):
+    rows = sample_rows(40)
+    rows.loc[2, "head_offset"] = 9999
+    source = tmp_path / "bad.csv"
+    rows.to_csv(source, index=False)
+    out = tmp_path / "out.jsonl"
+    args = ["--model", trained["best_checkpoint"], "--input", str(source), "--output", str(out), "--num-workers",
+            "2", "--chunk-rows", "8", "--no-progress"]
+    assert predict_main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{source}:4: head_offset: head runs past the end of the sentence" in err and "Traceback" not in err
+    assert not out.exists()
+    assert predict_main([*args, "--on-bad-rows", "skip"]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in written] == [i for k, i in enumerate(rows["id"]) if k != 2]
+    assert "skipped 1 bad rows" in capsys.readouterr().out
+    assert (tmp_path / "out.rejected.csv").exists()
+
+
+def test_evaluate_gives_identical_scores_on_1_2_and_3_workers(trained, tmp_path, capsys):
+    reports = [evaluate_file(trained["best_checkpoint"], str(SAMPLE_TEST), num_workers=n) for n in (1, 2, 3)]
+    assert [r["workers"] for r in reports] == [1, 2, 3]
+    for other in reports[1:]:
+        assert other["metrics"] == reports[0]["metrics"]
+        assert other["confusion_matrix"] == reports[0]["confusion_matrix"]
+    assert reports[0]["rows"] == 500
+    assert reports[0]["metrics"]["macro_f1"] == pytest.approx(trained["test"]["macro_f1"], abs=1e-9)
+
+    out = tmp_path / "metrics.json"
+    assert evaluate_main(["--model", trained["best_checkpoint"], "--data", str(SAMPLE_TEST), "--num-workers", "2",
+                          "--negative-label", "no_relation", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "pos_macro_f1" in printed and "no_relation" in printed
+    saved = json.loads(out.read_text())
+    assert saved["negative_label"] == "no_relation" and len(saved["per_class"]) == len(saved["labels"])
+
+    unknown = pd.read_csv(SAMPLE_TEST, nrows=20, keep_default_na=False)
+    unknown.loc[[3, 5], "relation"] = "parent_of"
+    path = tmp_path / "unknown.csv"
+    unknown.to_csv(path, index=False)
+    assert evaluate_main(["--model", trained["best_checkpoint"], "--data", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:5: relation: label 'parent_of' is not one of the checkpoint's" in err
+    assert "Labels the checkpoint does not know: 'parent_of'" in err

@@ -1,0 +1,103 @@
+"""The prediction CLI's stages without Ray: chunk -> actor's labelling -> ordered writing, bad rows, writers."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from nre_ray.checkpoint import load_checkpoint
+from nre_ray.data.chunks import plan_chunks
+from nre_ray.data.errors import DataError
+from nre_ray.inference import Predictor
+from nre_ray.predict import PredictChunks, UsageError, Writer, _write, main, output_format
+from tests.unit.test_inference import make_checkpoint, raw_rows
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+def labelled_batches(checkpoint, path, chunk_rows=4, top_k=0):
+    """What the Ray pipeline yields, computed in this process: one labelled frame per chunk, in order."""
+    plan = plan_chunks(path, chunk_rows=chunk_rows)
+    actor = PredictChunks(load_checkpoint(checkpoint), batch_size=3, top_k=top_k, threads=1, device="cpu")
+    return plan, (actor(plan.read(i)) for i in range(len(plan.chunks)))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet", ".tsv"])
+def test_output_keeps_input_columns_order_and_matches_predict_frame(checkpoint, tmp_path, suffix):
+    rows = raw_rows()
+    source = tmp_path / "in.csv"
+    rows.to_csv(source, index=False)
+    plan, batches = labelled_batches(checkpoint, source, top_k=2)
+    out = tmp_path / f"out{suffix}"
+    summary = _write(batches, plan, out, output_format(out), "error", progress=False)
+    assert summary.rows == summary.written == len(rows) and summary.rejected is None
+    if suffix == ".parquet":
+        got = pd.read_parquet(out)
+    elif suffix == ".jsonl":
+        got = pd.read_json(out, lines=True, dtype=False)
+    else:
+        got = pd.read_csv(out, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
+    assert list(got.columns) == [*rows.columns, "predicted_relation", "score", "top_k_labels", "top_k_scores"]
+    assert got["id"].tolist() == rows["id"].tolist()
+    expected = Predictor.from_checkpoint(checkpoint).predict_frame(rows, top_k=2)
+    assert got["predicted_relation"].tolist() == expected["predicted_relation"].tolist()
+    assert [float(s) for s in got["score"]] == pytest.approx(expected["score"].tolist(), abs=1e-6)
+    top = got["top_k_labels"].iloc[0]
+    assert list(json.loads(top) if isinstance(top, str) else top) == expected["top_k_labels"].iloc[0]
+
+
+def test_bad_rows_error_writes_nothing_and_names_file_and_line(checkpoint, tmp_path):
+    rows = raw_rows()
+    rows.loc[6, "tail_offset"] = -3
+    source = tmp_path / "in.csv"
+    rows.to_csv(source, index=False)
+    plan, batches = labelled_batches(checkpoint, source)
+    out = tmp_path / "out.csv"
+    with pytest.raises(DataError) as err:
+        _write(batches, plan, out, "csv", "error", progress=False)
+    assert f"{source}:8: tail_offset: negative" in str(err.value)
+    assert not out.exists() and not (tmp_path / "out.csv.partial").exists()
+
+
+def test_bad_rows_skipped_are_listed_beside_the_output(checkpoint, tmp_path):
+    rows = raw_rows()
+    rows.loc[[2, 7], "head"] = ""
+    source = tmp_path / "in.csv"
+    rows.to_csv(source, index=False)
+    plan, batches = labelled_batches(checkpoint, source)
+    summary = _write(batches, plan, tmp_path / "out.csv", "csv", "skip", progress=False)
+    assert (summary.written, summary.skipped) == (len(rows) - 2, 2)
+    rejected = pd.read_csv(tmp_path / "out.rejected.csv", dtype=str, keep_default_na=False)
+    assert rejected["line"].tolist() == ["4", "9"] and rejected["id"].tolist() == ["r2", "r7"]
+    assert rejected["problem"].str.startswith("head: empty").all()
+    written = pd.read_csv(tmp_path / "out.csv", dtype=str)
+    assert "r2" not in written["id"].tolist() and len(written) == len(rows) - 2
+
+
+def test_writer_parquet_keeps_one_schema_across_batches(tmp_path):
+    writer = Writer(tmp_path / "o.parquet", "parquet")
+    writer.write(pd.DataFrame({"a": pd.Series(["x", 3], dtype=object), "score": [0.5, 0.25]}))
+    writer.write(pd.DataFrame({"a": pd.Series([None, {"k": 1}], dtype=object), "score": [0.1, 0.2]}))
+    writer.close()
+    got = pd.read_parquet(tmp_path / "o.parquet")
+    assert got["a"].tolist()[:2] == ["x", "3"] and got["a"].iloc[3] == '{"k": 1}'
+
+
+def test_output_format_and_usage_errors(checkpoint, tmp_path, capsys):
+    assert output_format("a.ndjson") == "jsonl" and output_format("b.PQ") == "parquet"
+    with pytest.raises(UsageError, match="cannot tell the format"):
+        output_format("a.xlsx")
+    source = tmp_path / "in.csv"
+    raw_rows().to_csv(source, index=False)
+    assert main(["--model", str(checkpoint), "--input", str(source), "--output", str(tmp_path / "o.txt")]) == 2
+    assert "cannot tell the format" in capsys.readouterr().err
+    assert main(["--model", str(tmp_path / "nope"), "--input", str(source), "--output", str(tmp_path / "o.csv")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["--model", str(checkpoint), "--input", str(tmp_path / "missing.csv"),
+                 "--output", str(tmp_path / "o.csv")]) == 2
+    assert "missing.csv: file not found" in capsys.readouterr().err
