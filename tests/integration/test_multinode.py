@@ -1,0 +1,145 @@
+"""Several nodes, proven on one machine: a real 2-node Ray cluster (two ``ray start`` processes on 127.0.0.1), the
+training CLI joining it with ``--address``, one worker on each node, checkpoints in a storage folder both nodes use,
+and MLflow through a real ``mlflow server`` process, as on a cluster.
+
+Everything runs in subprocesses with its own Ray temp folder: the test session's in-process Ray (``ray_cluster``)
+and other Ray clusters on this host are neither joined nor touched. Teardown stops exactly the processes this test
+started and their descendants (never ``ray stop``, which stops every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+import ray.train
+from mlflow.tracking import MlflowClient
+
+from nre_ray.checkpoint import load_checkpoint
+from tests.procs import (
+    alive,
+    cli,
+    descendants,
+    free_port,
+    kill_all,
+    mentioning,
+    start,
+    stop_tree,
+    train_workers,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+RAY = str(Path(sys.executable).parent / "ray")
+MLFLOW = str(Path(sys.executable).parent / "mlflow")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def workdir():
+    """A short folder under /tmp (Ray's unix socket paths must stay under ~100 characters), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="nre2n_", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def cache_dir(tmp_path_factory) -> Path:
+    """The preprocessing cache the other CLI tests of the session use (filled by the first of them)."""
+    return tmp_path_factory.getbasetemp() / "nre_ray_cache"
+
+
+def _start_node(started: list, workdir: Path, name: str, args: list[str]):
+    """``ray start ARGS`` (blocking, so the test owns the node's processes); a second try if Ray's fixed 30 s for a
+    raylet to register runs out, which happens when the machine is very busy."""
+    log = workdir / f"{name}.log"
+    for attempt in (1, 2):
+        proc = start([RAY, "start", *args], log, workdir)
+        started.append(proc)
+        try:
+            wait_for(f"the {name} node", lambda: "Ray runtime started" in log.read_text(), 120, proc=proc, log=log)
+            return proc
+        except AssertionError:
+            if attempt == 2 or proc.poll() is None or "timed out during startup" not in log.read_text():
+                raise
+            stop_tree(proc)
+            kill_all(mentioning(str(workdir / "ray")))  # what the failed start left (only the head names it)
+    raise AssertionError("unreachable")
+
+
+def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
+    started = []
+    try:
+        # MLflow tracking server: sqlite store, artifacts proxied by the server into ./mlartifacts (its cwd).
+        mlflow_port = free_port()
+        server = start([MLFLOW, "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--host",
+                        "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], workdir / "mlflow.log", workdir)
+        started.append(server)
+
+        # Head and one more node, 1 CPU each: two 1-CPU workers must go one to each node.
+        port = free_port()
+        node_args = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+        head = _start_node(started, workdir, "head", [
+            "--head", f"--port={port}", f"--temp-dir={workdir / 'ray'}", "--include-dashboard=false",
+            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}", *node_args])
+        node = _start_node(started, workdir, "node", [
+            f"--address=127.0.0.1:{port}", f"--dashboard-agent-listen-port={free_port()}", *node_args])
+        tracking_uri = f"http://127.0.0.1:{mlflow_port}"
+        wait_for("the MLflow server", lambda: _healthy(f"{tracking_uri}/health"), 120, interval=0.5, proc=server,
+                 log=workdir / "mlflow.log")
+
+        storage, summary, log = workdir / "storage", workdir / "summary.json", workdir / "train.log"
+        train = start(cli("--address", f"127.0.0.1:{port}", "--num-workers", "2", "--epochs", "2",
+                          "--run-name", "two-nodes", "--experiment-name", "multinode", "--tracking-uri", tracking_uri,
+                          "--storage-path", str(storage), "--cache-dir", str(cache_dir),
+                          "--summary-json", str(summary)), log, workdir)
+        started.append(train)
+        # The worker processes are children of each node's raylet: one below each `ray start`.
+        placed = wait_for("a training worker on each node",
+                          lambda: (train_workers(head.pid), train_workers(node.pid))
+                          if train_workers(head.pid) and train_workers(node.pid) else None,
+                          240, interval=0.5, proc=train, log=log)
+        assert train.wait(timeout=300) == 0, log.read_text()[-4000:]
+
+        # The run, through the server's REST API, as a user on a laptop would see it.
+        result = json.loads(summary.read_text())
+        assert result["tracking_uri"] == tracking_uri
+        client = MlflowClient(tracking_uri)
+        run = client.get_run(result["run_id"])
+        assert run.info.status == "FINISHED" and run.data.tags["workers"] == "2"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch")) == [1, 2]
+        assert "test_macro_f1" in run.data.metrics and run.data.params["train.num_workers"] == "2"
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # the server decides where artifacts go
+        listed = {a.path for a in client.list_artifacts(run.info.run_id, "best_checkpoint")}
+        assert {"best_checkpoint/state.pt", "best_checkpoint/meta.json", "best_checkpoint/vocab.json"} <= listed
+        assert "reports/test_confusion_matrix.png" in {a.path for a in client.list_artifacts(run.info.run_id,
+                                                                                             "reports")}
+        downloaded = Path(client.download_artifacts(run.info.run_id, "best_checkpoint", str(workdir / "dl")))
+        assert load_checkpoint(downloaded).meta["epoch"] == result["best_epoch"]
+    finally:
+        tree = [p for proc in started for p in [proc.pid, *descendants(proc.pid)]]
+        for proc in reversed(started):
+            stop_tree(proc)
+        kill_all(mentioning(str(workdir)))  # anything of this test's Ray that outlived its parent
+    text = log.read_text()
+    assert "nre_ray: 2 worker(s), {'CPU': 1.0} each" in text  # sized from both nodes' CPUs
+    assert len(placed[0]) == 1 and len(placed[1]) == 1, placed
+    wait_for("every process this test started to end", lambda: not any(alive(p) for p in tree), 30)
+
+    # Where things landed: artifacts in the server's ./mlartifacts, checkpoints in the shared storage folder.
+    assert list((workdir / "mlartifacts").rglob("best_checkpoint/state.pt"))
+    latest = ray.train.Result.from_path(str(storage / "two-nodes"))  # Ray Train's own record of the run
+    assert latest.metrics["epoch"] == 2
+    assert load_checkpoint(Path(latest.checkpoint.path)).meta["epoch"] == 2

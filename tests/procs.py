@@ -1,0 +1,150 @@
+"""Process helpers for tests that start the CLI, Ray nodes or an MLflow server as subprocesses.
+
+Processes are found through ``/proc`` (Linux) by ancestry, so a test only ever signals the processes it started and
+their descendants: never ``ray stop``, ``pkill`` or anything matched by name across the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+#: Environment for subprocess Ray drivers and nodes: quiet, no token auth on 127.0.0.1, and Train's placement-group
+#: cleaner kept from asking another cluster's dashboard on this shared host (see the stack notes).
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_AUTH_MODE": "disabled",
+           "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+
+
+def env(**extra: str) -> dict[str, str]:
+    """This process's environment for a subprocess: RAY_ENV added, any RAY_ADDRESS of the test session removed."""
+    out = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out.update(RAY_ENV, **extra)
+    return out
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as fh:
+        text = fh.read()
+    return text[text.rindex(")") + 2:].split()  # fields after "(comm)": state, ppid, pgrp, ...
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` ('' if it is gone); Ray workers show their proctitle, e.g. ray::RayTrainWorker."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return _stat(pid)[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children, grandchildren, ...), from one snapshot of /proc."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                children.setdefault(int(_stat(int(name))[1]), []).append(int(name))
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def train_workers(root: int) -> list[int]:
+    """Ray Train worker processes below ``root``."""
+    return [p for p in descendants(root) if cmdline(p).startswith("ray::RayTrainWorker")]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.2,
+             proc: subprocess.Popen | None = None, log: Path | None = None) -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` s or when ``proc`` exits early."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}\n{tail}")
+        time.sleep(interval)
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
+
+
+def kill_all(pids: Iterable[int], grace: float = 5.0) -> None:
+    """SIGTERM ``pids``, wait up to ``grace`` s, then SIGKILL what is left."""
+    pids = [p for p in pids if alive(p)]
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if alive(pid):
+            _signal(pid, signal.SIGKILL)
+
+
+def mentioning(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (e.g. a test's own temporary folder)."""
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and text in cmdline(int(n)) and int(n) != os.getpid()]
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a process started by a test (with :func:`start`: its own session and process group) and everything
+    below it: its descendants, found before signalling, and what is left in its process group (orphans)."""
+    pids = [*descendants(proc.pid), proc.pid]
+    kill_all([proc.pid], grace)  # the parent first: `ray start --block` and mlflow stop their children themselves
+    kill_all(pids, grace)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(args: list[str], log: Path, cwd: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``args`` in its own session, stdout and stderr to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env(**(extra_env or {})),
+                                start_new_session=True)
+
+
+def cli(*args: str) -> list[str]:
+    """``python -m nre_ray.train ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "nre_ray.train", *args]
