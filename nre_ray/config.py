@@ -58,13 +58,16 @@ class DataConfig:
     cache_dir: str | None = _f(None, "Folder for the preprocessing cache (default: .nre_ray_cache in the working "
                                      "directory).")
     no_cache: bool = _f(False, "Rebuild the preprocessed data even when a cached copy exists.")
+    typed_markers: bool = _f(False, "--model bert: entity markers carry the entity types (<e1:person> ... "
+                                    "</e1:person>) where head_type/tail_type are given; else [E1] ... [/E1].")
 
 
 @dataclass
 class ModelConfig:
     """The encoder and its classifier head."""
 
-    model: str = _f("cnn", "Encoder: 'cnn', 'pcnn', 'bilstm' (attention BiLSTM), 'transformer' (see "
+    model: str = _f("cnn", "Encoder: 'cnn', 'pcnn', 'bilstm' (attention BiLSTM), 'transformer', 'bert' (a "
+                              "pretrained transformer fine-tuned with entity markers: give --pretrained) (see "
                               "nre_ray.models.registry).")
     word_dim: int = _f(100, "Word embedding size.")
     pos_dim: int = _f(10, "Size of each of the two relative-position embeddings.")
@@ -77,6 +80,13 @@ class ModelConfig:
                                      "largest of 8, 4, 2, 1 that divides it.")
     max_positions: int = _f(512, "Longest input the transformer's learned absolute position embedding covers; must "
                                  "be >= --max-length.")
+    pretrained: str | None = _f(None, "--model bert: a pretrained transformer (BERT, RoBERTa, MiniLM, ...) as a local "
+                                      "folder written by save_pretrained() or a Hugging Face hub name (needs "
+                                      "network access on every node). A folder must be readable on every node.")
+    with_cls: bool = _f(False, "--model bert: also feed the first token's state ([CLS]) to the classifier, besides "
+                               "the two entity start markers'.")
+    gradient_checkpointing: bool = _f(False, "--model bert: recompute activations in the backward pass (less "
+                                             "memory, about 30% slower).")
     embeddings: str | None = _f(None, "Pretrained word vectors in the word2vec/GloVe text format (.txt/.vec, "
                                       "optionally .gz) loaded into the word embedding for vocabulary words; their "
                                       "dimension must equal --word-dim. The file must be readable on every node.")
@@ -101,6 +111,11 @@ class TrainConfig:
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
     keep_checkpoints: int = _f(2, "Checkpoints kept, best first by the selection metric.")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
+    encoder_lr: float = _f(3e-5, "--model bert: AdamW learning rate of the pretrained encoder (--lr is the "
+                                 "classifier head's).")
+    warmup_ratio: float = _f(0.1, "--model bert: share of the training steps with a linear learning-rate warm-up; "
+                                  "the rate then decays linearly to 0.")
+    grad_accum: int = _f(1, "Accumulate gradients over this many batches per optimizer step.")
     amp: bool = _f(True, "Automatic mixed precision on GPU (bf16 where supported, else fp16 with loss scaling); "
                          "no effect on CPU.")
 
@@ -117,6 +132,12 @@ class RunConfig:
                                         "s3://bucket/path); default ./ray_results.")
     address: str | None = _f(None, "Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
     summary_json: str | None = _f(None, "Write the run id, best checkpoint, best epoch and metrics here as JSON.")
+    resume: bool = _f(False, "Continue the interrupted run --run-name in --storage-path from its latest checkpoint, "
+                             "logging into the same MLflow run (same data and model settings required).")
+    log_model: bool = _f(True, "At the end, log the selected checkpoint as the run's MLflow pyfunc model "
+                               "(runs:/<run_id>/model), which labels raw rows and can be served.")
+    register_model: str | None = _f(None, "Also register that model in the MLflow model registry under this name "
+                                          "(models:/NAME/1, 2, ...).")
 
 
 @dataclass
@@ -165,11 +186,20 @@ class Config:
             (0 <= self.model.dropout < 1, "--dropout must be in [0, 1)"),
             (self.model.kernel_size >= 1 and self.model.kernel_size % 2 == 1, "--kernel-size must be odd and >= 1"),
             (self.train.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
+            (not self.run.resume or bool(self.run.run_name), "--resume needs the --run-name of the run to continue"),
             (self.model.num_layers is None or self.model.num_layers >= 1, "--num-layers must be >= 1"),
             (self.model.num_heads is None or self.model.num_heads >= 1, "--num-heads must be >= 1"),
             (self.model.model != "transformer" or not self.model.num_heads
              or self.model.hidden_size % self.model.num_heads == 0,
              f"--num-heads {self.model.num_heads} must divide --hidden-size {self.model.hidden_size}"),
+            (self.train.grad_accum >= 1, "--grad-accum must be >= 1"),
+            (0 <= self.train.warmup_ratio < 1, "--warmup-ratio must be in [0, 1)"),
+            (self.train.encoder_lr > 0, "--encoder-lr must be > 0"),
+            (self.model.model != "bert" or bool(self.model.pretrained),
+             "--model bert needs --pretrained PATH_OR_NAME (a local model folder or a hub name)"),
+            (self.model.model == "bert" or not self.model.pretrained,
+             f"--pretrained is for --model bert (this run trains --model {self.model.model}); for word vectors "
+             "use --embeddings"),
             (self.model.model != "transformer" or self.model.max_positions >= self.data.max_length,
              f"--max-positions {self.model.max_positions} must be >= --max-length {self.data.max_length}"),
         ]
@@ -233,16 +263,30 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def build_parser(prog: str = "python -m nre_ray.train", description: str | None = None) -> argparse.ArgumentParser:
-    """An argparse parser with one flag per config field, grouped by section. Defaults are None (= not given)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+def build_parser(
+    prog: str = "python -m nre_ray.train",
+    description: str | None = None,
+    only: dict[str, tuple[str, ...] | None] | None = None,
+    parser: argparse.ArgumentParser | None = None,
+) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per config field, grouped by section. Defaults are None (= not given).
+
+    ``only``: the sections (and, per section, the fields; None: all) to make flags for, e.g. ``{"data": None,
+    "train": ("seed",)}`` for a command that only preprocesses; default: every field. ``parser``: add the flags to
+    this parser (a subcommand's) instead of a new one.
+    """
+    parser = parser or argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [data], [model], [train], [run] tables; "
                         "flags given on the command line override it.")
     for section, section_cls in _SECTIONS.items():
+        if only is not None and section not in only:
+            continue
         group = parser.add_argument_group(f"{section} options", section_cls.__doc__)
         defaults = section_cls()
         types_ = _field_types(section_cls)
         for f in dataclasses.fields(section_cls):
+            if only is not None and only[section] is not None and f.name not in only[section]:
+                continue
             tp = types_[f.name]
             help_text = f.metadata["help"] + f" (default: {getattr(defaults, f.name)!r})"
             dest = f"{section}.{f.name}"

@@ -2,7 +2,8 @@
 
 Every rank runs the same code. Distribution shows up in three places only: ``prepare_model`` / ``prepare_data_loader``
 (DDP and the DistributedSampler), the all-reduce of counts in :func:`evaluate` (so every example is counted exactly
-once whatever the number of workers), and rank 0 alone writing checkpoints and MLflow data.
+once whatever the number of workers), and rank 0 alone writing checkpoints and MLflow data. (Per-epoch metrics are
+logged by the controller when Ray registers the epoch's checkpoint: :mod:`nre_ray.tracking_callback`.)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.pretrained import load_word_vectors, word_embedding
 from nre_ray.models.registry import ModelSpec
+from nre_ray.optim import Schedule, build_optimizer, steps_per_epoch
 from nre_ray.tracking import Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -124,8 +126,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Train on this worker's shard; called by TorchTrainer on every rank.
 
     ``loop_config``: ``config`` (Config.to_dict()), ``data`` (dict or ObjectRef of a dict with ``splits`` name ->
-    arrays, ``vocab``, ``labels``, ``num_positions``), ``tracking_uri`` and ``run_id`` (or None), ``threads``.
+    arrays, ``vocab``, ``labels``, ``num_positions``), ``tracking_uri`` and ``run_id`` (or None), ``threads``, and
+    optionally ``startup`` (the driver's Unix times ``command`` and ``fit``: rank 0 logs the start-up split).
     """
+    entered = time.time()
     cfg = Config.from_dict(loop_config["config"])
     # One progress line per epoch, not Ray's per-report INFO logs (some go to the root logger under a file name).
     logging.getLogger().setLevel(logging.WARNING)
@@ -136,14 +140,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     torch.manual_seed(cfg.train.seed)
     tracker = make_tracker(rank, loop_config.get("tracking_uri"), loop_config.get("run_id"))
 
-    vocab, labels = Vocab(list(data["vocab"])), list(data["labels"])
+    vocab, labels = Vocab.from_json(data["vocab"]), list(data["labels"])
+    assets = data.get("assets")  # files every checkpoint carries (a pretrained encoder's tokenizer and config)
     splits = {name: EncodedSplit({k: np.array(v) for k, v in arrays.items()})
               for name, arrays in data["splits"].items()}
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = build_model(cfg.model, spec)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=cfg.train.lr_factor,
-                                                           patience=cfg.train.lr_patience)
+    optimizer, scheduler = build_optimizer(cfg, model, steps_per_epoch(len(splits["train"]), world_size,
+                                                                       cfg.train.batch_size, cfg.train.grad_accum))
     state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None}
     resumed = ray.train.get_checkpoint()
     if resumed:
@@ -157,6 +161,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
         if rank == 0:
             log.warning("resuming after epoch %d from %s", state["epoch"], resumed.path)
+            tracker.set_tags({"nre_ray.resumed_from_epoch": str(state["epoch"])})
     else:
         hits = None
         if cfg.model.embeddings:  # every rank loads the same vectors (DDP would broadcast rank 0's anyway)
@@ -177,21 +182,27 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         collate_fn=identity_collate, generator=generator))
     valid_loader = eval_loader(splits["valid"], rank, world_size)
     select = cfg.select_metric
-    stale = 0
+    stale = state["epoch"] - state["best_epoch"]  # epochs without improvement (also after a resume)
+    startup = loop_config.get("startup")
+    if startup and rank == 0 and state["epoch"] == 0:  # the first training step is next (driver's marks: train.py)
+        now = time.time()
+        tracker.log_metrics({"startup_workers_s": now - startup["fit"], "startup_total_s": now - startup["command"],
+                             "startup_loop_setup_s": now - entered}, step=0)
 
     for epoch in range(state["epoch"] + 1, cfg.train.epochs + 1):
         if hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
-        start = time.perf_counter()
-        train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp)
-        elapsed = time.perf_counter() - start
+        start, cpu_start = time.perf_counter(), time.process_time()
+        train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp,
+                                        scheduler, cfg.train.grad_accum)
+        elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         cm, valid_loss = evaluate(model, valid_loader, len(labels))
         valid = M.scores(cm, labels, cfg.data.negative_label)
         if select not in valid:
             raise ValueError(f"--select-metric {select!r} is not a validation metric here; choose one of "
                              f"{', '.join(sorted(valid))}")
         score = _finite(valid[select])
-        scheduler.step(score)
+        scheduler.after_epoch(score)
         improved = score > state["best_score"]
         if improved:
             state.update(best_score=score, best_epoch=epoch,
@@ -203,10 +214,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             "epoch": epoch, "train_loss": train_loss, "valid_loss": valid_loss,
             **{f"valid_{k}": _finite(v) for k, v in valid.items()},
             "lr": optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
-            "epoch_seconds": elapsed, "best_epoch": state["best_epoch"],
+            "epoch_seconds": elapsed, "epoch_cpu_seconds": cpu_seconds, "best_epoch": state["best_epoch"],
         }
-        tracker.log_metrics(metrics, step=epoch)
-        _report(rank, metrics, model, optimizer, scheduler, state, epoch, cfg, vocab, labels, spec)
+        _report(rank, metrics, model, optimizer, scheduler, state, epoch, cfg, vocab, labels, spec, assets)
+        # The epoch's metrics reach MLflow from the controller once Ray registers this checkpoint (tracking_callback)
         if rank == 0:
             print(f"epoch {epoch:3d}/{cfg.train.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
                   f"valid_{select} {score:.4f}  valid_acc {valid['accuracy']:.4f}  lr {metrics['lr']:.2g}  "
@@ -216,30 +227,42 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 print(f"early stop: no improvement of valid_{select} for {stale} epochs", flush=True)
             break
 
-    _final(model, state, splits, labels, cfg, rank, world_size, tracker, vocab, spec)
+    _final(model, state, splits, labels, cfg, rank, world_size, tracker, vocab, spec, assets)
 
 
 def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
-                 grad_clip: float, amp: bool = False) -> tuple[float, float]:
+                 grad_clip: float, amp: bool = False, scheduler: Schedule | None = None,
+                 grad_accum: int = 1) -> tuple[float, float]:
     """One pass over this rank's shard. Returns (mean loss over all ranks, examples seen by all ranks).
 
-    With ``amp`` on a CUDA device the forward pass runs under autocast (bf16, or fp16 with loss scaling).
+    With ``amp`` on a CUDA device the forward pass runs under autocast (bf16, or fp16 with loss scaling). With
+    ``grad_accum`` > 1 the gradients of that many batches (fewer for the epoch's last group) are averaged into one
+    optimizer step, and DDP all-reduces only on the group's last batch. ``scheduler.after_step()`` follows each step.
     """
     model.train()
     device = ray.train.torch.get_device()
     scaler = grad_scaler(device, amp)
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, examples)
-    for batch in loader:
-        with autocast_context(device, amp):
-            logits = model(batch)  # (B, C)
-        loss = nn.functional.cross_entropy(logits.float(), batch["labels"])
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if grad_clip > 0:
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
+    batches = len(loader)
+    optimizer.zero_grad(set_to_none=True)
+    for i, batch in enumerate(loader):
+        group = min(grad_accum, batches - (i - i % grad_accum))  # batches in this accumulation group
+        last = i % grad_accum == group - 1
+        no_sync = getattr(model, "no_sync", None)
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with autocast_context(device, amp):
+                logits = model(batch)  # (B, C)
+            loss = nn.functional.cross_entropy(logits.float(), batch["labels"])
+            scaler.scale(loss / group).backward()
+        if last:
+            if grad_clip > 0:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.after_step()
         n = batch["labels"].numel()
         totals[0] += loss.detach().double() * n
         totals[1] += n
@@ -254,7 +277,7 @@ def _meta(cfg: Config, spec: ModelSpec, epoch: int) -> dict[str, Any]:
 
 def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
             scheduler: Any, state: dict[str, Any], epoch: int, cfg: Config, vocab: Vocab, labels: list[str],
-            spec: ModelSpec) -> None:
+            spec: ModelSpec, assets: dict[str, bytes] | None = None) -> None:
     """Every rank reports; rank 0 attaches a complete checkpoint."""
     if rank != 0:
         ray.train.report(metrics, checkpoint=None)
@@ -267,13 +290,14 @@ def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: tor
     }
     # Ray copies the folder to storage and then deletes it; in local mode (num_workers=0) the folder is the checkpoint.
     folder = tempfile.mkdtemp(prefix="nre_ray_ckpt_")
-    save_checkpoint(Path(folder), full_state, cfg, vocab, labels, _meta(cfg, spec, epoch))
+    save_checkpoint(Path(folder), full_state, cfg, vocab, labels, _meta(cfg, spec, epoch), assets)
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder),
                      delete_local_checkpoint_after_upload=True)
 
 
 def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSplit], labels: list[str],
-           cfg: Config, rank: int, world_size: int, tracker: Tracker, vocab: Vocab, spec: ModelSpec) -> None:
+           cfg: Config, rank: int, world_size: int, tracker: Tracker, vocab: Vocab, spec: ModelSpec,
+           assets: dict[str, bytes] | None = None) -> None:
     """Load the best weights, score valid and test once, and log reports and the best checkpoint (rank 0)."""
     if state["best_model"] is None:
         return
@@ -298,7 +322,7 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
     with tempfile.TemporaryDirectory(prefix="nre_ray_best_") as tmp:
         best = {"model": state["best_model"], "epoch": state["best_epoch"], "best_score": state["best_score"],
                 "best_epoch": state["best_epoch"], "metrics": final}
-        save_checkpoint(Path(tmp), best, cfg, vocab, labels, _meta(cfg, spec, state["best_epoch"]))
+        save_checkpoint(Path(tmp), best, cfg, vocab, labels, _meta(cfg, spec, state["best_epoch"]), assets)
         tracker.log_artifacts(Path(tmp), "best_checkpoint")
     if "test" in results:
         test = results["test"][1]

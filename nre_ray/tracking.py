@@ -106,6 +106,39 @@ def start_run(tracking_uri: str, experiment_name: str, run_name: str, tags: dict
     return run.info.run_id
 
 
+def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_path: str) -> Any | None:
+    """The newest MLflow run of ``experiment_name`` tagged ``nre_ray.run_name=run_name`` and ``storage_path``
+    (the tags :mod:`nre_ray.train` sets), or None. Returns an ``mlflow.entities.Run``."""
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        return None
+    # MLflow's filter syntax has no escapes: quote with whichever quote the name lacks, check the tags here.
+    quote = next((q for q in "'\"" if q not in run_name), None)
+    filter_string = f"tags.`nre_ray.run_name` = {quote}{run_name}{quote}" if quote else ""
+    page_token = None
+    while True:
+        runs = client.search_runs([experiment.experiment_id], filter_string=filter_string,
+                                  order_by=["attributes.start_time DESC"], page_token=page_token)
+        for run in runs:
+            tags = run.data.tags
+            if tags.get("nre_ray.run_name") == run_name and tags.get("storage_path") == storage_path:
+                return run
+        page_token = runs.token
+        if not page_token:
+            return None
+
+
+def metric_steps(tracking_uri: str, run_id: str, key: str) -> set[int]:
+    """The steps at which ``key`` has been logged in the run."""
+    return {m.step for m in MlflowClient(tracking_uri).get_metric_history(run_id, key)}
+
+
+def reopen_run(tracking_uri: str, run_id: str) -> None:
+    """Mark a stopped run RUNNING again (what ``mlflow.start_run(run_id=...)`` does), to continue logging into it."""
+    MlflowClient(tracking_uri).update_run(run_id, status="RUNNING")
+
+
 def end_run(tracking_uri: str, run_id: str, status: str) -> None:
     """Mark the run FINISHED, FAILED or KILLED."""
     MlflowClient(tracking_uri).set_terminated(run_id, status=status)
@@ -116,5 +149,5 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     return dict(MlflowClient(tracking_uri).get_run(run_id).data.metrics)
 
 
-__all__ = ["MlflowTracker", "RunStatus", "Tracker", "end_run", "make_tracker", "mlflow", "resolve_tracking_uri",
-           "run_metrics", "start_run"]
+__all__ = ["MlflowTracker", "RunStatus", "Tracker", "end_run", "find_run", "make_tracker", "metric_steps", "mlflow",
+           "reopen_run", "resolve_tracking_uri", "run_metrics", "start_run"]

@@ -55,17 +55,24 @@ class DataError(Exception):
     (by default: fix the rows, or pass ``--on-bad-rows skip``).
     """
 
-    def __init__(self, problems: Iterable[Problem] | Problem, hint: str | None = None) -> None:
-        """Create the error from the problems found (a single :class:`Problem` is accepted too)."""
+    def __init__(
+        self, problems: Iterable[Problem] | Problem, hint: str | None = None, total: int | None = None
+    ) -> None:
+        """Create the error from the problems found (a single :class:`Problem` is accepted too).
+
+        ``total``: how many problems there are in all, when ``problems`` holds only the first of them (a large input
+        need not keep every problem to report them; ``self.total`` is never less than ``len(problems)``).
+        """
         if isinstance(problems, Problem):
             problems = [problems]
         self.problems: list[Problem] = list(problems)
         self.hint: str = ROW_HINT if hint is None else hint
+        self.total: int = max(total or 0, len(self.problems))
         super().__init__(self._render())
 
-    def __reduce__(self) -> tuple[type[DataError], tuple[list[Problem], str]]:
-        """Pickle by problems and hint, so the error survives a trip through Ray workers."""
-        return (type(self), (self.problems, self.hint))
+    def __reduce__(self) -> tuple[type[DataError], tuple[list[Problem], str, int]]:
+        """Pickle by problems, hint and total, so the error survives a trip through Ray workers."""
+        return (type(self), (self.problems, self.hint, self.total))
 
     def __str__(self) -> str:
         """The rendered report (see the class docstring)."""
@@ -73,7 +80,7 @@ class DataError(Exception):
 
     def _render(self) -> str:
         lines = [str(problem) for problem in self.problems[:MAX_SHOWN]]
-        more = len(self.problems) - MAX_SHOWN
+        more = self.total - min(len(self.problems), MAX_SHOWN)
         if more > 0:
             lines.append(f"... and {more} more problem{'s' if more != 1 else ''}")
         if not lines:

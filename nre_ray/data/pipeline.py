@@ -1,33 +1,86 @@
-"""The preprocessing pipeline: files -> validated, tokenized, encoded arrays. Ray Data runs the pure batch functions.
+"""The preprocessing pipeline: files -> validated, tokenized, encoded arrays, streamed through Ray Data.
 
-Steps: read each split (``read.read_table``) -> Ray Data ``map_batches``: row checks then tokenization -> bad rows
-reported (or set aside with ``--on-bad-rows skip``) -> labels checked against the label list -> a seeded stratified
-validation split when there is no validation file -> vocabulary from the training split only (Ray Data groupby) ->
-Ray Data ``map_batches``: encoding -> padded arrays. The result is cached under a key made of the input files' content
+Nothing holds the whole corpus: the files are read in chunks, and every step runs per block.
+
+1. Ray Data: one reader task per split file streams :func:`~nre_ray.data.read.read_chunks` -> ``map_batches``: row
+   checks, tokenization and the audit's per-row numbers. The driver takes the blocks as they come and writes them,
+   in file order, as Parquet into a staging folder under the cache folder, keeping per row only what the later
+   decisions need (line, relation, problem count, a few audit numbers: no text, no tokens).
+2. Driver: bad rows (the first :data:`~nre_ray.data.errors.MAX_SHOWN` problems and a count for ``--on-bad-rows
+   error``; all of them into ``rejected.csv`` for ``skip``), labels checked against the label list, the seeded
+   stratified validation split when there is no validation file (from labels and line numbers only).
+3. Ray Data: token counts of the training rows per block -> ``groupby`` -> the vocabulary.
+4. Ray Data: encoding per block; the driver copies each encoded block into the padded int32 arrays of its split.
+
+The result (and the audit, see :mod:`nre_ray.data.audit`) is cached under a key made of the input files' content
 hashes and the preprocessing settings.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from nre_ray.config import DataConfig
-from nre_ray.data.encode import EncodedSplit, encode_batch, token_counts, tokenize_batch
-from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.read import check_rows, find_data_files, parse_column_map, read_labels, read_table
-from nre_ray.data.vocab import Vocab
+from nre_ray.data import audit as data_audit
+from nre_ray.data import subword
+from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts_arrow, tokenize_batch
+from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
+from nre_ray.data.read import (
+    CANONICAL,
+    check_rows,
+    find_data_files,
+    parse_column_map,
+    read_chunks,
+    read_labels,
+    split_problem,
+)
+from nre_ray.data.vocab import UNK_ID, Vocab
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+ROWS_PER_CHUNK = 2_000
+"""Records per chunk read from a file (one Ray Data block, more or less)."""
+BLOCK_BYTES = 4 << 20
+"""Ray Data's target block size for the preprocessing datasets (its default, 128 MiB, would gather chunks)."""
+ROWS_PER_FILE = 20_000
+"""Rows per staged Parquet file."""
+KEPT_REJECTED = 1_000
+"""Rejected rows kept in :attr:`Prepared.rejected`; all of them are in ``rejected.csv`` in the cache folder."""
+REJECTED_COLUMNS = ["file", "line", "problem", "sentence", "head", "tail", "relation"]
+ROWS_HINT = "Fix these rows, or pass --on-bad-rows skip to train on the good rows only."
+ENCODED_LISTS = (("tokens", "token_ids"), ("head_pos", "head_pos"), ("tail_pos", "tail_pos"),
+                 ("segments", "segments"))
+"""(array of :class:`EncodedSplit`, list column of :func:`encode_batch`)."""
+
+STAGED = pa.schema([
+    ("split", pa.string()), ("seq", pa.int64()), ("chunk_rows", pa.int64()), ("fatal", pa.string()),
+    ("file", pa.string()), ("line", pa.int64()), ("problem", pa.string()),
+    ("sentence", pa.string()), ("head", pa.string()), ("tail", pa.string()), ("relation", pa.string()),
+    ("tokens", pa.list_(pa.string())),
+    ("head_start", pa.int32()), ("head_end", pa.int32()), ("tail_start", pa.int32()), ("tail_end", pa.int32()),
+    ("ntok", pa.int32()), ("gap", pa.int32()), ("reach", pa.int32()), ("key", pa.uint64()), ("overlap", pa.bool_()),
+    ("head_offset", pa.int64()), ("tail_offset", pa.int64()), ("head_type", pa.string()), ("tail_type", pa.string()),
+])
+"""A tokenized row as staged: the reader's bookkeeping (split, chunk number and size, a file-level error), the
+record, its problem ("" for good rows), tokens and token spans, the audit's numbers, and what subword encoding
+(``--model bert``) reads: the checked character offsets and the entity types."""
+SCAN_COLUMNS = ("line", "ntok", "gap", "reach", "key", "overlap")
 
 
 def sample_dir() -> Path:
@@ -44,8 +97,24 @@ class Prepared:
     labels: list[str]
     sources: dict[str, str]
     rejected: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The first :data:`KEPT_REJECTED` rejected rows (``file, line, problem, sentence, head, tail, relation``)."""
     cache_hit: bool = False
     valid_from_train: bool = False
+    audit: dict = field(default_factory=dict)
+    """The data audit (:func:`nre_ray.data.audit.build_audit`)."""
+    rejected_count: int | None = None
+    """How many rows were rejected in all (default: ``len(rejected)``)."""
+    rejected_csv: str | None = None
+    """A CSV file with every rejected row (``rejected``'s columns), when there were any."""
+    cache_dir: str | None = None
+    """The cache folder this result was saved to or loaded from."""
+    pretrained_dir: str | None = None
+    """``--model bert``: the folder (in the cache folder) with the tokenizer plus entity markers and the model's
+    config.json, which every checkpoint carries (:func:`nre_ray.data.subword.build_tokenizer`)."""
+
+    def __post_init__(self) -> None:
+        if self.rejected_count is None:
+            self.rejected_count = len(self.rejected)
 
     @property
     def num_positions(self) -> int:
@@ -64,11 +133,15 @@ def resolve_files(cfg: DataConfig) -> dict[str, Path]:
     return files
 
 
-def settings_of(cfg: DataConfig, seed: int) -> dict:
-    """The settings that change the encoded result (the cache key uses them)."""
+def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> dict:
+    """The settings that change the encoded result (the cache key uses them). ``pretrained``: the ``--pretrained``
+    model whose tokenizer encodes the rows (``--model bert``)."""
     keep = ("format", "columns", "tokenizer", "lowercase", "min_freq", "max_length", "position_window",
             "valid_fraction", "on_bad_rows")
-    return {"version": CACHE_VERSION, "seed": seed, **{k: asdict(cfg)[k] for k in keep}}
+    settings = {"version": CACHE_VERSION, "seed": seed, **{k: asdict(cfg)[k] for k in keep}}
+    if pretrained:
+        settings.update(pretrained=subword.fingerprint(pretrained), typed_markers=cfg.typed_markers)
+    return settings
 
 
 def cache_key(files: dict[str, Path], settings: dict) -> str:
@@ -82,130 +155,608 @@ def cache_key(files: dict[str, Path], settings: dict) -> str:
     return h.hexdigest()[:20]
 
 
-def prepare(cfg: DataConfig, seed: int) -> Prepared:
-    """Read, validate, tokenize, build the vocabulary and encode every split (cached)."""
+def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Path] | None = None,
+                 pretrained: str | None = None) -> Path:
+    """The cache folder of these inputs and settings (it holds ``meta.json`` once complete)."""
+    files = resolve_files(cfg) if files is None else files
+    for path in files.values():
+        if not path.is_file():
+            raise DataError([Problem(str(path), None, None, "is a directory (expected a data file)" if path.is_dir()
+                                     else "file not found")],
+                            hint="Check the path (it is read relative to the current directory).")
+    return Path(cfg.cache_dir or ".nre_ray_cache").absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
+
+
+def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None) -> bool:
+    """True when :func:`prepare` would reuse the cache (so needs no Ray)."""
+    return not cfg.no_cache and (cache_folder(cfg, seed, pretrained=pretrained) / "meta.json").exists()
+
+
+def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None) -> Prepared:
+    """Read, validate, tokenize, build the vocabulary, encode every split and audit the data (cached).
+
+    ``pretrained`` (``--model bert``): encode with that model's fast tokenizer and entity markers instead (see
+    :mod:`nre_ray.data.subword`); the vocabulary is then the tokenizer's.
+
+    A second call on the same files and settings reuses the cache and logs so; ``cfg.no_cache`` rebuilds it.
+    Raises :class:`DataError` for bad input (with ``--on-bad-rows error``, bad rows too: the first problems and a
+    count).
+    """
     files = resolve_files(cfg)
-    settings = settings_of(cfg, seed)
-    cache = Path(cfg.cache_dir or ".nre_ray_cache").absolute() / cache_key(files, settings)
+    cache = cache_folder(cfg, seed, files, pretrained)
     if not cfg.no_cache and (cache / "meta.json").exists():
         prepared = load_prepared(cache)
-        log.info("preprocessing: reused the cache in %s", cache)
+        log.info("preprocessing: reused the cache in %s (--no-cache rebuilds it)", cache)
         return prepared
-    prepared = _prepare(cfg, files, seed)
+    log.info("preprocessing: %s; the result is cached in %s",
+             "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
+             cache)
+    prepared = _prepare(cfg, files, seed, cache, pretrained)
     save_prepared(prepared, cache)
     return prepared
 
 
-def _prepare(cfg: DataConfig, files: dict[str, Path], seed: int) -> Prepared:
+# --------------------------------------------------------------------------------------------------------------------
+# Ray Data batch functions (run in the workers)
+
+
+def _read_files(specs: pd.DataFrame, fmt: str | None, column_map: dict[str, str] | None,
+                rows_per_chunk: int) -> Iterator[pd.DataFrame]:
+    """Ray Data UDF: each input row names one split file; yields its records in chunks, numbered by ``seq``.
+
+    A problem with the file itself becomes one row whose ``fatal`` holds the error (errors travel as data, so a bad
+    file ends in a clean message rather than a failed Ray task with its traceback)."""
+    for split, path in zip(specs["split"], specs["path"], strict=True):
+        seq = 0
+        try:
+            for chunk in read_chunks(Path(path), fmt, column_map, rows_per_chunk):
+                yield chunk.assign(split=split, seq=seq, chunk_rows=len(chunk), fatal="")
+                seq += 1
+        except DataError as err:
+            payload = {"problems": [[p.file, p.line, p.field, p.message] for p in err.problems],
+                       "hint": err.hint, "total": err.total}
+            row: dict[str, Any] = dict.fromkeys(CANONICAL, "")
+            row.update(file=path, line=0, problem="row: the file cannot be read", split=split, seq=seq, chunk_rows=1,
+                       fatal=json.dumps(payload, ensure_ascii=False))
+            yield pd.DataFrame([row])
+
+
+def _check_and_tokenize(batch: pd.DataFrame, tokenizer: str, lowercase: bool) -> pa.Table:
+    """Ray Data UDF: row checks, tokenization and the audit's per-row numbers, as a :data:`STAGED` table."""
+    tokenized = tokenize_batch(check_rows(batch), tokenizer, lowercase)
+    stats = data_audit.row_stats(tokenized)
+    columns: dict[str, Any] = {}
+    for name in STAGED.names:
+        if name in stats:
+            columns[name] = stats[name]
+        elif name == "tokens":
+            columns[name] = list(tokenized["tokens"])
+        else:
+            values = tokenized[name].fillna("") if name in ("head_type", "tail_type") else tokenized[name]
+            columns[name] = values.to_numpy() if STAGED.field(name).type != pa.string() else values.astype(str)
+    return pa.Table.from_pydict(columns, schema=STAGED)
+
+
+def _kept(batch: pd.DataFrame, labels: list[str]) -> np.ndarray:
+    """Rows that are trained on: no problem and a known label."""
+    return ((batch["problem"] == "") & batch["relation"].isin(labels)).to_numpy()
+
+
+def _staged_files(paths: pd.DataFrame, columns: list[str]) -> Iterator[pd.DataFrame]:
+    """The rows of the staged files named in ``paths["path"]`` (only ``columns``)."""
+    for path in paths["path"]:
+        yield pq.read_table(path, columns=columns).to_pandas()
+
+
+def _train_token_counts(paths: pd.DataFrame, labels: list[str], moved: np.ndarray) -> Iterator[pa.Table]:
+    """Ray Data UDF: token counts of the kept training rows of staged files (rows moved to valid left out), counted
+    in Arrow (:func:`~nre_ray.data.batches.token_counts_arrow`: the tokens never become Python objects)."""
+    for path in paths["path"]:
+        table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
+        keep = pc.and_(pc.and_(pc.equal(table.column("problem"), ""),
+                               pc.is_in(table.column("relation"), value_set=pa.array(labels, pa.string()))),
+                       pc.invert(pc.is_in(table.column("line"), value_set=pa.array(moved, pa.int64()))))
+        yield token_counts_arrow(table.filter(keep).column("tokens"))
+
+
+def _encode_files(paths: pd.DataFrame, vocab: list[str], labels: list[str], max_length: int, window: int,
+                  moved: np.ndarray) -> Iterator[pa.Table]:
+    """Ray Data UDF: encode the kept rows of staged files."""
+    columns = ["split", "line", "problem", "relation", "tokens", "head_start", "head_end", "tail_start", "tail_end"]
+    for batch in _staged_files(paths, columns):
+        yield _encode_block(batch, vocab, labels, max_length, window, moved)
+
+
+def _encode_block(batch: pd.DataFrame, vocab: list[str], labels: list[str], max_length: int, window: int,
+                  moved: np.ndarray) -> pa.Table:
+    """Encode the kept rows of a staged block. Lists become Arrow ``list<int32>`` columns; ``split`` is the final
+    split (training rows moved to valid say so)."""
+    batch = batch[_kept(batch, labels)]
+    lines = batch["line"].to_numpy(dtype=np.int64)
+    split = np.where((batch["split"] == "train").to_numpy() & np.isin(lines, moved), "valid",
+                     batch["split"].to_numpy(dtype=object))
+    return _encoded_table(split, lines, encode_batch(batch, vocab, labels, max_length, window))
+
+
+def _encode_subword_files(paths: pd.DataFrame, tokenizer_dir: str, labels: list[str], max_length: int, typed: bool,
+                          window: int, moved: np.ndarray) -> Iterator[pa.Table]:
+    """Ray Data UDF, ``--model bert``: :func:`_encode_files` with the pretrained tokenizer and entity markers (the
+    tokenizer is loaded once per worker process)."""
+    columns = ["split", "line", "problem", "relation", "sentence", "head", "head_offset", "tail", "tail_offset",
+               "head_type", "tail_type"]
+    for batch in _staged_files(paths, columns):
+        yield _encode_subword_block(batch, tokenizer_dir, labels, max_length, typed, window, moved)
+
+
+def _encode_subword_block(batch: pd.DataFrame, tokenizer_dir: str, labels: list[str], max_length: int, typed: bool,
+                          window: int, moved: np.ndarray) -> pa.Table:
+    """:func:`_encode_block` with the pretrained tokenizer and entity markers."""
+    batch = batch[_kept(batch, labels)]
+    lines = batch["line"].to_numpy(dtype=np.int64)
+    split = np.where((batch["split"] == "train").to_numpy() & np.isin(lines, moved), "valid",
+                     batch["split"].to_numpy(dtype=object))
+    encoded = subword.encode_subword_batch(batch, tokenizer_dir, max_length, typed, labels, window)
+    lost = (encoded["problem"] != "").to_numpy()
+    if lost.any():  # not expected: the row checks passed
+        raise ValueError(f"line {lines[lost][0]}: {encoded['problem'].to_numpy()[lost][0]}")
+    return _encoded_table(split, lines, encoded)
+
+
+def _encoded_table(split: np.ndarray, lines: np.ndarray, encoded: pd.DataFrame) -> pa.Table:
+    """The encoded rows as Arrow: ``list<int32>`` id/feature columns, span starts and ends, length, label."""
+    ints = pa.list_(pa.int32())
+    columns = {"split": pa.array(split, pa.string()), "line": pa.array(lines, pa.int64()),
+               "label": pa.array(encoded["label"].to_numpy(dtype=np.int64)),
+               "length": pa.array(encoded["length"].to_numpy(dtype=np.int32))}
+    for _, column in ENCODED_LISTS:
+        columns[column] = pa.array(list(encoded[column]), ints)
+    for key in ("head_span", "tail_span"):
+        spans = np.asarray([list(s) for s in encoded[key]], dtype=np.int32).reshape(-1, 2)
+        columns[f"{key}_start"], columns[f"{key}_end"] = pa.array(spans[:, 0]), pa.array(spans[:, 1])
+    return pa.table(columns)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the driver
+
+
+class _Stage:
+    """Takes pass 1's blocks as they come and writes them to ``folder`` in file order (one file per
+    :data:`ROWS_PER_FILE` rows or so, per split); keeps the per-row numbers the later decisions need."""
+
+    def __init__(self, folder: Path, splits: list[str]) -> None:
+        self.folder = folder
+        self.splits = splits
+        self.pending: dict[str, dict[int, list[pa.Table]]] = {s: {} for s in splits}
+        self.next_seq = dict.fromkeys(splits, 0)
+        self.buffer: dict[str, list[pa.Table]] = {s: [] for s in splits}
+        self.files: dict[str, list[Path]] = {s: [] for s in splits}
+        self.scan: dict[str, dict[str, list[np.ndarray]]] = {s: {} for s in splits}
+        self.relations: dict[str, int] = {}
+        self.fatal: dict[str, str] = {}
+
+    def add(self, table: pa.Table) -> None:
+        split_column = table.column("split")
+        for split in pc.unique(split_column).to_pylist():
+            part = table.filter(pc.equal(split_column, split))
+            seqs = part.column("seq").to_numpy()
+            for seq in np.unique(seqs).tolist():
+                self.pending[split].setdefault(seq, []).append(part.filter(pa.array(seqs == seq)))
+            self._advance(split)
+
+    def _advance(self, split: str) -> None:
+        pending = self.pending[split]
+        while self.next_seq[split] in pending:
+            pieces = pending[self.next_seq[split]]
+            rows = sum(p.num_rows for p in pieces)
+            if rows < pieces[0].column("chunk_rows")[0].as_py():
+                return
+            chunk = pa.concat_tables(pieces)
+            chunk = chunk.take(pc.sort_indices(chunk.column("line")))
+            del pending[self.next_seq[split]]
+            self.next_seq[split] += 1
+            self._keep(split, chunk)
+            self.buffer[split].append(chunk)
+            if sum(t.num_rows for t in self.buffer[split]) >= ROWS_PER_FILE:
+                self._flush(split)
+
+    def _keep(self, split: str, chunk: pa.Table) -> None:
+        fatal = pc.not_equal(chunk.column("fatal"), "")
+        if pc.any(fatal).as_py() and split not in self.fatal:
+            self.fatal[split] = chunk.filter(fatal).column("fatal")[0].as_py()
+        scan = self.scan[split]
+        for name in SCAN_COLUMNS:
+            scan.setdefault(name, []).append(chunk.column(name).to_numpy())
+        problems = chunk.column("problem").to_pylist()
+        scan.setdefault("problems", []).append(np.fromiter((len(split_problem(p)) if p else 0 for p in problems),
+                                                           dtype=np.int32, count=len(problems)))
+        relation = pc.dictionary_encode(chunk.column("relation").combine_chunks())
+        codes = np.asarray([self.relations.setdefault(r, len(self.relations))
+                            for r in relation.dictionary.to_pylist()], dtype=np.int32)
+        scan.setdefault("relation", []).append(codes[relation.indices.to_numpy(zero_copy_only=False)]
+                                               if len(codes) else np.zeros(0, dtype=np.int32))
+
+    def _flush(self, split: str) -> None:
+        if not self.buffer[split]:
+            return
+        path = self.folder / f"{self.splits.index(split)}-{split}-{len(self.files[split]):06d}.parquet"
+        pq.write_table(pa.concat_tables(self.buffer[split]), path)
+        self.files[split].append(path)
+        self.buffer[split] = []
+
+    def finish(self) -> dict[str, dict[str, np.ndarray]]:
+        """Write what is left; per split, the kept numbers of every row in file order."""
+        for split in self.splits:
+            if self.pending[split]:
+                raise RuntimeError(f"preprocessing lost rows of the {split} file (chunks {sorted(self.pending[split])} "
+                                   "incomplete)")
+            self._flush(split)
+        return {split: {name: np.concatenate(parts) for name, parts in scan.items()}
+                for split, scan in self.scan.items()}
+
+
+def _driver_node_args() -> dict[str, Any]:
+    """Ray remote args that keep tasks on the driver's node when the cluster has more than one (the input and staging
+    files are there); none on a single machine."""
+    import ray
+
+    if sum(1 for n in ray.nodes() if n.get("Alive")) <= 1:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+
+
+def _file_dataset(paths: list[Path]) -> Any:
+    """A Ray Dataset of one row per staged file (``path``), one block each."""
     import ray.data
 
+    dataset = ray.data.from_items([{"path": str(p)} for p in paths], override_num_blocks=max(1, len(paths)))
+    dataset.context.target_max_block_size = BLOCK_BYTES
+    return dataset
+
+
+def _num_cpus() -> int:
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _fatal_error(payload: str) -> DataError:
+    data = json.loads(payload)
+    return DataError([Problem(f, line, fld, msg) for f, line, fld, msg in data["problems"]], hint=data["hint"],
+                     total=data.get("total"))
+
+
+def check_inputs(cfg: DataConfig, files: dict[str, Path] | None = None) -> tuple[dict[str, str] | None,
+                                                                              list[str] | None]:
+    """The checks that need no Ray, on the driver, at once: the files exist, ``--columns`` parses, the label file
+    reads, and the first chunk of every split file reads (format, header, columns). Returns ``(column map, labels
+    of the label file or None)``; raises :class:`DataError`."""
+    files = resolve_files(cfg) if files is None else files
     column_map = parse_column_map(cfg.columns) if cfg.columns else None
-    frames = []
+    label_list = read_labels(files["labels"]) if "labels" in files else None
     for split in SPLITS:
         if split in files:
-            frame = read_table(files[split], cfg.format, column_map)
-            frames.append(frame.assign(split=split))
-    table = pd.concat(frames, ignore_index=True)
-    for optional in ("id", "head_type", "tail_type", "problem"):
-        if optional not in table.columns:
-            table[optional] = ""
-    table = table[["split", "file", "line", "sentence", "head", "head_offset", "tail", "tail_offset", "relation",
-                   "id", "head_type", "tail_type", "problem"]].astype({"head_offset": object, "tail_offset": object})
+            chunks = read_chunks(files[split], cfg.format, column_map, ROWS_PER_CHUNK)
+            try:
+                next(chunks, None)
+            finally:
+                chunks.close()
+    return column_map, label_list
 
+
+def _prepare(cfg: DataConfig, files: dict[str, Path], seed: int, folder: Path,
+             pretrained: str | None = None) -> Prepared:
+    column_map, label_list = check_inputs(cfg, files)
+    inputs = [split for split in SPLITS if split in files]
+    staging = folder / "staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        return _prepare_staged(cfg, files, seed, folder, staging, inputs, column_map, label_list, pretrained)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _prepare_staged(cfg: DataConfig, files: dict[str, Path], seed: int, folder: Path, staging: Path,
+                    inputs: list[str], column_map: dict[str, str] | None, label_list: list[str] | None,
+                    pretrained: str | None = None) -> Prepared:
+    import ray.data
+
+    on_driver = _driver_node_args()
+
+    # 1. read, check, tokenize (Ray Data) -> staged Parquet in file order + per-row numbers (driver)
+    specs = [{"split": split, "path": str(files[split])} for split in inputs]
+    tokenized = ray.data.from_items(specs, override_num_blocks=len(specs))
+    tokenized.context.target_max_block_size = BLOCK_BYTES
     tokenized = (
-        ray.data.from_pandas(table)
-        .map_batches(check_rows, batch_format="pandas")
-        .map_batches(tokenize_batch, batch_format="pandas",
+        tokenized
+        .map_batches(_read_files, batch_size=1, batch_format="pandas", num_cpus=0, **on_driver,
+                     fn_kwargs={"fmt": cfg.format, "column_map": column_map, "rows_per_chunk": ROWS_PER_CHUNK})
+        .map_batches(_check_and_tokenize, batch_size=None, batch_format="pandas",
                      fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase})
-        .to_pandas()
     )
-    labels = read_labels(files["labels"]) if "labels" in files else None
-    tokenized = _check_labels(tokenized, labels)
-    bad = tokenized[tokenized["problem"] != ""]
-    if len(bad) and cfg.on_bad_rows == "error":
-        raise DataError([_problem(r) for r in bad.itertuples()],
-                        hint="Fix these rows, or pass --on-bad-rows skip to train on the good rows only.")
-    good = tokenized[tokenized["problem"] == ""].copy()
-    if labels is None:
-        labels = sorted(good.loc[good["split"] == "train", "relation"].unique().tolist())
+    stage = _Stage(staging, inputs)
+    for table in tokenized.iter_batches(batch_format="pyarrow", batch_size=None):
+        stage.add(table)
+    rows = stage.finish()
+    for split in inputs:
+        if split in stage.fatal:
+            raise _fatal_error(stage.fatal[split])
+
+    # 2. bad rows, labels, validation split (driver, from the per-row numbers)
+    relations = list(stage.relations)
+    good = {s: rows[s]["problems"] == 0 for s in inputs}
+    if label_list is None:
+        train_codes = np.unique(rows["train"]["relation"][good["train"]])
+        labels = sorted(relations[c] for c in train_codes.tolist())
+        where = "the training split"
+    else:
+        labels = label_list
+        where = "the label file"
+    class_of = np.asarray([{name: i for i, name in enumerate(labels)}.get(r, -1) for r in relations] or [-1],
+                          dtype=np.int64)
+    for split in inputs:
+        rows[split]["label"] = class_of[rows[split]["relation"]] if len(rows[split]["relation"]) else \
+            np.zeros(0, dtype=np.int64)
+    unknown = {s: good[s] & (rows[s]["label"] < 0) for s in inputs}
+    kept = {s: good[s] & ~unknown[s] for s in inputs}
+    rejected_per_split = {s: int((~kept[s]).sum()) for s in inputs}
+    problem_count = sum(int(rows[s]["problems"].sum() + unknown[s].sum()) for s in inputs)
+    label_problem = functools.partial(_label_problem, labels=sorted(labels), where=where)
+    if problem_count and cfg.on_bad_rows == "error":
+        first = _first_problems(stage, rows, unknown, relations, label_problem)
+        raise DataError(first, hint=ROWS_HINT, total=problem_count)
+
     valid_from_train = "valid" not in files
-    if valid_from_train:
-        good = _split_valid(good, cfg.valid_fraction, seed)
-    if not (good["split"] == "train").any():
+    moved = _split_valid(rows["train"], kept["train"], relations, cfg.valid_fraction, seed) if valid_from_train \
+        else np.zeros(0, dtype=np.int64)
+    final = _final_rows(rows, kept, moved, inputs)
+    if not len(final.get("train", {}).get("line", [])):
         raise DataError([Problem(str(files["train"]), None, None, "no usable training rows")])
 
+    rejected, rejected_csv = pd.DataFrame(columns=REJECTED_COLUMNS), None
+    if sum(rejected_per_split.values()):
+        rejected, rejected_csv = _write_rejected(stage, labels, label_problem, folder / "rejected.csv")
+
+    if pretrained:  # 3-4 with the pretrained model's tokenizer (--model bert)
+        splits, vocab, tokenizer_dir, oov = _encode_subword(cfg, pretrained, folder, stage, inputs, labels, moved,
+                                                            final, on_driver)
+    else:
+        splits, vocab, oov = _encode_words(cfg, stage, inputs, labels, moved, final, on_driver)
+        tokenizer_dir = None
+
+    audit = data_audit.build_audit(final, labels, cfg.max_length, rejected=rejected_per_split, oov=oov,
+                                   valid_from_train=valid_from_train)
+    sources = {k: str(v) for k, v in files.items()}
+    return Prepared(splits, vocab, labels, sources, rejected=rejected, valid_from_train=valid_from_train, audit=audit,
+                    rejected_count=sum(rejected_per_split.values()), rejected_csv=rejected_csv,
+                    cache_dir=str(folder), pretrained_dir=tokenizer_dir)
+
+
+def _encode_words(cfg: DataConfig, stage: _Stage, inputs: list[str], labels: list[str], moved: np.ndarray,
+                  final: dict[str, dict[str, np.ndarray]], on_driver: dict[str, Any]) -> tuple:
+    """Steps 3-4 for the encoders trained from scratch: vocabulary, then word ids. Returns (splits, vocab, oov)."""
+    # 3. vocabulary (Ray Data groupby over the training rows' token counts)
     counts = (
-        ray.data.from_pandas(good.loc[good["split"] == "train", ["tokens"]])
-        .map_batches(token_counts, batch_format="pandas")
-        .groupby("token").sum("count")
+        _file_dataset(stage.files["train"])
+        .map_batches(_train_token_counts, batch_size=1, batch_format="pandas", **on_driver,
+                     fn_kwargs={"labels": labels, "moved": moved})
+        .groupby("token", num_partitions=min(_num_cpus(), 8)).sum("count")
         .to_pandas()
     )
     vocab = Vocab.build(dict(zip(counts["token"], counts["sum(count)"], strict=True)), cfg.min_freq)
+
+    # 4. encoding (Ray Data) into the padded arrays of each split (driver)
     encoded = (
-        ray.data.from_pandas(good)
-        .map_batches(encode_batch, batch_format="pandas",
+        _file_dataset([p for s in inputs for p in stage.files[s]])
+        .map_batches(_encode_files, batch_size=1, batch_format="pandas", **on_driver,
                      fn_kwargs={"vocab": vocab.tokens, "labels": labels, "max_length": cfg.max_length,
-                                "window": cfg.position_window})
-        .to_pandas()
+                                "window": cfg.position_window, "moved": moved})
     )
-    splits = {s: EncodedSplit.from_frame(encoded[encoded["split"] == s]) for s in SPLITS
-              if (encoded["split"] == s).any()}
-    sources = {k: str(v) for k, v in files.items()}
-    rejected = bad[["file", "line", "problem", "sentence", "head", "tail", "relation"]].reset_index(drop=True)
-    return Prepared(splits, vocab, labels, sources, rejected=rejected, valid_from_train=valid_from_train)
+    splits, oov = _assemble(encoded, final, cfg.max_length)
+    return splits, vocab, oov
 
 
-def _problem(row: object) -> Problem:
-    field_name, _, message = row.problem.partition(": ")
-    return Problem(str(row.file), int(row.line), field_name if message else None, message or row.problem)
+def _encode_subword(cfg: DataConfig, pretrained: str, folder: Path, stage: _Stage, inputs: list[str],
+                    labels: list[str], moved: np.ndarray, final: dict[str, dict[str, np.ndarray]],
+                    on_driver: dict[str, Any]) -> tuple:
+    """Steps 3-4 for ``--model bert``: the tokenizer with the entity markers (the training rows' entity types with
+    ``--typed-markers``) saved once into ``folder/pretrained``, then subword ids (Ray Data; the tokenizer is loaded once
+    per worker). Returns (splits, vocab, tokenizer folder, oov)."""
+    head_types: list[str] = []
+    tail_types: list[str] = []
+    if cfg.typed_markers:
+        staged = pq.read_table([str(p) for p in stage.files["train"]], columns=["problem", "head_type", "tail_type"])
+        types = subword.entity_types(staged.filter(pc.equal(staged.column("problem"), "")).to_pandas())
+        head_types, tail_types = types
+    tokenizer_dir = folder / "pretrained"
+    shutil.rmtree(tokenizer_dir, ignore_errors=True)
+    subword.build_tokenizer(pretrained, tokenizer_dir, subword.marker_vocabulary(head_types, tail_types),
+                            cfg.max_length)
+    tok = subword.MarkerTokenizer.load(tokenizer_dir)
+    vocab = Vocab(tok.vocabulary(), subword=True)
+    encoded = (
+        _file_dataset([p for s in inputs for p in stage.files[s]])
+        .map_batches(_encode_subword_files, batch_size=1, batch_format="pandas", **on_driver,
+                     fn_kwargs={"tokenizer_dir": str(tokenizer_dir), "labels": labels, "max_length": cfg.max_length,
+                                "typed": cfg.typed_markers, "window": cfg.position_window, "moved": moved})
+    )
+    unk = tok.tokenizer.unk_token_id
+    splits, oov = _assemble(encoded, final, cfg.max_length, width=cfg.max_length, unk_id=-1 if unk is None else unk)
+    return splits, vocab, str(tokenizer_dir), oov
 
 
-def _check_labels(frame: pd.DataFrame, labels: list[str] | None) -> pd.DataFrame:
-    """Mark rows whose relation is not in the label file (or, without one, valid/test labels unseen in train)."""
-    ok = frame["problem"] == ""
-    known = set(labels) if labels is not None else set(frame.loc[ok & (frame["split"] == "train"), "relation"])
-    where = "the label file" if labels is not None else "the training split"
-    unknown = ok & ~frame["relation"].isin(known)
-    frame = frame.copy()
-    frame.loc[unknown, "problem"] = [
-        f"relation: label {r!r} is not in {where} (expected one of {len(known)} labels, e.g. "
-        f"{', '.join(sorted(known)[:5])})" for r in frame.loc[unknown, "relation"]
-    ]
-    return frame
+def _label_problem(relation: str, labels: list[str], where: str) -> str:
+    """The problem of a row whose relation is not among the (sorted) labels."""
+    return (f"relation: label {relation!r} is not in {where} (expected one of {len(labels)} labels, e.g. "
+            f"{', '.join(labels[:5])})")
 
 
-def _split_valid(good: pd.DataFrame, fraction: float, seed: int) -> pd.DataFrame:
-    """Move a seeded, stratified share of train to valid (classes with fewer than 2 rows stay in train)."""
+def _first_problems(stage: _Stage, rows: dict[str, dict[str, np.ndarray]], unknown: dict[str, np.ndarray],
+                    relations: list[str], label_problem: Callable[[str], str]) -> list[Problem]:
+    """The first :data:`MAX_SHOWN` problems in file order (split by split)."""
+    wanted: dict[str, np.ndarray] = {}
+    left = MAX_SHOWN
+    for split in stage.splits:
+        if left <= 0:
+            break
+        counts = rows[split]["problems"] + unknown[split]
+        bad = np.flatnonzero(counts > 0)
+        take = bad[: int(np.searchsorted(np.cumsum(counts[bad]), left)) + 1]
+        wanted[split] = rows[split]["line"][take]
+        left -= int(counts[take].sum())
+    problems: list[Problem] = []
+    for split, lines in wanted.items():
+        found = []
+        for path in stage.files[split]:
+            table = pq.read_table(path, columns=["file", "line", "problem", "relation"],
+                                  filters=[("line", "in", lines.tolist())]) if len(lines) else None
+            if table is not None and table.num_rows:
+                found.append(table.to_pandas())
+        for row in (pd.concat(found).sort_values("line").itertuples() if found else []):
+            text = row.problem or label_problem(row.relation)
+            problems.extend(Problem(str(row.file), int(row.line), f, m) for f, m in split_problem(text))
+    return problems[:MAX_SHOWN]
+
+
+def _split_valid(train: dict[str, np.ndarray], kept: np.ndarray, relations: list[str], fraction: float,
+                 seed: int) -> np.ndarray:
+    """Lines of the training rows that move to valid: a seeded, stratified share per class (classes with fewer than
+    2 rows stay in train). Classes in sorted order, rows in file order: the same draw for the same data."""
     rng = np.random.default_rng(seed)
-    train_idx = good.index[good["split"] == "train"]
+    lines, codes = train["line"][kept], train["relation"][kept]
     chosen = []
-    for _, rows in good.loc[train_idx].groupby("relation", sort=True):
-        if len(rows) < 2:
+    for _, code in sorted((relations[c], c) for c in np.unique(codes).tolist()):
+        group = lines[codes == code]
+        if len(group) < 2:
             continue
-        take = max(1, round(len(rows) * fraction))
-        chosen.extend(rng.choice(rows.index.to_numpy(), size=min(take, len(rows) - 1), replace=False).tolist())
-    good.loc[chosen, "split"] = "valid"
-    return good
+        take = max(1, round(len(group) * fraction))
+        chosen.append(rng.choice(group, size=min(take, len(group) - 1), replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+
+
+def _final_rows(rows: dict[str, dict[str, np.ndarray]], kept: dict[str, np.ndarray], moved: np.ndarray,
+                inputs: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Per final split, the numbers of the rows trained on, in file order (moved training rows form valid)."""
+    columns = ("line", "label", "ntok", "gap", "reach", "key", "overlap")
+    final: dict[str, dict[str, np.ndarray]] = {}
+    for split in inputs:
+        take = kept[split]
+        if split == "train" and len(moved):
+            to_valid = take & np.isin(rows[split]["line"], moved)
+            final["valid"] = {c: rows[split][c][to_valid] for c in columns}
+            take = take & ~to_valid
+        final[split] = {c: rows[split][c][take] for c in columns}
+    return {s: final[s] for s in SPLITS if s in final and len(final[s]["line"])}
+
+
+def _assemble(encoded: Any, final: dict[str, dict[str, np.ndarray]], max_length: int, width: int | None = None,
+              unk_id: int = UNK_ID) -> tuple[dict[str, EncodedSplit], dict[str, tuple[int, int]]]:
+    """Copy the encoded blocks into each split's padded arrays, row ``i`` = the ``i``-th kept line of the split.
+
+    ``width``: the arrays' width (default: the longest row in words, at most ``max_length``); ``unk_id``: the id that
+    counts as out of vocabulary."""
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    widths = {split: width or max(1, min(int(info["ntok"].max()), max_length)) for split, info in final.items()}
+    for split, info in final.items():
+        n = len(info["line"])
+        width = widths[split]
+        arrays[split] = {"lengths": np.zeros(n, dtype=np.int32), "labels": np.zeros(n, dtype=np.int64),
+                         "head_span": np.zeros((n, 2), dtype=np.int32), "tail_span": np.zeros((n, 2), dtype=np.int32),
+                         **{key: np.zeros((n, width), dtype=np.int32) for key, _ in ENCODED_LISTS}}
+    filled = dict.fromkeys(final, 0)
+    oov = {split: [0, 0] for split in final}
+    for table in encoded.iter_batches(batch_format="pyarrow", batch_size=None):
+        table = table.combine_chunks()
+        split_column = table.column("split")
+        for split in pc.unique(split_column).to_pylist():
+            part = table.filter(pc.equal(split_column, split))
+            dest = np.searchsorted(final[split]["line"], part.column("line").to_numpy())
+            out = arrays[split]
+            out["lengths"][dest] = part.column("length").to_numpy()
+            out["labels"][dest] = part.column("label").to_numpy()
+            for key in ("head_span", "tail_span"):
+                out[key][dest, 0] = part.column(f"{key}_start").to_numpy()
+                out[key][dest, 1] = part.column(f"{key}_end").to_numpy()
+            for key, column in ENCODED_LISTS:
+                lists = part.column(column).combine_chunks()
+                lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+                values = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+                starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+                out[key][np.repeat(dest, lengths), np.arange(len(values)) - starts] = values
+                if key == "tokens":
+                    oov[split][0] += int((values == unk_id).sum())
+                    oov[split][1] += len(values)
+            filled[split] += part.num_rows
+    for split, info in final.items():
+        if filled[split] != len(info["line"]):
+            raise RuntimeError(f"preprocessing encoded {filled[split]} of the {len(info['line'])} {split} rows")
+    return {s: EncodedSplit(a) for s, a in arrays.items()}, {s: (u, t) for s, (u, t) in oov.items()}
+
+
+def _write_rejected(stage: _Stage, labels: list[str], label_problem: Callable[[str], str],
+                    path: Path) -> tuple[pd.DataFrame, str]:
+    """Write every rejected row (with its problem) to ``path`` in file order; returns the first
+    :data:`KEPT_REJECTED` rows and the path."""
+    known = pa.array(labels, pa.string())
+    kept: list[pd.DataFrame] = []
+    header = True
+    for split in stage.splits:
+        for staged in stage.files[split]:
+            table = pq.read_table(staged, columns=REJECTED_COLUMNS)
+            good = pc.equal(table.column("problem"), "")
+            rejected = pc.invert(pc.and_(good, pc.is_in(table.column("relation"), value_set=known)))
+            frame = table.filter(rejected).to_pandas()
+            if frame.empty:
+                continue
+            unknown = frame["problem"] == ""
+            frame.loc[unknown, "problem"] = [label_problem(r) for r in frame.loc[unknown, "relation"]]
+            frame.to_csv(path, mode="w" if header else "a", header=header, index=False)
+            header = False
+            if sum(map(len, kept)) < KEPT_REJECTED:
+                kept.append(frame)
+    first = pd.concat(kept, ignore_index=True).head(KEPT_REJECTED) if kept else pd.DataFrame(columns=REJECTED_COLUMNS)
+    return first, str(path)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the cache
 
 
 def save_prepared(prepared: Prepared, folder: Path) -> None:
-    """Write the encoded splits, vocabulary, labels and rejected rows to ``folder`` (written last: meta.json)."""
+    """Write the encoded splits, vocabulary, labels, audit and rejected rows to ``folder`` (written last:
+    meta.json)."""
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "meta.json").unlink(missing_ok=True)
     for name, split in prepared.splits.items():
         split.save(folder / f"{name}.npz")
     prepared.vocab.save(folder / "vocab.json")
     (folder / "labels.json").write_text(json.dumps(prepared.labels, ensure_ascii=False), encoding="utf-8")
-    prepared.rejected.to_csv(folder / "rejected.csv", index=False)
+    (folder / "audit.json").write_text(json.dumps(prepared.audit, ensure_ascii=False), encoding="utf-8")
+    rejected = folder / "rejected.csv"
+    if prepared.rejected_csv is None or Path(prepared.rejected_csv).resolve() != rejected.resolve():
+        prepared.rejected.to_csv(rejected, index=False)
+    if prepared.pretrained_dir and Path(prepared.pretrained_dir).resolve() != (folder / "pretrained").resolve():
+        shutil.rmtree(folder / "pretrained", ignore_errors=True)
+        shutil.copytree(prepared.pretrained_dir, folder / "pretrained")
     meta = {"splits": list(prepared.splits), "sources": prepared.sources,
-            "valid_from_train": prepared.valid_from_train}
+            "valid_from_train": prepared.valid_from_train, "rejected_count": prepared.rejected_count,
+            "pretrained": bool(prepared.pretrained_dir)}
     (folder / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+    prepared.cache_dir = str(folder)
+    if prepared.pretrained_dir:
+        prepared.pretrained_dir = str(folder / "pretrained")
 
 
 def load_prepared(folder: Path) -> Prepared:
     """Read what :func:`save_prepared` wrote."""
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    rejected = pd.read_csv(folder / "rejected.csv", keep_default_na=False) if (folder / "rejected.csv").stat().st_size \
-        else pd.DataFrame()
+    rejected_path = folder / "rejected.csv"
+    rejected = pd.read_csv(rejected_path, keep_default_na=False, nrows=KEPT_REJECTED) \
+        if rejected_path.stat().st_size else pd.DataFrame(columns=REJECTED_COLUMNS)
+    count = meta.get("rejected_count", len(rejected))
     return Prepared(
         splits={name: EncodedSplit.load(folder / f"{name}.npz") for name in meta["splits"]},
         vocab=Vocab.load(folder / "vocab.json"),
@@ -214,4 +765,9 @@ def load_prepared(folder: Path) -> Prepared:
         rejected=rejected,
         cache_hit=True,
         valid_from_train=meta["valid_from_train"],
+        audit=json.loads((folder / "audit.json").read_text(encoding="utf-8")),
+        rejected_count=count,
+        rejected_csv=str(rejected_path) if count else None,
+        cache_dir=str(folder),
+        pretrained_dir=str(folder / "pretrained") if meta.get("pretrained") else None,
     )

@@ -21,7 +21,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -132,12 +132,13 @@ def _decode(name: str, data: bytes) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
-def _decode_problem(name: str, data: bytes, err: UnicodeDecodeError) -> Problem:
-    line = data.count(b"\n", 0, err.start) + 1
+def _decode_problem(name: str, data: bytes, err: UnicodeDecodeError, first_line: int = 1, offset: int = 0) -> Problem:
+    """The problem of undecodable ``data``, the file's bytes from byte ``offset`` on (which is on ``first_line``)."""
+    line = data.count(b"\n", 0, err.start) + first_line
     column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-    message = (f"not valid UTF-8: byte 0x{data[err.start]:02x} at byte offset {err.start} "
+    message = (f"not valid UTF-8: byte 0x{data[err.start]:02x} at byte offset {offset + err.start} "
                f"(byte {column} of the line) cannot be decoded")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+    if offset == 0 and data.startswith((b"\xff\xfe", b"\xfe\xff")):
         message += "; the file is UTF-16 encoded"
     elif _decodes(data[data.rfind(b"\n", 0, err.start) + 1:].split(b"\n", 1)[0], "gb18030"):
         message += "; the line decodes as GB18030, so the file was probably saved as GBK/GB18030"
@@ -157,9 +158,63 @@ def _read_text(path: Path) -> str:
     _require_file(path)
     text = _decode(str(path), path.read_bytes())
     if not text.strip():
-        raise DataError([Problem(str(path), None, None, "file is empty")],
-                        hint="Check that you passed the right file; a data file needs at least one record.")
+        _empty(path)
     return text
+
+
+def _empty(path: Path) -> NoReturn:
+    raise DataError([Problem(str(path), None, None, "file is empty")],
+                    hint="Check that you passed the right file; a data file needs at least one record.")
+
+
+def _stream_lines(path: Path, universal: bool) -> Iterator[str]:
+    """The file's lines one at a time, with their line ends, checked as :func:`_read_text` checks the whole text.
+
+    ``universal``: a lone CR also ends a line, as ``io.StringIO(text, newline="")`` splits (for the csv module)."""
+    _require_file(path)
+    blank, offset = True, 0
+    with open(path, "rb") as fh:
+        for number, data in enumerate(fh, start=1):
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError([_decode_problem(str(path), data, err, number, offset)], hint=HINT_UTF8) from None
+            if offset == 0 and line.startswith("\ufeff"):
+                line = line[1:]
+            offset += len(data)
+            blank = blank and not line.strip()
+            body = line[:-2] if line.endswith("\r\n") else line[:-1] if line.endswith(("\n", "\r")) else line
+            if universal and "\r" in body:  # lone CRs inside the line
+                yield from io.StringIO(line, newline="")
+            else:
+                yield line
+    if blank:
+        _empty(path)
+
+
+def _split_lines(lines: Iterable[str]) -> Iterator[str]:
+    """What ``text.split("\\n")`` gives, from the lines of ``text`` with their ends."""
+    last = "\n"
+    for line in lines:
+        last = line
+        yield line[:-1] if line.endswith("\n") else line
+    if last.endswith("\n"):
+        yield ""
+
+
+def _batched(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
+    """Lists of ``size`` items (the last may be shorter); ``size`` None: one list of everything, even if empty."""
+    if size is None:
+        yield list(items)
+        return
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _first_line(text: str) -> str:
@@ -311,6 +366,36 @@ def read_table(
         DataError: missing, empty or undecodable file, missing header or required column, duplicated header
             column, bad column map, unknown format.
     """
+    frames = list(_read(path, fmt, column_map, require_relation, None))
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def read_chunks(
+    path: Path,
+    fmt: str | None = None,
+    column_map: dict[str, str] | None = None,
+    rows_per_chunk: int = 10_000,
+    require_relation: bool = True,
+) -> Iterator[pd.DataFrame]:
+    """:func:`read_table` in pieces of at most ``rows_per_chunk`` records, reading the file as a stream.
+
+    The pieces have :func:`read_table`'s columns, ``line`` is still the physical line in the file, and together they
+    are what :func:`read_table` returns; only one piece (and one line of the file) is held at a time. The checks that
+    :func:`read_table` makes over the whole file are made over the records read so far: the keys of a JSON Lines
+    file, and whether an OpenNRE or SemEval file has any relation. Problems with the file raise :class:`DataError`
+    when the reader gets to them (an undecodable byte on line 500,000 after the pieces before it).
+    """
+    if rows_per_chunk < 1:
+        raise ValueError(f"rows_per_chunk must be >= 1, found {rows_per_chunk}")
+    yield from _read(path, fmt, column_map, require_relation, rows_per_chunk)
+
+
+def _read(
+    path: Path, fmt: str | None, column_map: Mapping[str, str] | None, require_relation: bool,
+    rows_per_chunk: int | None,
+) -> Iterator[pd.DataFrame]:
+    """The frames of :func:`read_table` (``rows_per_chunk`` None: one frame, from the whole text) or
+    :func:`read_chunks` (streamed)."""
     path = Path(path) if not isinstance(path, Path) else path
     if fmt is None:
         fmt = detect_format(path)
@@ -323,15 +408,20 @@ def read_table(
             raise DataError([Problem(str(path), None, None, f"a column map does not apply to the {fmt} format")],
                             hint="Leave out --columns for this file.")
     if fmt == "parquet":
-        return _read_parquet(path, column_map, require_relation)
-    text = _read_text(path)
+        yield from _read_parquet(path, column_map, require_relation, rows_per_chunk)
+        return
+    text = _read_text(path) if rows_per_chunk is None else None
     if fmt in ("csv", "tsv", "deepke"):
-        return _read_delimited(path, text, fmt, column_map, require_relation)
+        lines = io.StringIO(text, newline="") if text is not None else _stream_lines(path, universal=True)
+        yield from _read_delimited(path, lines, fmt, column_map, require_relation, rows_per_chunk)
+        return
+    lines = text.split("\n") if text is not None else _split_lines(_stream_lines(path, universal=False))
     if fmt == "jsonl":
-        return _read_jsonl(path, text, column_map, require_relation)
-    if fmt == "opennre":
-        return _read_opennre(path, text, require_relation)
-    return _read_semeval(path, text, require_relation)
+        yield from _read_jsonl(path, lines, column_map, require_relation, rows_per_chunk)
+    elif fmt == "opennre":
+        yield from _read_opennre(path, lines, require_relation, rows_per_chunk)
+    else:
+        yield from _read_semeval(path, lines, require_relation, rows_per_chunk)
 
 
 def _resolve_columns(
@@ -439,11 +529,12 @@ def _records(name: str, reader: Any) -> Iterator[tuple[int, int, list[str]]]:
 
 
 def _read_delimited(
-    path: Path, text: str, fmt: str, column_map: Mapping[str, str] | None, require_relation: bool
-) -> pd.DataFrame:
+    path: Path, lines: Iterable[str], fmt: str, column_map: Mapping[str, str] | None, require_relation: bool,
+    rows_per_chunk: int | None,
+) -> Iterator[pd.DataFrame]:
     name = str(path)
     delimiter = "\t" if fmt == "tsv" else ","
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    reader = csv.reader(lines, delimiter=delimiter)
     records = _records(name, reader)
     header_line, header = _header(name, records)
     names = [column.strip().lstrip("\ufeff") for column in header]
@@ -451,17 +542,22 @@ def _read_delimited(
     found = _resolve_columns(name, names, column_map, require_relation, header_line, fmt)
     index = {target: names.index(source) for target, source in found.items()}
     rows = _Rows(_output_columns(found))
-    width = len(names)
+    width, done = len(names), 0
     sep_name = "tab" if delimiter == "\t" else "comma"
     for start, end, fields in records:
         if len(fields) != width and not (len(fields) > width and not any(f.strip() for f in fields[width:])):
             rows.add(start, {}, _field_count_problem(len(fields), width, start, end, sep_name))
-            continue
-        rows.add(start, {target: fields[i] for target, i in index.items()})
-    if not rows.lines:
+        else:
+            rows.add(start, {target: fields[i] for target, i in index.items()})
+        if rows_per_chunk is not None and len(rows.lines) >= rows_per_chunk:
+            done += len(rows.lines)
+            yield rows.frame(name)
+            rows = _Rows(_output_columns(found))
+    if not rows.lines and not done:
         raise DataError([Problem(name, header_line, None, "the file has a header but no data rows")],
                         hint="Check that you passed the right file; a data file needs at least one record.")
-    return rows.frame(name)
+    if rows.lines:
+        yield rows.frame(name)
 
 
 def _field_count_problem(count: int, width: int, start: int, end: int, sep_name: str) -> str:
@@ -485,9 +581,9 @@ def _header(name: str, records: Iterator[tuple[int, int, list[str]]]) -> tuple[i
 # ------------------------------------------------------------------------------------------------------- JSON Lines
 
 
-def _json_lines(text: str) -> Iterator[tuple[int, Any, str]]:
+def _json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any, str]]:
     """``(line, value, problem)`` for each non-blank line: the parsed JSON value, or None and the reason."""
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -503,44 +599,51 @@ def _json_object_problem(value: Any) -> str:
     return f"json: not a JSON object (expected {{\"sentence\": ..., ...}}, found a {type(value).__name__})"
 
 
-def _read_jsonl(path: Path, text: str, column_map: Mapping[str, str] | None, require_relation: bool) -> pd.DataFrame:
+def _read_jsonl(
+    path: Path, lines: Iterable[str], column_map: Mapping[str, str] | None, require_relation: bool,
+    rows_per_chunk: int | None,
+) -> Iterator[pd.DataFrame]:
     name = str(path)
-    parsed = list(_json_lines(text))
     keys: dict[str, None] = {}
-    for _, value, _ in parsed:
-        if isinstance(value, dict):
-            keys.update(dict.fromkeys(value))
-    if not keys and parsed and all(problem for _, _, problem in parsed):
-        first_line, _, problem = parsed[0]
-        raise DataError([Problem(name, first_line, "json", problem.partition(": ")[2])],
-                        hint="Write one JSON object per line (JSON Lines).")
-    found = _resolve_columns(name, list(keys), column_map, require_relation, None, "jsonl")
-    rows = _Rows(_output_columns(found))
-    for line, value, problem in parsed:
-        problem = problem or _json_object_problem(value)
-        if problem:
-            rows.add(line, {}, problem)
-            continue
-        rows.add(line, {target: _as_text(value.get(source)) for target, source in found.items()})
-    return rows.frame(name)
+    for parsed in _batched(_json_lines(lines), rows_per_chunk):
+        for _, value, _ in parsed:
+            if isinstance(value, dict):
+                keys.update(dict.fromkeys(value))
+        if not keys and parsed and all(problem for _, _, problem in parsed):
+            first_line, _, problem = parsed[0]
+            raise DataError([Problem(name, first_line, "json", problem.partition(": ")[2])],
+                            hint="Write one JSON object per line (JSON Lines).")
+        found = _resolve_columns(name, list(keys), column_map, require_relation, None, "jsonl")
+        rows = _Rows(_output_columns(found))
+        for line, value, problem in parsed:
+            problem = problem or _json_object_problem(value)
+            if problem:
+                rows.add(line, {}, problem)
+                continue
+            rows.add(line, {target: _as_text(value.get(source)) for target, source in found.items()})
+        yield rows.frame(name)
 
 
-def _read_opennre(path: Path, text: str, require_relation: bool) -> pd.DataFrame:
+def _read_opennre(
+    path: Path, lines: Iterable[str], require_relation: bool, rows_per_chunk: int | None
+) -> Iterator[pd.DataFrame]:
     name = str(path)
-    parsed = list(_json_lines(text))
-    has_relation = any(isinstance(v, dict) and "relation" in v for _, v, _ in parsed)
-    if require_relation and not has_relation:
-        raise DataError([Problem(name, None, None, "missing required field relation (no record has a 'relation')")],
-                        hint="Add the relation label to every record, or read the file as prediction input.")
-    rows = _Rows(_output_columns({"relation": ""} if has_relation else {}))
-    for line, value, problem in parsed:
-        problem = problem or _json_object_problem(value)
-        if problem:
-            rows.add(line, {}, problem)
-            continue
-        values, problem = _opennre_record(value)
-        rows.add(line, values, problem)
-    return rows.frame(name)
+    has_relation = False
+    for parsed in _batched(_json_lines(lines), rows_per_chunk):
+        has_relation = has_relation or any(isinstance(v, dict) and "relation" in v for _, v, _ in parsed)
+        if require_relation and not has_relation:
+            raise DataError([Problem(name, None, None,
+                                     "missing required field relation (no record has a 'relation')")],
+                            hint="Add the relation label to every record, or read the file as prediction input.")
+        rows = _Rows(_output_columns({"relation": ""} if has_relation else {}))
+        for line, value, problem in parsed:
+            problem = problem or _json_object_problem(value)
+            if problem:
+                rows.add(line, {}, problem)
+                continue
+            values, problem = _opennre_record(value)
+            rows.add(line, values, problem)
+        yield rows.frame(name)
 
 
 def _opennre_record(record: Mapping[str, Any]) -> tuple[dict[str, str], str]:
@@ -593,53 +696,60 @@ def _opennre_span(mention: Any, key: str, limit: int | None) -> tuple[tuple[int,
 # ------------------------------------------------------------------------------------------------- SemEval-2010 Task 8
 
 
-def _read_semeval(path: Path, text: str, require_relation: bool) -> pd.DataFrame:
+def _read_semeval(
+    path: Path, lines: Iterable[str], require_relation: bool, rows_per_chunk: int | None
+) -> Iterator[pd.DataFrame]:
     name = str(path)
-    blocks = list(_semeval_blocks(text.split("\n")))
-    has_relation = any(label is not None for _, _, _, label, _ in blocks)
-    if require_relation and not has_relation:
-        raise DataError([Problem(name, None, None,
-                                 "no relation labels: this is an unlabelled SemEval file (sentence lines only)")],
-                        hint="Use the labelled file (TRAIN_FILE.TXT or TEST_FILE_FULL.TXT), "
-                             "or read this one as prediction input.")
-    rows = _Rows(_output_columns({"relation": ""} if has_relation else {}))
-    for line, number, body, label, after in blocks:
-        if number is None:
-            rows.add(line, {}, f"row: not a SemEval sentence line (expected 'NUMBER<TAB>\"sentence\"', found {body})")
-            continue
-        values, problem = _semeval_sentence(body)
-        values["id"] = number
-        if has_relation:
-            values["relation"] = label or ""
-            if label is None and not problem:
-                problem = ("relation: SemEval block has no label line (expected a label such as 'Other' or "
-                           f"'Cause-Effect(e1,e2)' on the line after the sentence, found {after})")
-        rows.add(line, values, problem)
-    return rows.frame(name)
+    has_relation = False
+    for blocks in _batched(_semeval_blocks(lines), rows_per_chunk):
+        has_relation = has_relation or any(label is not None for _, _, _, label, _ in blocks)
+        if require_relation and not has_relation:
+            raise DataError([Problem(name, None, None,
+                                     "no relation labels: this is an unlabelled SemEval file (sentence lines only)")],
+                            hint="Use the labelled file (TRAIN_FILE.TXT or TEST_FILE_FULL.TXT), "
+                                 "or read this one as prediction input.")
+        rows = _Rows(_output_columns({"relation": ""} if has_relation else {}))
+        for line, number, body, label, after in blocks:
+            if number is None:
+                rows.add(line, {}, f"row: not a SemEval sentence line (expected 'NUMBER<TAB>\"sentence\"', "
+                                   f"found {body})")
+                continue
+            values, problem = _semeval_sentence(body)
+            values["id"] = number
+            if has_relation:
+                values["relation"] = label or ""
+                if label is None and not problem:
+                    problem = ("relation: SemEval block has no label line (expected a label such as 'Other' or "
+                               f"'Cause-Effect(e1,e2)' on the line after the sentence, found {after})")
+            rows.add(line, values, problem)
+        yield rows.frame(name)
 
 
-def _semeval_blocks(lines: list[str]) -> Iterator[tuple[int, str | None, str, str | None, str]]:
+_END = object()
+
+
+def _semeval_blocks(lines: Iterable[str]) -> Iterator[tuple[int, str | None, str, str | None, str]]:
     """``(line, number, quoted sentence, label, what followed)`` per block; number None for a stray line."""
-    i = 0
-    while i < len(lines):
-        current = lines[i].rstrip("\r")
+    numbered = enumerate(lines, start=1)
+    ahead = next(numbered, _END)
+    while ahead is not _END:
+        number, current = ahead
+        ahead = next(numbered, _END)
+        current = current.rstrip("\r")
         if not current.strip():
-            i += 1
             continue
         match = SEMEVAL_SENTENCE.match(current)
         if not match:
-            yield i + 1, None, _quote(current.strip()), None, ""
-            i += 1
+            yield number, None, _quote(current.strip()), None, ""
             continue
-        line, i = i + 1, i + 1
-        nxt = lines[i].rstrip("\r").strip() if i < len(lines) else ""
-        after = _quote(nxt) if nxt else "a blank line" if i < len(lines) else "the end of the file"
+        nxt = ahead[1].rstrip("\r").strip() if ahead is not _END else ""
+        after = _quote(nxt) if nxt else "a blank line" if ahead is not _END else "the end of the file"
         label = None
-        if nxt and not SEMEVAL_SENTENCE.match(lines[i]) and not nxt.lower().startswith("comment"):
-            label, i = nxt, i + 1
-        if i < len(lines) and lines[i].strip().lower().startswith("comment"):
-            i += 1
-        yield line, match.group(1), match.group(2), label, after
+        if nxt and not SEMEVAL_SENTENCE.match(ahead[1]) and not nxt.lower().startswith("comment"):
+            label, ahead = nxt, next(numbered, _END)
+        if ahead is not _END and ahead[1].strip().lower().startswith("comment"):
+            ahead = next(numbered, _END)
+        yield number, match.group(1), match.group(2), label, after
 
 
 def _semeval_sentence(body: str) -> tuple[dict[str, str], str]:
@@ -674,29 +784,46 @@ def _semeval_sentence(body: str) -> tuple[dict[str, str], str]:
 # ------------------------------------------------------------------------------------------------------------ Parquet
 
 
-def _read_parquet(path: Path, column_map: Mapping[str, str] | None, require_relation: bool) -> pd.DataFrame:
+def _read_parquet(
+    path: Path, column_map: Mapping[str, str] | None, require_relation: bool, rows_per_chunk: int | None
+) -> Iterator[pd.DataFrame]:
     import pyarrow.parquet as pq
 
     name = str(path)
     _require_file(path)
     try:
-        table = pq.read_table(path)
+        parquet = pq.ParquetFile(path)
+        names = list(parquet.schema_arrow.names)
+        num_rows = parquet.metadata.num_rows
     except (pa.ArrowException, OSError) as err:
-        raise DataError([Problem(name, None, None, f"not a readable Parquet file ({err})")],
-                        hint="Check the file, or pass --format if it is not Parquet.") from None
-    names = list(table.column_names)
+        _bad_parquet(name, err)
     _check_duplicates(name, names, None)
-    if table.num_rows == 0:
+    if num_rows == 0:
         raise DataError([Problem(name, None, None, "file is empty (no rows)")],
                         hint="Check that you passed the right file; a data file needs at least one record.")
     found = _resolve_columns(name, names, column_map, require_relation, None, "parquet")
-    data: dict[str, Any] = {}
-    for target in _output_columns(found):
-        data[target] = _arrow_texts(table.column(found[target])) if target in found else [""] * table.num_rows
-    data["file"] = [name] * table.num_rows
-    data["line"] = np.arange(1, table.num_rows + 1, dtype=np.int64)
-    data["problem"] = [""] * table.num_rows
-    return pd.DataFrame(data)
+    columns = list(found.values())
+    start = 0
+    try:
+        tables = [parquet.read(columns)] if rows_per_chunk is None else \
+            parquet.iter_batches(batch_size=rows_per_chunk, columns=columns)
+        for table in tables:
+            n = table.num_rows
+            data: dict[str, Any] = {}
+            for target in _output_columns(found):
+                data[target] = _arrow_texts(table.column(found[target])) if target in found else [""] * n
+            data["file"] = [name] * n
+            data["line"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
+            data["problem"] = [""] * n
+            start += n
+            yield pd.DataFrame(data)
+    except (pa.ArrowException, OSError) as err:
+        _bad_parquet(name, err)
+
+
+def _bad_parquet(name: str, err: Exception) -> NoReturn:
+    raise DataError([Problem(name, None, None, f"not a readable Parquet file ({err})")],
+                    hint="Check the file, or pass --format if it is not Parquet.") from None
 
 
 def _arrow_texts(column: Any) -> list[str]:

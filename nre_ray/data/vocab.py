@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PAD, UNK = "<pad>", "<unk>"
 PAD_ID, UNK_ID = 0, 1
@@ -13,12 +14,20 @@ PAD_ID, UNK_ID = 0, 1
 
 @dataclass
 class Vocab:
-    """Token <-> id. Id 0 is padding, id 1 stands for every token not in the vocabulary."""
+    """Token <-> id. Id 0 is padding, id 1 stands for every token not in the vocabulary.
+
+    ``subword=True``: a pretrained tokenizer's vocabulary in id order (``--model bert``), recorded so that checkpoints
+    and resumed runs can be checked against it; that tokenizer encodes, and its padding and unknown ids are its own.
+    """
 
     tokens: list[str]
+    subword: bool = False
     index: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.subword:
+            self.index = {t: i for i, t in enumerate(self.tokens)}
+            return
         if self.tokens[:2] != [PAD, UNK]:
             raise ValueError(f"a vocabulary starts with {PAD!r}, {UNK!r}")
         self.index = {t: i for i, t in enumerate(self.tokens)}
@@ -40,11 +49,23 @@ class Vocab:
         get = self.index.get
         return [get(t, UNK_ID) for t in tokens]
 
+    def as_json(self) -> list[str] | dict[str, Any]:
+        """The JSON form: the token list (the id is the position); ``{"subword": true, "tokens": [...]}`` for a
+        subword vocabulary."""
+        return {"subword": True, "tokens": self.tokens} if self.subword else self.tokens
+
+    @classmethod
+    def from_json(cls, value: list[str] | dict[str, Any]) -> Vocab:
+        """The inverse of :meth:`as_json`."""
+        if isinstance(value, dict):
+            return cls(list(value["tokens"]), subword=bool(value.get("subword")))
+        return cls(list(value))
+
     def save(self, path: Path) -> None:
-        """Write as a JSON list of tokens (the id is the position)."""
-        Path(path).write_text(json.dumps(self.tokens, ensure_ascii=False), encoding="utf-8")
+        """Write :meth:`as_json` to ``path``."""
+        Path(path).write_text(json.dumps(self.as_json(), ensure_ascii=False), encoding="utf-8")
 
     @classmethod
     def load(cls, path: Path) -> Vocab:
         """Read a vocabulary written by :meth:`save`."""
-        return cls(json.loads(Path(path).read_text(encoding="utf-8")))
+        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))

@@ -21,6 +21,9 @@ class ModelSpec:
     vocab_size: int
     num_classes: int
     num_positions: int
+    #: ``--model bert`` loading a checkpoint: the text of its encoder's config.json (``pretrained/config.json``); the
+    #: model is built untrained from it and the checkpoint's weights come next. None: ``--pretrained``'s weights.
+    pretrained_config: str | None = None
 
 
 Builder = Callable[["object", ModelSpec], nn.Module]
@@ -74,3 +77,11 @@ def _transformer(cfg: object, spec: ModelSpec) -> nn.Module:
     encoder = TransformerEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.num_layers or 2,
                                  cfg.num_heads or default_num_heads(cfg.hidden_size), cfg.max_positions)
     return RelationClassifier(encoder, spec.num_classes, cfg.dropout)
+
+
+@register("bert")
+def _bert(cfg: object, spec: ModelSpec) -> nn.Module:
+    from nre_ray.models.bert import build_bert_encoder  # imports transformers (the optional 'bert' extra)
+
+    return RelationClassifier(build_bert_encoder(cfg, spec.vocab_size, spec.pretrained_config), spec.num_classes,
+                              cfg.dropout)

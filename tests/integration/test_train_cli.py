@@ -51,6 +51,12 @@ def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch
     assert {"best_checkpoint/state.pt", "best_checkpoint/vocab.json", "best_checkpoint/labels.json"} <= artifacts
     reports = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert "reports/test_confusion_matrix.png" in reports and "reports/valid_per_class.md" in reports
+    data = {a.path for a in client.list_artifacts(run.info.run_id, "data")}
+    assert {"data/audit.md", "data/audit.json"} <= data  # the data audit of every run
+    audit = json.loads(Path(client.download_artifacts(run.info.run_id, "data/audit.json", str(tmp_path / "a")))
+                       .read_text(encoding="utf-8"))
+    assert {s: audit["splits"][s]["rows"] for s in ("train", "valid", "test")} == {"train": 3000, "valid": 500,
+                                                                                    "test": 500}
     local = Path(client.download_artifacts(run.info.run_id, "best_checkpoint", str(tmp_path / "dl")))
     loaded = load_checkpoint(local)
     assert loaded.state["epoch"] == summary["best_epoch"]

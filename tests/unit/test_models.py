@@ -31,7 +31,7 @@ def _pad(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
             for k in examples[0]}
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"bert"}))  # bert needs a pretrained model: test_bert.py
 def test_shapes_and_padding_invariance(name):
     torch.manual_seed(0)
     model = build_model(ModelConfig(model=name, word_dim=8, pos_dim=3, hidden_size=6), SPEC).eval()

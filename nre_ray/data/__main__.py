@@ -1,0 +1,234 @@
+"""``python -m nre_ray.data``: look at a dataset before training on it, or rewrite it in the canonical schema.
+
+* ``inspect`` preprocesses the data exactly as a training run would (same flags, same cache: a later run with the same
+  settings reuses it) and prints the data audit (:mod:`nre_ray.data.audit`); ``--json`` / ``--report`` write it.
+* ``convert INPUT OUTPUT`` reads any supported format (``--format`` to force one, ``--columns`` to map column names)
+  and writes the canonical columns as CSV, TSV, JSON Lines or Parquet, by OUTPUT's extension. It streams, checks every
+  row, and never overwrites an existing OUTPUT unless ``--force``.
+
+Bad input ends with the problems listed (``FILE:LINE: field: ...``, the first 20 and a count) and exit status 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nre_ray.config import ConfigError, build_parser, config_from_args
+from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
+from nre_ray.data.read import (
+    FORMATS,
+    OPTIONAL,
+    REQUIRED,
+    check_rows,
+    parse_column_map,
+    problems_of,
+    read_chunks,
+    split_problem,
+)
+
+log = logging.getLogger("nre_ray")
+OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+                  ".pq": "parquet"}
+CONVERT_ROWS_PER_CHUNK = 10_000
+CONVERT_HINT = "Fix these rows, or pass --on-bad-rows skip to convert the good rows only."
+
+
+class UsageError(Exception):
+    """A command-line mistake (printed without a traceback, exit status 2)."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# inspect
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """Preprocess (or reuse the cache), print the audit; write it with ``--json`` / ``--report``."""
+    from nre_ray.data import audit as data_audit
+    from nre_ray.data import pipeline
+
+    cfg = config_from_args(args)
+    if not pipeline.is_cached(cfg.data, cfg.train.seed):
+        pipeline.check_inputs(cfg.data)  # bad files, headers and columns fail here, before Ray starts
+        from nre_ray.train import start_ray
+
+        start_ray(cfg.run.address, 1, log_to_driver=False)
+        import ray.data  # noqa: F401 (configures its loggers on import: quiet them after)
+
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    prepared = pipeline.prepare(cfg.data, cfg.train.seed)
+    sys.stdout.write(data_audit.to_markdown(prepared.audit))
+    if prepared.rejected_count:
+        where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""
+        print(f"\n{prepared.rejected_count} bad rows were left out (--on-bad-rows skip){where}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(prepared.audit, indent=2, ensure_ascii=False), encoding="utf-8")
+    if args.report:
+        Path(args.report).write_text(data_audit.to_markdown(prepared.audit), encoding="utf-8")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# convert
+
+
+class _Writer:
+    """Appends canonical frames to a CSV / TSV / JSON Lines / Parquet file."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        self.path, self.kind = path, kind
+        self.rows = 0
+        self._parquet = None
+
+    def write(self, frame: pd.DataFrame) -> None:
+        first = self.rows == 0
+        if self.kind in ("csv", "tsv"):
+            frame.to_csv(self.path, mode="w" if first else "a", header=first, index=False,
+                         sep="\t" if self.kind == "tsv" else ",")
+        elif self.kind == "jsonl":
+            with open(self.path, "w" if first else "a", encoding="utf-8") as fh:
+                for record in frame.to_dict(orient="records"):
+                    fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            if self._parquet is None:
+                self._parquet = pq.ParquetWriter(self.path, table.schema)
+            self._parquet.write_table(table.cast(self._parquet.schema))
+        self.rows += len(frame)
+
+    def close(self) -> None:
+        """Finish the file."""
+        if self._parquet is not None:
+            self._parquet.close()
+            self._parquet = None
+
+    def discard(self) -> None:
+        """Close and remove the file (nothing of a failed conversion is left behind)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _canonical(checked: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The canonical columns of checked good rows: offsets as integers, text as str."""
+    out = pd.DataFrame(index=checked.index)
+    for column in columns:
+        if column in ("head_offset", "tail_offset"):
+            out[column] = checked[column].to_numpy(dtype=np.int64)
+        else:
+            out[column] = checked[column].astype(object).where(checked[column].notna(), "").astype(str)
+    return out.reset_index(drop=True)
+
+
+def convert(args: argparse.Namespace) -> int:
+    """Stream INPUT into OUTPUT in the canonical schema (see the module docstring)."""
+    source, target = Path(args.input), Path(args.output)
+    kind = OUTPUT_FORMATS.get(target.suffix.lower())
+    if kind is None:
+        raise UsageError(f"{target}: cannot tell the output format from the extension {target.suffix!r} (expected "
+                         f"{', '.join(OUTPUT_FORMATS)})")
+    if target.is_dir():
+        raise UsageError(f"{target} is a directory; give the output file's name.")
+    if target.exists() and not args.force:
+        raise UsageError(f"{target} already exists; nothing was written. Pass --force to replace it.")
+    column_map = parse_column_map(args.columns) if args.columns else None
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    writer = _Writer(partial, kind)
+    shown: list[Problem] = []
+    total = bad_rows = 0
+    columns: list[str] | None = None
+    try:
+        for chunk in read_chunks(source, args.format, column_map, CONVERT_ROWS_PER_CHUNK, require_relation=False):
+            checked = check_rows(chunk)
+            bad = (checked["problem"] != "").to_numpy()
+            if bad.any():
+                bad_rows += int(bad.sum())
+                flagged = checked[bad]
+                total += sum(len(split_problem(p)) for p in flagged["problem"])
+                if len(shown) < MAX_SHOWN:
+                    shown.extend(problems_of(flagged.head(MAX_SHOWN)))
+            if columns is None:
+                columns = [c for c in REQUIRED if c in checked.columns] + [
+                    c for c in OPTIONAL if c in checked.columns and (checked[c].astype(str) != "").any()]
+            if (args.on_bad_rows == "error" and total) or not (~bad).any():
+                continue
+            writer.write(_canonical(checked[~bad], columns))
+        if total and args.on_bad_rows == "error":
+            raise DataError(shown[:MAX_SHOWN], hint=CONVERT_HINT, total=total)
+        writer.close()
+        if writer.rows == 0:
+            raise DataError([Problem(str(source), None, None, "no good rows to write")], hint=CONVERT_HINT)
+        os.replace(partial, target)
+    finally:
+        writer.discard()
+    skipped = f"; left out {bad_rows} bad row{'s' if bad_rows != 1 else ''}" if bad_rows else ""
+    print(f"wrote {writer.rows} rows to {target} ({kind}){skipped}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# command line
+
+
+def build_cli() -> argparse.ArgumentParser:
+    """The ``python -m nre_ray.data`` parser."""
+    parser = argparse.ArgumentParser(prog="python -m nre_ray.data",
+                                     description="Inspect a relation-classification dataset, or convert it.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{inspect,convert}")
+    inspect_parser = commands.add_parser(
+        "inspect", help="preprocess as training would and print the data audit",
+        description="Read, check, tokenize and encode the data exactly as `python -m nre_ray.train` with the same "
+                    "flags would (and cache it for that run), then print the data audit: rows and labels per split, "
+                    "duplicates, rows shared with train, lengths, truncation, out-of-vocabulary rate, warnings.")
+    build_parser(only={"data": None, "train": ("seed",), "run": ("address",)}, parser=inspect_parser)
+    inspect_parser.add_argument("--json", metavar="FILE", help="Also write the audit as JSON.")
+    inspect_parser.add_argument("--report", metavar="FILE.md", help="Also write the audit as Markdown.")
+    convert_parser = commands.add_parser(
+        "convert", help="write a dataset in the canonical schema (CSV, TSV, JSON Lines or Parquet)",
+        description="Read INPUT in any supported format and write its rows in the canonical schema "
+                    "(sentence, head, head_offset, tail, tail_offset, relation, and id, head_type, tail_type when "
+                    "the input has them) to OUTPUT; the format follows OUTPUT's extension "
+                    f"({', '.join(OUTPUT_FORMATS)}).")
+    convert_parser.add_argument("input", metavar="INPUT", help="The file to read.")
+    convert_parser.add_argument("output", metavar="OUTPUT", help="The file to write (must not exist, unless --force).")
+    convert_parser.add_argument("--format", choices=FORMATS, help="INPUT's format (default: detected).")
+    convert_parser.add_argument("--columns", metavar="MAP", help="Map INPUT's column names to ours, e.g. "
+                                "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
+    convert_parser.add_argument("--on-bad-rows", choices=("error", "skip"), default="error",
+                                help="'error' (default): write nothing and list the bad rows; 'skip': write the good "
+                                     "rows and count the bad ones.")
+    convert_parser.add_argument("--force", action="store_true", help="Replace OUTPUT if it exists.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 fine, 2 bad input or usage)."""
+    args = build_cli().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("nre_ray").setLevel(logging.INFO)
+    for noisy in ("ray", "ray.data"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return inspect(args) if args.command == "inspect" else convert(args)
+    except DataError as err:
+        print(f"error: bad input data\n{err}", file=sys.stderr)
+    except (ConfigError, UsageError) as err:
+        print(f"error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Helpers shared by the training benchmarks (``bench_overhead.py``, ``bench_scaling.py``, ``ddp_baseline.py``).
+
+Machine facts, markdown tables, the encoded data every launcher trains on, one ``python -m nre_ray.train`` run read
+back from its own MLflow store, and the plain PyTorch training step the baselines share.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "datasets"
+FEWREL_TRAIN = SHARED / "fewrel" / "csv" / "train.csv"
+FEWREL_TEST = SHARED / "fewrel" / "csv" / "test.csv"
+
+#: Environment of every benchmarked subprocess: quiet Ray, and Train's placement-group cleaner kept away from the
+#: other Ray clusters that may run on a shared machine (see the notes on two clusters on one host).
+BENCH_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor() or "unknown")
+    mem_kb = next((int(line.split()[1]) for line in _read_lines("/proc/meminfo") if line.startswith("MemTotal")), 0)
+    versions = {}
+    for pkg in ("torch", "ray", "mlflow"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {"nproc": os.cpu_count(), "cpu_model": cpu, "ram_gib": round(mem_kb / 2**20, 1),
+            "python": platform.python_version(), **versions, "gpu": None,
+            "loadavg_at_start": os.getloadavg()}
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def wait_for_quiet(max_load: float | None, max_wait: float = 120.0) -> float:
+    """Wait (up to ``max_wait`` s) until the 1-minute load average is <= ``max_load`` (no wait when None): on a
+    shared machine other people's jobs are the largest source of noise. Returns the load average when it returns."""
+    deadline = time.monotonic() + max_wait
+    while max_load is not None and os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def median(values: Iterable[float]) -> float:
+    """Median (NaN for no values)."""
+    values = list(values)
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / median: how far the repeats disagree."""
+    if len(values) < 2:
+        return 0.0
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A markdown table (floats shown with 3 significant digits, or 2 decimals when >= 100)."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def data_config(train: Path, test: Path | None, cache_dir: Path) -> Any:
+    """The DataConfig every launcher uses (so all of them hit the same preprocessing cache)."""
+    from nre_ray.config import DataConfig
+
+    return DataConfig(train=str(train), test=str(test) if test else None, cache_dir=str(cache_dir))
+
+
+def load_data(train: Path, test: Path | None, cache_dir: Path, seed: int) -> Any:
+    """``nre_ray.data.pipeline.prepare``: from the cache when it is there, else with a local Ray started for it (and
+    shut down after, so that no second Ray cluster lingers next to the benchmarked runs)."""
+    from nre_ray.data import pipeline
+
+    cfg = data_config(train, test, cache_dir)
+    is_cached = getattr(pipeline, "is_cached", None)
+    if is_cached is not None and is_cached(cfg, seed):
+        return pipeline.prepare(cfg, seed)
+    import ray
+
+    for key, value in BENCH_ENV.items():
+        os.environ.setdefault(key, value)
+    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        return pipeline.prepare(cfg, seed)
+    finally:
+        ray.shutdown()
+
+
+def train_config(model: str, batch_size: int, epochs: int, seed: int) -> Any:
+    """nre_ray's defaults with the benchmark's model, batch size, epochs and seed."""
+    from nre_ray.config import Config
+
+    return Config.from_dict({"model": {"model": model},
+                             "train": {"batch_size": batch_size, "epochs": epochs, "seed": seed}})
+
+
+def train_pass(model: Any, loader: Any, optimizer: Any, grad_clip: float) -> tuple[Any, int]:
+    """One plain PyTorch pass, the same step as ``nre_ray.loop`` (forward, loss, backward, clip, Adam), with the loss
+    summed on the device (no per-step ``.item()``). Returns (loss-sum tensor (2,), batches)."""
+    import torch
+    from torch import nn
+
+    model.train()
+    totals = torch.zeros(2, dtype=torch.float64)  # (sum of losses, examples)
+    steps = 0
+    for batch in loader:
+        logits = model(batch)  # (B, C)
+        loss = nn.functional.cross_entropy(logits, batch["labels"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        n = batch["labels"].numel()
+        totals[0] += loss.detach().double() * n
+        totals[1] += n
+        steps += 1
+    return totals, steps
+
+
+def accuracy_pass(model: Any, loader: Any) -> Any:
+    """(correct, total) over ``loader`` as a tensor (2,)."""
+    import torch
+
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.long)
+    with torch.no_grad():
+        for batch in loader:
+            counts[0] += (model(batch).argmax(dim=-1) == batch["labels"]).sum()
+            counts[1] += batch["labels"].numel()
+    return counts
+
+
+def run_nre_ray(work: Path, flags: list[str], timeout: float, tracking_uri: str | None = None,
+                run_name: str = "bench") -> dict[str, Any]:
+    """``python -m nre_ray.train FLAGS`` in the folder ``work`` (default MLflow store: ``work/mlflow.db``); the
+    per-epoch and start-up metrics it logged, read back from the store. Raises RuntimeError (with the log's tail)
+    when the run fails."""
+    work.mkdir(parents=True, exist_ok=True)
+    tracking_uri = tracking_uri or f"sqlite:///{work.absolute()}/mlflow.db"
+    cmd = [sys.executable, "-m", "nre_ray.train", *flags, "--tracking-uri", tracking_uri,
+           "--storage-path", str(work / "ray_results"), "--summary-json", str(work / "summary.json"),
+           "--run-name", run_name]
+    log_path = work / "train.log"
+    started = time.time()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.run(cmd, cwd=work, env={**os.environ, **BENCH_ENV}, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=timeout, check=False)
+    wall = time.time() - started
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; log {log_path}:\n{tail}")
+    summary = json.loads((work / "summary.json").read_text(encoding="utf-8"))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    history = {key: sorted(client.get_metric_history(summary["run_id"], key), key=lambda m: m.step)
+               for key in ("examples_per_sec", "epoch_seconds", "epoch_cpu_seconds", "startup_imports_s",
+                           "startup_ray_s", "startup_preprocess_s", "startup_workers_s", "startup_loop_setup_s",
+                           "startup_total_s")}
+    epochs = [{"epoch": m.step, "examples_per_sec": m.value, "epoch_seconds": s.value, "logged_at": m.timestamp / 1e3,
+               "examples": m.value * s.value}
+              for m, s in zip(history["examples_per_sec"], history["epoch_seconds"], strict=True)]
+    for e, c in zip(epochs, history["epoch_cpu_seconds"], strict=False):
+        e["cpu_seconds"] = c.value
+        e["cpu_examples_per_sec"] = e["examples"] / max(c.value, 1e-9)
+    startup = {key[len("startup_"):]: history[key][0].value for key in history if key.startswith("startup_")
+               and history[key]}
+    if history["startup_workers_s"]:
+        first_step_at = history["startup_workers_s"][0].timestamp / 1e3  # logged at the first step
+        startup["command_to_first_step_s"] = first_step_at - started
+        # Python start-up (before main()) plus the driver's imports and config (main() to Ray start)
+        startup["python_and_imports_s"] = startup["command_to_first_step_s"] - startup.get("total_s", 0.0) \
+            + startup.get("imports_s", 0.0)
+        # MLflow run creation, ray.put of the arrays, trainer set-up
+        startup["driver_other_s"] = startup.get("total_s", 0.0) - startup.get("imports_s", 0.0) \
+            - startup.get("ray_s", 0.0) - startup.get("preprocess_s", 0.0) - startup.get("workers_s", 0.0)
+        startup["worker_group_s"] = startup["workers_s"] - startup.get("loop_setup_s", 0.0)
+        # every epoch (train, valid, checkpoint, report), final test scores, MLflow artifacts, Ray shutdown
+        startup["first_step_to_exit_s"] = started + wall - first_step_at
+    return {"command": cmd, "wall_s": wall, "epochs": epochs, "startup": startup,
+            "log": str(log_path), "summary": summary}
+
+
+def steady(epochs: list[dict[str, Any]], key: str, stat: str = "median") -> float:
+    """``key`` over the epochs after the first (the first pays warm-up: allocator, caches, lazy init): their
+    ``median``, or their ``best`` (the highest throughput / lowest time: other people's jobs only ever slow an epoch
+    down, so on a shared machine the best epoch is the closest to the uncontended speed)."""
+    later = [e[key] for e in epochs[1:] if key in e] or [e[key] for e in epochs if key in e]
+    if stat == "median":
+        return median(later)
+    return min(later) if key.endswith("seconds") else max(later)

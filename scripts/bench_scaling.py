@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Scaling on this machine: nre_ray with 1 and 2 workers against the same model under plain DDP started by torchrun.
+
+* nre_ray: ``python -m nre_ray.train --num-workers N`` (each worker gets the CPUs ``plan_resources`` gives it: one
+  torch thread per worker on a 2-core machine); per-epoch ``epoch_seconds`` read back from its MLflow store;
+* torchrun: ``torchrun --standalone --nproc_per_node N scripts/ddp_baseline.py`` (gloo, DistributedSampler with
+  set_epoch, rank 0 saves each epoch; ``OMP_NUM_THREADS=1`` and one torch thread per process).
+
+Both train the same model on the same encoded data (one preprocessing cache, filled before the first run) with the
+same per-worker batch size. The epoch time is the training pass (median over the epochs after the first); the
+speed-up is t(1 worker) / t(N workers) of the same launcher, and the ratios compare the two launchers within each
+repeat. Runs alternate between the launchers; ``--repeats`` rounds, medians reported.
+
+    .venv/bin/python scripts/bench_scaling.py --repeats 3 --out bench_scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_common import (
+    BENCH_ENV,
+    FEWREL_TEST,
+    FEWREL_TRAIN,
+    load_data,
+    machine,
+    median,
+    run_nre_ray,
+    spread,
+    steady,
+    table,
+    wait_for_quiet,
+)
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_torchrun(work: Path, n: int, args: argparse.Namespace, cache: Path) -> dict[str, Any]:
+    """One ``torchrun --nproc_per_node n scripts/ddp_baseline.py`` run; its per-epoch timings."""
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "ddp.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+           str(HERE / "ddp_baseline.py"), "--train", str(args.train), "--test", str(args.test),
+           "--cache-dir", str(cache), "--model", args.model, "--batch-size", str(args.batch_size),
+           "--epochs", str(args.epochs), "--seed", str(args.seed), "--threads", "1", "--out", str(out)]
+    log_path = work / "torchrun.log"
+    started = time.time()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.run(cmd, cwd=work, env={**os.environ, **BENCH_ENV, "OMP_NUM_THREADS": "1"}, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; log {log_path}:\n{tail}")
+    return {"command": cmd, "wall_s": time.time() - started, "epochs": json.loads(out.read_text())["epochs"],
+            "log": str(log_path)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train", type=Path, default=FEWREL_TRAIN, help="training file (default: FewRel train)")
+    parser.add_argument("--test", type=Path, default=FEWREL_TEST, help="test file (default: FewRel test)")
+    parser.add_argument("--model", default="cnn", help="nre_ray model name (default: cnn)")
+    parser.add_argument("--batch-size", type=int, default=64, help="per worker (default: 64)")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is not counted (default: 4)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated; the first is the "
+                        "speed-up's base (default: 1,2)")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over all configurations (default: 2)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="scratch folder (default: a new temp folder, "
+                        "removed at the end unless --keep)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, MLflow store)")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed per run")
+    parser.add_argument("--max-load", type=float, default=None, help="before each run, wait up to 2 minutes for "
+                        "the 1-minute load average to drop to this (for shared machines; default: no wait)")
+    parser.add_argument("--out", type=Path, default=Path("bench_scaling.json"), help="JSON results")
+    args = parser.parse_args(argv)
+    workers = [int(w) for w in args.workers.split(",")]
+    if args.epochs < 2:
+        parser.error("--epochs must be >= 2 (the first epoch is not counted)")
+
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="nre_ray_bench_scaling_"))).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    cache = work / "cache"
+    tracking_uri = f"sqlite:///{work}/mlflow.db"
+    info = machine()
+    print(f"machine: {info['nproc']} CPUs ({info['cpu_model']}), {info['ram_gib']} GiB; load average "
+          f"{info['loadavg_at_start'][0]:.2f}; work dir {work}", flush=True)
+    print("preprocessing once (cache shared by every run) ...", flush=True)
+    load_data(args.train, args.test, cache, args.seed)
+
+    repeats = []
+    for r in range(args.repeats):
+        rec: dict[str, Any] = {"repeat": r + 1, "nre_ray": {}, "torchrun": {}}
+        for i, n in enumerate(workers):
+            launchers = ("nre_ray", "torchrun") if (r + i) % 2 == 0 else ("torchrun", "nre_ray")
+            for launcher in launchers:
+                load = wait_for_quiet(args.max_load)
+                print(f"repeat {r + 1}: {launcher} with {n} worker(s) (load average {load:.2f})", flush=True)
+                if launcher == "nre_ray":
+                    flags = ["--num-workers", str(n), "--train", str(args.train), "--test", str(args.test),
+                             "--model", args.model, "--batch-size", str(args.batch_size), "--epochs",
+                             str(args.epochs), "--seed", str(args.seed), "--cache-dir", str(cache)]
+                    res = run_nre_ray(work / f"nre_ray_{n}_{r + 1}", flags, args.timeout, tracking_uri,
+                                      f"bench-scaling-{n}-{r + 1}")
+                else:
+                    res = run_torchrun(work / f"torchrun_{n}_{r + 1}", n, args, cache)
+                res["steady_epoch_seconds"] = steady(res["epochs"], "epoch_seconds")
+                res["best_epoch_seconds"] = steady(res["epochs"], "epoch_seconds", "best")
+                res["steady_examples_per_sec"] = steady(res["epochs"], "examples_per_sec")
+                res["steady_cpu_examples_per_sec"] = steady(res["epochs"], "cpu_examples_per_sec")
+                per_epoch = ", ".join(f"{e['epoch_seconds']:.2f}" for e in res["epochs"])
+                print(f"  epoch {res['steady_epoch_seconds']:.2f} s  {res['steady_examples_per_sec']:.0f} ex/s  "
+                      f"(epochs: {per_epoch})", flush=True)
+                res["loadavg"] = load
+                rec[launcher][n] = res
+        base = workers[0]
+        for stat in ("steady", "best"):
+            suffix = "" if stat == "steady" else "_best"
+            for launcher in ("nre_ray", "torchrun"):
+                rec[f"{launcher}_speedup{suffix}"] = {n: rec[launcher][base][f"{stat}_epoch_seconds"]
+                                                      / rec[launcher][n][f"{stat}_epoch_seconds"] for n in workers}
+            rec[f"throughput_ratio{suffix}"] = {n: rec["torchrun"][n][f"{stat}_epoch_seconds"]
+                                                / rec["nre_ray"][n][f"{stat}_epoch_seconds"] for n in workers}
+            rec[f"speedup_ratio{suffix}"] = {n: rec[f"nre_ray_speedup{suffix}"][n] / rec[f"torchrun_speedup{suffix}"][n]
+                                             for n in workers}
+        rec["cpu_ratio"] = {n: rec["nre_ray"][n]["steady_cpu_examples_per_sec"]
+                            / rec["torchrun"][n]["steady_cpu_examples_per_sec"] for n in workers}
+        last = workers[-1]
+        print(f"repeat {r + 1}: speed-up nre_ray {rec['nre_ray_speedup'][last]:.2f}, torchrun "
+              f"{rec['torchrun_speedup'][last]:.2f} (best epochs: {rec['nre_ray_speedup_best'][last]:.2f}, "
+              f"{rec['torchrun_speedup_best'][last]:.2f})", flush=True)
+        repeats.append(rec)
+
+    result = {"machine": info, "train": str(args.train), "test": str(args.test), "model": args.model,
+              "batch_size": args.batch_size, "epochs": args.epochs, "seed": args.seed, "workers": workers,
+              "command": [sys.executable, *sys.argv], "repeats": repeats}
+    result["median"] = {key: {n: median(get(x, key, n) for x in repeats) for n in workers}
+                        for key in ("nre_ray_speedup", "torchrun_speedup", "throughput_ratio", "speedup_ratio",
+                                    "nre_ray_speedup_best", "torchrun_speedup_best", "throughput_ratio_best",
+                                    "speedup_ratio_best", "cpu_ratio")}
+    result["median"]["epoch_seconds"] = {lc: {n: median(x[lc][n]["steady_epoch_seconds"] for x in repeats)
+                                              for n in workers} for lc in ("nre_ray", "torchrun")}
+    result["median"]["best_epoch_seconds"] = {lc: {n: median(x[lc][n]["best_epoch_seconds"] for x in repeats)
+                                                   for n in workers} for lc in ("nre_ray", "torchrun")}
+    result["median"]["speedup_ratio_spread"] = {n: spread([x["speedup_ratio"][n] for x in repeats]) for n in workers}
+    result["median"]["speedup_ratio_best_spread"] = {n: spread([x["speedup_ratio_best"][n] for x in repeats])
+                                                     for n in workers}
+    args.out.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    print()
+    print(render(result))
+    print(f"\nwrote {args.out}")
+    if args.keep or args.work_dir:
+        print(f"logs and MLflow store kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def get(x: dict[str, Any], *path: Any) -> Any:
+    """``x[path[0]][path[1]]...``, also after a JSON round trip (which turns int keys into strings)."""
+    for p in path:
+        x = x[p] if p in x else x[str(p)]
+    return x
+
+
+def render(result: dict[str, Any]) -> str:
+    """The tables of a result (also pasted into docs/benchmarks.md): each cell is median epoch / best epoch."""
+    workers, reps, m = result["workers"], result["repeats"], result["median"]
+
+    def pair(a: float, b: float, bold: bool = False) -> str:
+        text = f"{a:.3g} / {b:.3g}"
+        return f"**{text}**" if bold else text
+
+    rows = []
+    for n in workers:
+        for x in reps:
+            rows.append([n, x["repeat"],
+                         pair(get(x, "nre_ray", n, "steady_epoch_seconds"), get(x, "nre_ray", n, "best_epoch_seconds")),
+                         pair(get(x, "torchrun", n, "steady_epoch_seconds"),
+                              get(x, "torchrun", n, "best_epoch_seconds")),
+                         pair(get(x, "nre_ray_speedup", n), get(x, "nre_ray_speedup_best", n)),
+                         pair(get(x, "torchrun_speedup", n), get(x, "torchrun_speedup_best", n)),
+                         pair(get(x, "throughput_ratio", n), get(x, "throughput_ratio_best", n)),
+                         pair(get(x, "speedup_ratio", n), get(x, "speedup_ratio_best", n)),
+                         get(x, "cpu_ratio", n),
+                         f"{get(x, 'nre_ray', n, 'loadavg'):.1f} / {get(x, 'torchrun', n, 'loadavg'):.1f}"])
+        rows.append([n, "**median**",
+                     pair(get(m, "epoch_seconds", "nre_ray", n), get(m, "best_epoch_seconds", "nre_ray", n)),
+                     pair(get(m, "epoch_seconds", "torchrun", n), get(m, "best_epoch_seconds", "torchrun", n)),
+                     pair(get(m, "nre_ray_speedup", n), get(m, "nre_ray_speedup_best", n)),
+                     pair(get(m, "torchrun_speedup", n), get(m, "torchrun_speedup_best", n)),
+                     pair(get(m, "throughput_ratio", n), get(m, "throughput_ratio_best", n)),
+                     pair(get(m, "speedup_ratio", n), get(m, "speedup_ratio_best", n), bold=True),
+                     get(m, "cpu_ratio", n), ""])
+    last = workers[-1]
+    return (f"{result['model']}, batch {result['batch_size']} per worker, 1 torch thread per worker; training-pass "
+            f"time of epochs 2-{result['epochs']}, each cell median epoch / best epoch; spread of the {last}-worker "
+            f"speed-up ratio over repeats {get(m, 'speedup_ratio_spread', last):.1%} (median epochs), "
+            f"{get(m, 'speedup_ratio_best_spread', last):.1%} (best epochs):\n\n"
+            + table(["workers", "repeat", "nre_ray epoch s", "torchrun epoch s", "nre_ray speed-up",
+                     "torchrun speed-up", "nre_ray / torchrun throughput", "nre_ray / torchrun speed-up",
+                     "nre_ray / torchrun ex per CPU-s", "load avg (nre_ray / torchrun)"], rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
