@@ -53,7 +53,7 @@ from nre_ray.data.vocab import UNK_ID, Vocab
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 ROWS_PER_CHUNK = 2_000
 """Records per chunk read from a file (one Ray Data block, more or less)."""
 BLOCK_BYTES = 4 << 20
@@ -108,6 +108,8 @@ class Prepared:
     """A CSV file with every rejected row (``rejected``'s columns), when there were any."""
     cache_dir: str | None = None
     """The cache folder this result was saved to or loaded from."""
+    position_window: int = 50
+    """``--position-window``: position ids run from 1 to ``2 * position_window + 1``."""
     pretrained_dir: str | None = None
     """``--model bert``: the folder (in the cache folder) with the tokenizer plus entity markers and the model's
     config.json, which every checkpoint carries (:func:`nre_ray.data.subword.build_tokenizer`)."""
@@ -118,8 +120,9 @@ class Prepared:
 
     @property
     def num_positions(self) -> int:
-        """Size of the position-embedding tables (ids 0..2*window+1)."""
-        return int(max(int(s.arrays["head_pos"].max(initial=0)) for s in self.splits.values()) + 1)
+        """Size of the position-embedding tables (ids 0..2*window+1): fixed by the settings, not by the longest
+        sentence seen, so that longer sentences at prediction time still fit the tables."""
+        return 2 * self.position_window + 2
 
 
 def resolve_files(cfg: DataConfig) -> dict[str, Path]:
@@ -532,7 +535,7 @@ def _prepare_staged(cfg: DataConfig, files: dict[str, Path], seed: int, folder: 
     sources = {k: str(v) for k, v in files.items()}
     return Prepared(splits, vocab, labels, sources, rejected=rejected, valid_from_train=valid_from_train, audit=audit,
                     rejected_count=sum(rejected_per_split.values()), rejected_csv=rejected_csv,
-                    cache_dir=str(folder), pretrained_dir=tokenizer_dir)
+                    cache_dir=str(folder), pretrained_dir=tokenizer_dir, position_window=cfg.position_window)
 
 
 def _encode_words(cfg: DataConfig, stage: _Stage, inputs: list[str], labels: list[str], moved: np.ndarray,
@@ -743,7 +746,7 @@ def save_prepared(prepared: Prepared, folder: Path) -> None:
         shutil.copytree(prepared.pretrained_dir, folder / "pretrained")
     meta = {"splits": list(prepared.splits), "sources": prepared.sources,
             "valid_from_train": prepared.valid_from_train, "rejected_count": prepared.rejected_count,
-            "pretrained": bool(prepared.pretrained_dir)}
+            "pretrained": bool(prepared.pretrained_dir), "position_window": prepared.position_window}
     (folder / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
     prepared.cache_dir = str(folder)
     if prepared.pretrained_dir:
@@ -770,4 +773,5 @@ def load_prepared(folder: Path) -> Prepared:
         rejected_csv=str(rejected_path) if count else None,
         cache_dir=str(folder),
         pretrained_dir=str(folder / "pretrained") if meta.get("pretrained") else None,
+        position_window=meta["position_window"],
     )
