@@ -284,12 +284,19 @@ def mlflow_settings(tracking_uri: str) -> Iterator[None]:
     import mlflow
 
     previous, bars = mlflow.get_tracking_uri(), os.environ.get(_BARS)
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(tracking_uri)
     os.environ[_BARS] = "false"
     try:
         yield
     finally:
+        # set_tracking_uri also writes MLFLOW_TRACKING_URI into the environment: put that back as it was too, or
+        # every later run in this process would silently track into this store.
         mlflow.set_tracking_uri(previous)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
         if bars is None:
             os.environ.pop(_BARS, None)
         else:

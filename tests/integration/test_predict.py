@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import evaluate_file
 from nre_ray.evaluate import main as evaluate_main
-from nre_ray.inference import INPUT_COLUMNS, Predictor
+from nre_ray.inference import INPUT_COLUMNS, Predictor, mlflow_settings
 from nre_ray.predict import main as predict_main
 from nre_ray.train import main as train_main
 
@@ -70,9 +70,8 @@ def test_training_logs_and_registers_the_model(trained):
 def test_checkpoint_runs_registered_and_served_models_agree(trained):
     rows = sample_rows()
     expected = Predictor.from_checkpoint(trained["best_checkpoint"]).predict_frame(rows)
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(trained["tracking_uri"])
-    try:
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    with mlflow_settings(trained["tracking_uri"]):
         for uri in (trained["model_uri"], trained["registered_model_uri"]):
             model = mlflow.pyfunc.load_model(uri)
             schema = model.metadata.get_input_schema()
@@ -80,8 +79,7 @@ def test_checkpoint_runs_registered_and_served_models_agree(trained):
             got = model.predict(rows[list(INPUT_COLUMNS)])
             assert list(got.columns) == ["predicted_relation", "score"]
             assert_same(got, expected)
-    finally:
-        mlflow.set_tracking_uri(previous)
+    assert os.environ.get("MLFLOW_TRACKING_URI") == before  # nothing leaks into later runs of this process
     assert_same(served_predictions(trained, rows[list(INPUT_COLUMNS)]), expected)
 
 
