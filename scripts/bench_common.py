@@ -6,6 +6,7 @@ back from its own MLflow store, and the plain PyTorch training step the baseline
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import logging
@@ -223,3 +224,15 @@ def steady(epochs: list[dict[str, Any]], key: str, stat: str = "median") -> floa
     if stat == "median":
         return median(later)
     return min(later) if key.endswith("seconds") else max(later)
+
+
+def add_run_options(parser: argparse.ArgumentParser, repeats: int, repeats_help: str, out: str) -> None:
+    """The options every side-by-side benchmark takes: repeats, scratch folder, timeout, load wait, JSON output."""
+    parser.add_argument("--repeats", type=int, default=repeats, help=f"{repeats_help} (default: {repeats})")
+    parser.add_argument("--work-dir", type=Path, default=None, help="scratch folder (default: a new temp folder, "
+                        "removed at the end unless --keep)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, MLflow stores)")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed per run")
+    parser.add_argument("--max-load", type=float, default=None, help="before each run, wait up to 2 minutes for "
+                        "the 1-minute load average to drop to this (for shared machines; default: no wait)")
+    parser.add_argument("--out", type=Path, default=Path(out), help="JSON results")

@@ -33,6 +33,7 @@ from bench_common import (
     FEWREL_TEST,
     FEWREL_TRAIN,
     accuracy_pass,
+    add_run_options,
     load_data,
     machine,
     median,
@@ -91,14 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is not counted (default: 4)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating (default: 3)")
-    parser.add_argument("--work-dir", type=Path, default=None, help="scratch folder (default: a new temp folder, "
-                        "removed at the end unless --keep)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, MLflow stores)")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed per nre_ray run")
-    parser.add_argument("--max-load", type=float, default=None, help="before each run, wait up to 2 minutes for "
-                        "the 1-minute load average to drop to this (for shared machines; default: no wait)")
-    parser.add_argument("--out", type=Path, default=Path("bench_overhead.json"), help="JSON results")
+    add_run_options(parser, 3, "runs of each, alternating", "bench_overhead.json")
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be >= 2 (the first epoch is not counted)")

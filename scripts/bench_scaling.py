@@ -31,6 +31,7 @@ from bench_common import (
     BENCH_ENV,
     FEWREL_TEST,
     FEWREL_TRAIN,
+    add_run_options,
     load_data,
     machine,
     median,
@@ -74,14 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated; the first is the "
                         "speed-up's base (default: 1,2)")
-    parser.add_argument("--repeats", type=int, default=2, help="rounds over all configurations (default: 2)")
-    parser.add_argument("--work-dir", type=Path, default=None, help="scratch folder (default: a new temp folder, "
-                        "removed at the end unless --keep)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, MLflow store)")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed per run")
-    parser.add_argument("--max-load", type=float, default=None, help="before each run, wait up to 2 minutes for "
-                        "the 1-minute load average to drop to this (for shared machines; default: no wait)")
-    parser.add_argument("--out", type=Path, default=Path("bench_scaling.json"), help="JSON results")
+    add_run_options(parser, 2, "rounds over all configurations", "bench_scaling.json")
     args = parser.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
     if args.epochs < 2:
