@@ -109,6 +109,10 @@ class TrainConfig:
     seed: int = _f(1, "Random seed for initialisation, shuffling and the validation split.")
     num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu.")
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
+    cpus_per_worker: float | None = _f(None, "CPUs reserved for each worker; its torch threads are the whole CPUs "
+                                             "of it. Default: CPU workers share the cluster's CPUs evenly, at most "
+                                             "1 each (one thread per process scales best for these models); GPU "
+                                             "workers take their node's CPUs per GPU, at most 4.")
     keep_checkpoints: int = _f(2, "Checkpoints kept, best first by the selection metric.")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
     encoder_lr: float = _f(3e-5, "--model bert: AdamW learning rate of the pretrained encoder (--lr is the "
@@ -178,6 +182,8 @@ class Config:
             (self.train.epochs >= 1, "--epochs must be >= 1"),
             (self.train.batch_size >= 1, "--batch-size must be >= 1"),
             (self.train.num_workers >= 1, "--num-workers must be >= 1"),
+            (self.train.cpus_per_worker is None or self.train.cpus_per_worker >= 0.01,
+             "--cpus-per-worker must be >= 0.01"),
             (self.train.lr > 0, "--lr must be > 0"),
             (self.data.max_length >= 4, "--max-length must be >= 4"),
             (self.data.position_window >= 1, "--position-window must be >= 1"),

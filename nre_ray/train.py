@@ -46,11 +46,14 @@ class Resources:
     threads: int
 
 
-def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]]) -> Resources:
+def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]],
+                   cpus_per_worker: float | None = None) -> Resources:
     """Size each worker from what the cluster's alive nodes have, or raise UsageError if it cannot be placed.
 
     ``nodes``: the ``Resources`` dict of each alive node. CPU workers share the CPUs evenly (fractions allowed, so 4
-    workers run on 2 cores); GPU workers take one GPU each and a share of that node's CPUs.
+    workers run on 2 cores), at most one each; GPU workers take one GPU each and a share of that node's CPUs (at most
+    4). ``cpus_per_worker`` (``--cpus-per-worker``) sets the CPUs instead. A worker runs as many torch threads as it
+    has whole CPUs (at least 1).
     """
     if use_gpu:
         gpus = [int(n.get("GPU", 0)) for n in nodes]
@@ -60,12 +63,20 @@ def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]
         if sum(gpus) < num_workers:
             raise UsageError(f"--num-workers {num_workers} with --use-gpu needs {num_workers} GPUs, but the cluster "
                              f"has {sum(gpus)}. Use --num-workers {sum(gpus)} or add GPU nodes.")
-        cpu = min(n.get("CPU", 0) / max(int(n.get("GPU", 0)), 1) for n in nodes if n.get("GPU", 0) >= 1)
-        cpu = max(min(math.floor(cpu * 100) / 100, 4.0), 0.01)
+        if cpus_per_worker is None:
+            cpu = min(n.get("CPU", 0) / max(int(n.get("GPU", 0)), 1) for n in nodes if n.get("GPU", 0) >= 1)
+            cpu = max(min(math.floor(cpu * 100) / 100, 4.0), 0.01)
+        else:
+            cpu = cpus_per_worker
+            _check_fits(num_workers, cpu, [min(int(n.get("GPU", 0)), math.floor(n.get("CPU", 0) / cpu + 1e-9))
+                                           for n in nodes], "one GPU and ")
         return Resources({"CPU": cpu, "GPU": 1}, max(1, int(cpu)))
     cpus = [n.get("CPU", 0.0) for n in nodes]
     if sum(cpus) <= 0:
         raise UsageError("this Ray cluster has no CPUs to run workers on.")
+    if cpus_per_worker is not None:
+        _check_fits(num_workers, cpus_per_worker, [math.floor(c / cpus_per_worker + 1e-9) for c in cpus], "")
+        return Resources({"CPU": cpus_per_worker}, max(1, int(cpus_per_worker)))
     per = min(1.0, sum(cpus) / num_workers)
     per = math.floor(per * 100) / 100
     while per >= 0.01 and sum(math.floor(c / per + 1e-9) for c in cpus) < num_workers:
@@ -73,6 +84,15 @@ def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]
     if per < 0.01:
         raise UsageError(f"--num-workers {num_workers} cannot be placed on this cluster ({sum(cpus):g} CPUs).")
     return Resources({"CPU": per}, max(1, int(per)))
+
+
+def _check_fits(num_workers: int, cpus_per_worker: float, fits_per_node: list[int], what: str) -> None:
+    """UsageError unless the nodes hold ``num_workers`` workers (``fits_per_node``: how many each node holds)."""
+    if sum(fits_per_node) < num_workers:
+        raise UsageError(f"--num-workers {num_workers} with --cpus-per-worker {cpus_per_worker:g}: the cluster's "
+                         f"nodes have room for {sum(fits_per_node)} workers of {what}{cpus_per_worker:g} CPUs. Lower "
+                         "--cpus-per-worker or --num-workers, or leave --cpus-per-worker out to share the CPUs "
+                         "evenly.")
 
 
 def _git_commit() -> str | None:
@@ -195,7 +215,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     imported = time.time() - started  # imports and config
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
     start_ray(cfg.run.address, cfg.train.num_workers)
-    resources = plan_resources(cfg.train.num_workers, cfg.train.use_gpu, alive_nodes())
+    resources = plan_resources(cfg.train.num_workers, cfg.train.use_gpu, alive_nodes(), cfg.train.cpus_per_worker)
     marks.append(time.perf_counter())
     print(f"nre_ray: {cfg.train.num_workers} worker(s), {resources.per_worker} each", flush=True)
 

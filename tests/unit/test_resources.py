@@ -24,3 +24,21 @@ def test_gpu_requests():
         plan_resources(4, True, [{"CPU": 8.0, "GPU": 2.0}])
     r = plan_resources(2, True, [{"CPU": 8.0, "GPU": 2.0}, {"CPU": 4.0}])
     assert r.per_worker == {"CPU": 4.0, "GPU": 1} and r.threads == 4
+
+
+def test_cpus_per_worker_sets_cpus_and_threads():
+    r = plan_resources(1, False, [{"CPU": 2.0}], cpus_per_worker=2.0)
+    assert r.per_worker == {"CPU": 2.0} and r.threads == 2
+    r = plan_resources(3, False, [{"CPU": 4.0}, {"CPU": 2.0}], cpus_per_worker=2.0)
+    assert r.per_worker == {"CPU": 2.0} and r.threads == 2
+    assert plan_resources(2, False, [{"CPU": 2.0}], cpus_per_worker=0.5).threads == 1
+    r = plan_resources(2, True, [{"CPU": 16.0, "GPU": 2.0}], cpus_per_worker=6.0)
+    assert r.per_worker == {"CPU": 6.0, "GPU": 1} and r.threads == 6
+
+
+def test_cpus_per_worker_that_does_not_fit_is_refused():
+    # 3 + 1 CPUs hold only two 1.5-CPU workers (a worker never spans nodes)
+    with pytest.raises(UsageError, match=r"--num-workers 3 with --cpus-per-worker 1.5: .* room for 2 workers"):
+        plan_resources(3, False, [{"CPU": 3.0}, {"CPU": 1.0}], cpus_per_worker=1.5)
+    with pytest.raises(UsageError, match="room for 1 workers of one GPU and 8 CPUs"):
+        plan_resources(2, True, [{"CPU": 12.0, "GPU": 2.0}], cpus_per_worker=8.0)
