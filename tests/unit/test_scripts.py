@@ -1,0 +1,63 @@
+"""The benchmark scripts import and parse their options, and bench_accuracy writes one table per dataset."""
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SCRIPTS.glob("*.py") if p.name != "bench_common.py"))
+def test_script_help(name: str) -> None:
+    out = subprocess.run([sys.executable, str(SCRIPTS / name), "--help"], capture_output=True, text=True, timeout=120,
+                         cwd=SCRIPTS, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout
+
+
+@pytest.fixture
+def bench_accuracy(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    module = importlib.import_module("bench_accuracy")
+    monkeypatch.setattr(module, "RESULTS_MD", tmp_path / "results.md")
+    monkeypatch.setattr(module, "RESULTS_JSON", tmp_path / "results_accuracy.json")
+    return module
+
+
+def _row(model: str, dataset: str, macro: float, micro: float | None) -> dict:
+    return {"model": model, "dataset": dataset, "data_dir": f"/data/{dataset}", "test_macro_f1": macro,
+            "test_micro_f1": micro, "test_accuracy": 0.5, "valid_macro_f1": 0.6, "best_epoch": 3, "epochs": 4,
+            "workers": 2, "epoch_seconds": 1.25, "epoch_cpu_seconds": 1.0,
+            "machine": {"nproc": 2, "loadavg_at_start": [1.5, 1.0, 1.0]}}
+
+
+def test_bench_accuracy_one_table_per_dataset(bench_accuracy, tmp_path):
+    (tmp_path / "results.md").write_text("# Results\n\nintro kept\n", encoding="utf-8")
+    rows = {"deepke_chinese": {"cnn": _row("cnn", "deepke_chinese", 0.9469, 0.94)},
+            "fewrel": {"pcnn": _row("pcnn", "fewrel", 0.8347, None), "cnn": _row("cnn", "fewrel", 0.8382, 0.8375)},
+            "mine": {"bilstm": _row("bilstm", "mine", 0.7, 0.7)}}
+    bench_accuracy.write_results(rows)
+    text = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert text.startswith("# Results\n\nintro kept\n")
+    # known datasets first in their fixed order, then others; within a table the encoders in registry order
+    titles = [line for line in text.splitlines() if line.startswith("## ")]
+    assert titles == ["## FewRel (16 relations, English): test scores by encoder",
+                      "## DeepKE Chinese (10 relations): test scores by encoder", "## mine: test scores by encoder"]
+    fewrel = text[text.index("## FewRel"):text.index("## DeepKE")]
+    assert fewrel.index("| cnn | 83.82 | 83.75 |") < fewrel.index("| pcnn | 83.47 | not recorded |")
+    assert "| cnn | 94.69 | 94.00 | 50.00 | 60.00 | 4 (3) | 1.2 | 1 | 2 | 2 cores, load 1.5 |" in text
+    assert "train and test from `/data/mine`" in text
+    # a second write replaces the section instead of appending another
+    bench_accuracy.write_results(rows)
+    assert (tmp_path / "results.md").read_text(encoding="utf-8") == text
+    assert bench_accuracy.load_rows() == rows
+
+
+def test_bench_accuracy_reads_rows_saved_before_datasets(bench_accuracy, tmp_path):
+    old = {"cnn": _row("cnn", "fewrel", 0.8, None)}
+    (tmp_path / "results_accuracy.json").write_text(json.dumps(old), encoding="utf-8")
+    assert bench_accuracy.load_rows() == {"fewrel": old}
