@@ -48,8 +48,19 @@ def machine() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     return {"nproc": os.cpu_count(), "cpu_model": cpu, "ram_gib": round(mem_kb / 2**20, 1),
-            "python": platform.python_version(), **versions, "gpu": None,
+            "python": platform.python_version(), **versions, "gpu": _gpu_name(),
             "loadavg_at_start": os.getloadavg()}
+
+
+def _gpu_name() -> str | None:
+    """The first GPU's name and how many there are (``nvidia-smi``), or None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [n.strip() for n in out.stdout.splitlines() if n.strip()] if out.returncode == 0 else []
+    return f"{len(names)} x {names[0]}" if names else None
 
 
 def _read_lines(path: str) -> list[str]:
@@ -128,41 +139,122 @@ def train_config(model: str, batch_size: int, epochs: int, seed: int) -> Any:
                              "train": {"batch_size": batch_size, "epochs": epochs, "seed": seed}})
 
 
-def train_pass(model: Any, loader: Any, optimizer: Any, grad_clip: float) -> tuple[Any, int]:
-    """One plain PyTorch pass, the same step as ``nre_ray.loop`` (forward, loss, backward, clip, Adam), with the loss
-    summed on the device (no per-step ``.item()``). Returns (loss-sum tensor (2,), batches)."""
+def device_for(use_gpu: bool) -> Any:
+    """``cuda:LOCAL_RANK`` with ``--use-gpu`` (SystemExit saying what to do when torch sees no GPU), else the CPU."""
+    import torch
+
+    if not use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--use-gpu: torch sees no CUDA device here (torch.cuda.is_available() is False); run on a "
+                         "GPU machine with a CUDA build of torch, or drop --use-gpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
+def _on(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The batch's tensors on ``device`` (the same object on the CPU)."""
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def train_pass(model: Any, loader: Any, optimizer: Any, grad_clip: float, device: Any = None,
+               amp: bool = False) -> tuple[Any, int]:
+    """One plain PyTorch pass, the same step as ``nre_ray.loop`` (forward under nre_ray's autocast on a GPU with
+    ``amp``, loss, backward through its loss scaler, clip, Adam), with the loss summed on the device (no per-step
+    ``.item()``). Returns (loss-sum tensor (2,) on the CPU, batches); on a GPU it waits for the device at the end, so
+    that the caller's clock covers the work."""
     import torch
     from torch import nn
 
+    from nre_ray.loop import autocast_context, grad_scaler
+
+    device = device or torch.device("cpu")
+    scaler = grad_scaler(device, amp)
     model.train()
-    totals = torch.zeros(2, dtype=torch.float64)  # (sum of losses, examples)
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, examples)
     steps = 0
     for batch in loader:
-        logits = model(batch)  # (B, C)
-        loss = nn.functional.cross_entropy(logits, batch["labels"])
+        batch = _on(batch, device)
+        with autocast_context(device, amp):
+            logits = model(batch)  # (B, C)
+        loss = nn.functional.cross_entropy(logits.float(), batch["labels"])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         if grad_clip > 0:
+            scaler.unscale_(optimizer)
             nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         n = batch["labels"].numel()
         totals[0] += loss.detach().double() * n
         totals[1] += n
         steps += 1
-    return totals, steps
+    return totals.cpu(), steps
 
 
-def accuracy_pass(model: Any, loader: Any) -> Any:
-    """(correct, total) over ``loader`` as a tensor (2,)."""
+def accuracy_pass(model: Any, loader: Any, device: Any = None) -> Any:
+    """(correct, total) over ``loader`` as a CPU tensor (2,)."""
     import torch
 
+    device = device or torch.device("cpu")
     model.eval()
-    counts = torch.zeros(2, dtype=torch.long)
+    counts = torch.zeros(2, dtype=torch.long, device=device)
     with torch.no_grad():
         for batch in loader:
+            batch = _on(batch, device)
             counts[0] += (model(batch).argmax(dim=-1) == batch["labels"]).sum()
             counts[1] += batch["labels"].numel()
-    return counts
+    return counts.cpu()
+
+
+class GpuUtilisation:
+    """``nvidia-smi`` sampled every 0.5 s while the ``with`` block runs (nothing when ``enabled`` is False or there
+    is no ``nvidia-smi``): GPU utilisation (%) and memory used (MiB) of every GPU, with the time of each sample."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.samples: list[tuple[float, float, float]] = []  # (unix time, utilisation %, memory MiB), GPUs summed
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread: Any = None
+
+    def __enter__(self) -> GpuUtilisation:
+        import shutil
+        import threading
+
+        if self.enabled and shutil.which("nvidia-smi"):
+            self._proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                                           "--format=csv,noheader,nounits", "-lms", "500"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._thread = threading.Thread(target=self._read, daemon=True)
+            self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                util, mem = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.time(), util, mem))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+            self._thread.join(timeout=5)
+
+    def summary(self, start: float | None = None, end: float | None = None) -> dict[str, float | None]:
+        """Mean and max utilisation and the peak memory of the samples between ``start`` and ``end`` (Unix times;
+        None: all). All None without samples."""
+        picked = [s for s in self.samples if (start is None or s[0] >= start) and (end is None or s[0] <= end)]
+        if not picked:
+            return {"gpu_util_mean": None, "gpu_util_max": None, "gpu_mem_max_mib": None}
+        return {"gpu_util_mean": statistics.fmean(s[1] for s in picked), "gpu_util_max": max(s[1] for s in picked),
+                "gpu_mem_max_mib": max(s[2] for s in picked)}
 
 
 def run_nre_ray(work: Path, flags: list[str], timeout: float, tracking_uri: str | None = None,

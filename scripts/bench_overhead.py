@@ -15,6 +15,9 @@ warm: later runs reuse it), other driver work (MLflow run, ``ray.put`` of the ar
 The two are run alternately, ``--repeats`` times; the ratio is taken within each repeat and its median reported.
 
     .venv/bin/python scripts/bench_overhead.py --repeats 3 --out bench_overhead.json
+
+``--use-gpu``: both on one GPU with nre_ray's mixed precision (nre_ray ``--use-gpu``; the plain loop on ``cuda:0`` with
+the same autocast and loss scaler), and the GPU utilisation sampled by ``nvidia-smi`` during the counted epochs.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from typing import Any
 from bench_common import (
     FEWREL_TEST,
     FEWREL_TRAIN,
+    GpuUtilisation,
     accuracy_pass,
     add_run_options,
+    device_for,
     load_data,
     machine,
     median,
@@ -48,8 +53,9 @@ from bench_common import (
 
 
 def plain_loop(prepared: Any, model_name: str, batch_size: int, epochs: int, seed: int, threads: int,
-               folder: Path) -> list[dict[str, float]]:
-    """Train with a plain PyTorch loop; per-epoch timings."""
+               folder: Path, use_gpu: bool = False) -> list[dict[str, float]]:
+    """Train with a plain PyTorch loop (on the GPU with nre_ray's mixed precision when ``use_gpu``); per-epoch
+    timings."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -60,7 +66,9 @@ def plain_loop(prepared: Any, model_name: str, batch_size: int, epochs: int, see
     cfg = train_config(model_name, batch_size, epochs, seed)
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
+    device = device_for(use_gpu)
     model = build_model(cfg.model, ModelSpec(len(prepared.vocab), len(prepared.labels), prepared.num_positions))
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     train_loader = DataLoader(EncodedDataset(prepared.splits["train"]), batch_size=batch_size, shuffle=True,
                               collate_fn=identity_collate, generator=torch.Generator().manual_seed(seed))
@@ -68,16 +76,17 @@ def plain_loop(prepared: Any, model_name: str, batch_size: int, epochs: int, see
     out = []
     for epoch in range(1, epochs + 1):
         start, cpu_start = time.perf_counter(), time.process_time()
-        totals, _ = train_pass(model, train_loader, optimizer, cfg.train.grad_clip)
+        totals, _ = train_pass(model, train_loader, optimizer, cfg.train.grad_clip, device, cfg.train.amp)
         train_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-        correct, total = accuracy_pass(model, valid_loader).tolist()
+        correct, total = accuracy_pass(model, valid_loader, device).tolist()
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
                    folder / "plain_checkpoint.pt")
         wall = time.perf_counter() - start
         seen = float(totals[1])
         out.append({"epoch": epoch, "examples_per_sec": seen / train_s, "epoch_seconds": train_s,
                     "cpu_seconds": cpu_s, "cpu_examples_per_sec": seen / cpu_s, "wall_seconds": wall,
-                    "train_loss": float(totals[0] / totals[1]), "valid_acc": correct / total})
+                    "train_loss": float(totals[0] / totals[1]), "valid_acc": correct / total,
+                    "ended_at": time.time()})
         print(f"  plain   epoch {epoch}: {seen / train_s:7.0f} ex/s  train {train_s:6.2f} s  wall {wall:6.2f} s  "
               f"valid_acc {correct / total:.3f}", flush=True)
     return out
@@ -92,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is not counted (default: 4)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--use-gpu", action="store_true", help="both on one GPU, mixed precision")
     add_run_options(parser, 3, "runs of each, alternating", "bench_overhead.json")
     args = parser.parse_args(argv)
     if args.epochs < 2:
@@ -99,14 +109,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from nre_ray.train import plan_resources
 
-    threads = plan_resources(1, False, [{"CPU": float(os.cpu_count() or 1)}]).threads
+    node = {"CPU": float(os.cpu_count() or 1), **({"GPU": 1.0} if args.use_gpu else {})}
+    threads = plan_resources(1, args.use_gpu, [node]).threads
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="nre_ray_bench_overhead_"))).absolute()
     work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"  # fresh: the first nre_ray run pays (and reports) the cold preprocessing
     tracking_uri = f"sqlite:///{work}/mlflow.db"  # one store, as a user re-running in one folder has
     flags = ["--num-workers", "1", "--train", str(args.train), "--test", str(args.test), "--model", args.model,
              "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--seed", str(args.seed),
-             "--cache-dir", str(cache)]
+             "--cache-dir", str(cache), *(["--use-gpu"] if args.use_gpu else [])]
     info = machine()
     print(f"machine: {info['nproc']} CPUs ({info['cpu_model']}), {info['ram_gib']} GiB; load average "
           f"{info['loadavg_at_start'][0]:.2f}; torch threads {threads}; work dir {work}", flush=True)
@@ -118,22 +129,26 @@ def main(argv: list[str] | None = None) -> int:
         rec: dict[str, Any] = {"repeat": r + 1, "order": list(order)}
         for what in order:
             rec[f"{what}_loadavg"] = wait_for_quiet(args.max_load)
-            if what == "nre_ray":
-                print(f"repeat {r + 1}: nre_ray --num-workers 1", flush=True)
-                res = run_nre_ray(work / f"nre_ray_{r + 1}", flags, args.timeout, tracking_uri,
-                                  f"bench-overhead-{r + 1}")
-                for e in res["epochs"]:
-                    print(f"  nre_ray epoch {e['epoch']}: {e['examples_per_sec']:7.0f} ex/s  "
-                          f"train {e['epoch_seconds']:6.2f} s", flush=True)
-                rec["nre_ray"] = res
-            else:
-                print(f"repeat {r + 1}: plain PyTorch loop", flush=True)
-                if prepared is None:
-                    t0 = time.perf_counter()
-                    prepared = load_data(args.train, args.test, cache, args.seed)
-                    rec["plain_data_load_s"] = time.perf_counter() - t0
-                rec["plain"] = {"epochs": plain_loop(prepared, args.model, args.batch_size, args.epochs, args.seed,
-                                                     threads, work)}
+            with GpuUtilisation(args.use_gpu) as gpu:
+                if what == "nre_ray":
+                    print(f"repeat {r + 1}: nre_ray --num-workers 1", flush=True)
+                    res = run_nre_ray(work / f"nre_ray_{r + 1}", flags, args.timeout, tracking_uri,
+                                      f"bench-overhead-{r + 1}")
+                    for e in res["epochs"]:
+                        print(f"  nre_ray epoch {e['epoch']}: {e['examples_per_sec']:7.0f} ex/s  "
+                              f"train {e['epoch_seconds']:6.2f} s", flush=True)
+                    ends = [e["logged_at"] for e in res["epochs"]]
+                else:
+                    print(f"repeat {r + 1}: plain PyTorch loop", flush=True)
+                    if prepared is None:
+                        t0 = time.perf_counter()
+                        prepared = load_data(args.train, args.test, cache, args.seed)
+                        rec["plain_data_load_s"] = time.perf_counter() - t0
+                    res = {"epochs": plain_loop(prepared, args.model, args.batch_size, args.epochs, args.seed,
+                                                threads, work, args.use_gpu)}
+                    ends = [e["ended_at"] for e in res["epochs"]]
+            res.update(gpu.summary(ends[0], ends[-1]))  # the counted epochs (2 to the last)
+            rec[what] = res
         for key in ("nre_ray", "plain"):
             rec[key]["steady_examples_per_sec"] = steady(rec[key]["epochs"], "examples_per_sec")
             rec[key]["best_examples_per_sec"] = steady(rec[key]["epochs"], "examples_per_sec", "best")
@@ -149,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "machine": info, "threads": threads, "train": str(args.train), "test": str(args.test), "model": args.model,
         "batch_size": args.batch_size, "epochs": args.epochs, "seed": args.seed,
+        "device": "gpu" if args.use_gpu else "cpu",
         "command": [sys.executable, *sys.argv], "nre_ray_flags": flags, "repeats": repeats,
         "median": {
             "plain_examples_per_sec": median(x["plain"]["steady_examples_per_sec"] for x in repeats),
@@ -160,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_ratio_spread": spread([x["cpu_ratio"] for x in repeats]),
         },
     }
+    if args.use_gpu:
+        for who in ("plain", "nre_ray"):
+            result["median"][f"{who}_gpu_util_mean"] = median(x[who]["gpu_util_mean"] or float("nan") for x in repeats)
+            result["median"][f"{who}_gpu_mem_max_mib"] = median(x[who]["gpu_mem_max_mib"] or float("nan")
+                                                                for x in repeats)
     args.out.write_text(json.dumps(result, indent=2), encoding="utf-8")
     print()
     print(render(result))
@@ -207,6 +228,12 @@ def render(result: dict[str, Any]) -> str:
         srows.append(["**median warm**", *(median(s.get(k, float("nan")) for s in warm) for k in keys)])
     startup = table(["run", "command -> first step", "Python + imports", "Ray start", "preprocessing",
                      "MLflow run + ray.put", "worker group start", "loop set-up"], srows)
+    gpu = ""
+    if "plain_gpu_util_mean" in m:
+        gpu = "\n\nGPU (nvidia-smi over the counted epochs, median of the repeats):\n\n" + table(
+            ["", "plain", "nre_ray"],
+            [["utilisation %", m["plain_gpu_util_mean"], m["nre_ray_gpu_util_mean"]],
+             ["peak memory MiB", m["plain_gpu_mem_max_mib"], m["nre_ray_gpu_mem_max_mib"]]])
     return (f"Steady-state training throughput, {result['model']}, batch {result['batch_size']}, "
             f"{result['threads']} torch thread(s), epochs 2-{result['epochs']} (median epoch, and best epoch); spread "
             f"of the ratio over repeats {m['ratio_spread']:.1%} (median epochs), {m['best_ratio_spread']:.1%} (best "
@@ -214,7 +241,7 @@ def render(result: dict[str, Any]) -> str:
             f"Start-up of `python -m nre_ray.train --num-workers 1`, seconds (run 1: empty preprocessing cache and "
             f"new MLflow store; later runs reuse both):\n\n{startup}\n\n"
             f"Whole runs, seconds (nre_ray's first step -> exit adds to the epochs: per-epoch checkpoints and "
-            f"reports, final test scoring, MLflow artifacts and model, Ray shutdown):\n\n{whole}")
+            f"reports, final test scoring, MLflow artifacts and model, Ray shutdown):\n\n{whole}{gpu}")
 
 
 if __name__ == "__main__":
