@@ -2,8 +2,9 @@
 
 A checkpoint is a folder::
 
-    state.pt      torch.save of {"model", "optimizer", "scheduler", "epoch", "best_score", "best_epoch",
-                  "best_model", "metrics"} (tensors and plain values only: loads with weights_only=True)
+    state.pt      torch.save of {"model", "optimizer", "scheduler", "scaler" (fp16 loss scale; {} otherwise),
+                  "epoch", "best_score", "best_epoch", "best_model", "metrics"} (tensors and plain values only:
+                  loads with weights_only=True)
     config.json   the full run configuration
     vocab.json    the vocabulary (token list)
     labels.json   the label list (class order)

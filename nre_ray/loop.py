@@ -148,6 +148,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model = build_model(cfg.model, spec)
     optimizer, scheduler = build_optimizer(cfg, model, steps_per_epoch(len(splits["train"]), world_size,
                                                                        cfg.train.batch_size, cfg.train.grad_accum))
+    # One loss scaler for the run (active only for fp16 autocast): its scale carries over epochs and resumes.
+    scaler = grad_scaler(ray.train.torch.get_device(), cfg.train.amp)
     state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None}
     resumed = ray.train.get_checkpoint()
     if resumed:
@@ -157,6 +159,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         model.load_state_dict(loaded.state["model"])
         optimizer.load_state_dict(loaded.state["optimizer"])
         scheduler.load_state_dict(loaded.state["scheduler"])
+        if loaded.state.get("scaler"):  # fp16 runs (and checkpoints written before the scaler was saved: none)
+            scaler.load_state_dict(loaded.state["scaler"])
         state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
         state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
         if rank == 0:
@@ -194,7 +198,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             train_loader.sampler.set_epoch(epoch)
         start, cpu_start = time.perf_counter(), time.process_time()
         train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp,
-                                        scheduler, cfg.train.grad_accum)
+                                        scheduler, cfg.train.grad_accum, scaler)
         elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         cm, valid_loss = evaluate(model, valid_loader, len(labels))
         valid = M.scores(cm, labels, cfg.data.negative_label)
@@ -216,7 +220,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             "lr": optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
             "epoch_seconds": elapsed, "epoch_cpu_seconds": cpu_seconds, "best_epoch": state["best_epoch"],
         }
-        _report(rank, metrics, model, optimizer, scheduler, state, epoch, cfg, vocab, labels, spec, assets)
+        _report(rank, metrics, model, optimizer, scheduler, scaler, state, epoch, cfg, vocab, labels, spec, assets)
         # The epoch's metrics reach MLflow from the controller once Ray registers this checkpoint (tracking_callback)
         if rank == 0:
             print(f"epoch {epoch:3d}/{cfg.train.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
@@ -232,16 +236,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
 def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                  grad_clip: float, amp: bool = False, scheduler: Schedule | None = None,
-                 grad_accum: int = 1) -> tuple[float, float]:
+                 grad_accum: int = 1, scaler: torch.amp.GradScaler | None = None) -> tuple[float, float]:
     """One pass over this rank's shard. Returns (mean loss over all ranks, examples seen by all ranks).
 
     With ``amp`` on a CUDA device the forward pass runs under autocast (bf16, or fp16 with loss scaling). With
     ``grad_accum`` > 1 the gradients of that many batches (fewer for the epoch's last group) are averaged into one
     optimizer step, and DDP all-reduces only on the group's last batch. ``scheduler.after_step()`` follows each step.
+    ``scaler``: the run's loss scaler (default: a new one for this pass).
     """
     model.train()
     device = ray.train.torch.get_device()
-    scaler = grad_scaler(device, amp)
+    scaler = scaler or grad_scaler(device, amp)
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, examples)
     batches = len(loader)
     optimizer.zero_grad(set_to_none=True)
@@ -276,7 +281,8 @@ def _meta(cfg: Config, spec: ModelSpec, epoch: int) -> dict[str, Any]:
 
 
 def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: Any, state: dict[str, Any], epoch: int, cfg: Config, vocab: Vocab, labels: list[str],
+            scheduler: Any, scaler: torch.amp.GradScaler, state: dict[str, Any], epoch: int, cfg: Config,
+            vocab: Vocab, labels: list[str],
             spec: ModelSpec, assets: dict[str, bytes] | None = None) -> None:
     """Every rank reports; rank 0 attaches a complete checkpoint."""
     if rank != 0:
@@ -284,7 +290,8 @@ def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: tor
         return
     full_state = {
         "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "epoch": epoch, "best_score": state["best_score"],
+        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
+        "best_score": state["best_score"],
         "best_epoch": state["best_epoch"], "metrics": {k: float(v) for k, v in metrics.items()},
         "best_model": None if state["best_epoch"] == epoch else state["best_model"],
     }

@@ -130,3 +130,24 @@ def test_settings_that_may_change_on_resume(tmp_path):
                                "run": {"resume": True, "run_name": "r"}})
     check_compatible(loaded, "cnn", VOCAB, LABELS, longer)
     assert changed_settings(loaded.config, longer) == {"train.epochs": (10, 20), "train.num_workers": (2, 4)}
+
+
+def test_fp16_loss_scale_survives_a_checkpoint(tmp_path):
+    """The loss scaler's state (scale, growth tracker) is plain values: saved and loaded with weights_only."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler.scale((weight * float("inf")).sum()).backward()  # an overflow: the step is skipped, the scale halves
+    scaler.step(optimizer)
+    scaler.update()
+    assert scaler.get_scale() == 2.0**9
+    cfg = _config()
+    model = build_model(cfg.model, ModelSpec(len(VOCAB), len(LABELS), 22))
+    state = {"model": model.state_dict(), "scaler": scaler.state_dict(), "epoch": 1, "best_score": 0.5,
+             "best_epoch": 1, "metrics": {}}
+    folder = save_checkpoint(tmp_path / "c", state, cfg, VOCAB, LABELS, {"model": "cnn", "epoch": 1,
+                                                                        "vocab_size": len(VOCAB),
+                                                                        "num_classes": len(LABELS)})
+    restored = torch.amp.GradScaler("cpu")
+    restored.load_state_dict(load_checkpoint(folder).state["scaler"])
+    assert restored.get_scale() == 2.0**9

@@ -26,3 +26,4 @@ def test_local_mode_learns_and_checkpoints(tmp_path):
     assert loaded.labels == ["born_in", "founded_by", "no_relation"]
     assert loaded.meta["model"] == "cnn"
     assert set(loaded.state["model"]) >= {"fc.weight", "encoder.embedding.word.weight"}
+    assert loaded.state["scaler"] == {}  # no loss scaling on the CPU; fp16 runs keep their scale here
