@@ -181,9 +181,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     model = ray.train.torch.prepare_model(model)
     generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
+    # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
     train_loader = ray.train.torch.prepare_data_loader(DataLoader(
         EncodedDataset(splits["train"]), batch_size=cfg.train.batch_size, shuffle=True,
-        collate_fn=identity_collate, generator=generator))
+        collate_fn=identity_collate, generator=generator, pin_memory=cfg.train.use_gpu))
     valid_loader = eval_loader(splits["valid"], rank, world_size)
     select = cfg.select_metric
     stale = state["epoch"] - state["best_epoch"]  # epochs without improvement (also after a resume)
