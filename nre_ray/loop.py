@@ -173,7 +173,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if rank == 0:
             tracker.log_params({**cfg.flat(), "data.vocab_size": len(vocab), "data.num_classes": len(labels),
                                 **{f"data.{name}_rows": len(s) for name, s in splits.items()}})
-            tracker.set_tags({"workers": str(world_size), "device": str(ray.train.torch.get_device())})
+            tracker.set_tags({"workers": str(world_size), "device": str(ray.train.torch.get_device()),
+                              "threads_per_worker": str(torch.get_num_threads())})
             if hits is not None:
                 tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
                 print(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}",

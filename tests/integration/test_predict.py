@@ -38,7 +38,8 @@ def trained(ray_cluster, tmp_path_factory):
     """One epoch on the sample, its model logged and registered; returns the summary dict and the folder."""
     folder = tmp_path_factory.mktemp("predict")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    code = train_main(["--epochs", "1", "--num-workers", "1", "--run-name", "predict-it", "--experiment-name", "it",
+    code = train_main(["--epochs", "1", "--num-workers", "1", "--cpus-per-worker", "2", "--run-name", "predict-it",
+                       "--experiment-name", "it",
                        "--tracking-uri", uri, "--storage-path", str(folder / "ray_results"),
                        "--cache-dir", str(folder / "cache"), "--register-model", REGISTERED,
                        "--summary-json", str(folder / "summary.json")])
@@ -62,7 +63,9 @@ def test_training_logs_and_registers_the_model(trained):
     assert trained["model_uri"] == f"runs:/{run_id}/model"
     assert trained["registered_model_uri"] == f"models:/{REGISTERED}/1"
     client = MlflowClient(trained["tracking_uri"])
-    assert client.get_run(run_id).info.status == "FINISHED"
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["threads_per_worker"] == "2"  # --cpus-per-worker 2: 2 CPUs reserved, 2 torch threads
     version = client.get_model_version(REGISTERED, "1")
     assert version.run_id == run_id
 

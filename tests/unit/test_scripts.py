@@ -25,6 +25,7 @@ def bench_accuracy(tmp_path, monkeypatch):
     module = importlib.import_module("bench_accuracy")
     monkeypatch.setattr(module, "RESULTS_MD", tmp_path / "results.md")
     monkeypatch.setattr(module, "RESULTS_JSON", tmp_path / "results_accuracy.json")
+    monkeypatch.setattr(module, "README", tmp_path / "README.md")
     return module
 
 
@@ -37,7 +38,11 @@ def _row(model: str, dataset: str, macro: float, micro: float | None) -> dict:
 
 def test_bench_accuracy_one_table_per_dataset(bench_accuracy, tmp_path):
     (tmp_path / "results.md").write_text("# Results\n\nintro kept\n", encoding="utf-8")
-    rows = {"deepke_chinese": {"cnn": _row("cnn", "deepke_chinese", 0.9469, 0.94)},
+    readme = "# nre_ray\n\n<!-- bench_accuracy:summary:begin -->\nold\n<!-- bench_accuracy:summary:end -->\nrest\n"
+    (tmp_path / "README.md").write_text(readme, encoding="utf-8")
+    rows = {"deepke_chinese": {"cnn": _row("cnn", "deepke_chinese", 0.9469, 0.94),
+                               "bilstm": _row("bilstm", "deepke_chinese", 0.95, 0.95),
+                               "bert": _row("bert", "deepke_chinese", 0.99, 0.99)},
             "fewrel": {"pcnn": _row("pcnn", "fewrel", 0.8347, None), "cnn": _row("cnn", "fewrel", 0.8382, 0.8375)},
             "mine": {"bilstm": _row("bilstm", "mine", 0.7, 0.7)}}
     bench_accuracy.write_results(rows)
@@ -51,6 +56,12 @@ def test_bench_accuracy_one_table_per_dataset(bench_accuracy, tmp_path):
     assert fewrel.index("| cnn | 83.82 | 83.75 |") < fewrel.index("| pcnn | 83.47 | not recorded |")
     assert "| cnn | 94.69 | 94.00 | 50.00 | 60.00 | 4 (3) | 1.2 | 1 | 2 | 2 cores, load 1.5 |" in text
     assert "train and test from `/data/mine`" in text
+    # the README's summary: best from scratch and best fine-tuned per dataset, the rest of the README kept
+    summary = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert summary.startswith("# nre_ray\n\n<!-- bench_accuracy:summary:begin -->\n| dataset |")
+    assert summary.endswith("<!-- bench_accuracy:summary:end -->\nrest\n") and "old" not in summary
+    assert "| FewRel (16 relations, English) | cnn: 83.82 | not run |" in summary
+    assert "| DeepKE Chinese (10 relations) | bilstm: 95.00 | bert: 99.00 |" in summary
     # a second write replaces the section instead of appending another
     bench_accuracy.write_results(rows)
     assert (tmp_path / "results.md").read_text(encoding="utf-8") == text
