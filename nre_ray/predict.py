@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import math
 import os
 import sys
@@ -242,6 +241,7 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     import ray
     import ray.data
 
+    from nre_ray.data.pipeline import quiet_ray_data
     from nre_ray.train import UsageError as TrainUsageError
     from nre_ray.train import alive_nodes, plan_resources
 
@@ -253,7 +253,7 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     except TrainUsageError as err:
         raise UsageError(str(err)) from None
     cpu = resources.per_worker["CPU"]
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    quiet_ray_data()
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
 

@@ -61,9 +61,6 @@ def inspect(args: argparse.Namespace) -> int:
         from nre_ray.train import start_ray
 
         start_ray(cfg.run.address, 1, log_to_driver=False)
-        import ray.data  # noqa: F401 (configures its loggers on import: quiet them after)
-
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
     prepared = pipeline.prepare(cfg.data, cfg.train.seed)
     sys.stdout.write(data_audit.to_markdown(prepared.audit))
     if prepared.rejected_count:

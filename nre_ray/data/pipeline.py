@@ -410,6 +410,25 @@ def _driver_node_args() -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
 
 
+class _NoProgressNotice(logging.Filter):
+    """Drops Ray Data's notice that its progress bars are off (nre_ray turns them off and prints its own lines)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Progress bars disabled")
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's console output: warnings only (no plans or "execution finished" lines), without the progress-bar
+    notice. Its log file in the Ray session (``logs/ray-data/``) still gets everything."""
+    import ray.data  # noqa: F401 (configures the "ray.data" logger on import)
+
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, _NoProgressNotice)
+                                                                  for f in handler.filters):
+            handler.setLevel(logging.WARNING)
+            handler.addFilter(_NoProgressNotice())
+
+
 def _file_dataset(paths: list[Path]) -> Any:
     """A Ray Dataset of one row per staged file (``path``), one block each."""
     import ray.data
@@ -466,6 +485,8 @@ def _prepare_staged(cfg: DataConfig, files: dict[str, Path], seed: int, folder: 
                     inputs: list[str], column_map: dict[str, str] | None, label_list: list[str] | None,
                     pretrained: str | None = None) -> Prepared:
     import ray.data
+
+    quiet_ray_data()
 
     on_driver = _driver_node_args()
 

@@ -119,3 +119,19 @@ def test_arrow_token_counts_equal_the_pandas_ones() -> None:
     assert dict(zip(got["token"], got["count"], strict=True)) == dict(zip(expected["token"], expected["count"],
                                                                           strict=True))
     assert token_counts_arrow(pa.array([], pa.list_(pa.string()))).num_rows == 0
+
+
+def test_ray_data_console_shows_warnings_only(capsys):
+    import logging
+
+    from nre_ray.data.pipeline import quiet_ray_data
+
+    quiet_ray_data()
+    quiet_ray_data()  # twice: still one filter, one message per warning
+    log = logging.getLogger("ray.data._internal.execution.streaming_executor")
+    log.info("Starting execution of Dataset dataset_1")
+    log.warning("Progress bars disabled. To enable, set ...")
+    log.warning("a real warning")
+    err = capsys.readouterr().err
+    assert err.count("a real warning") == 1
+    assert "Starting execution" not in err and "Progress bars" not in err
