@@ -31,13 +31,10 @@ from nre_ray.data.read import FORMATS, parse_column_map, problems_of, read_table
 from nre_ray.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.train import UsageError
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
-
-
-class UsageError(Exception):
-    """A problem with the command line the user can fix."""
 
 
 @ray.remote(num_cpus=0)
@@ -150,13 +147,9 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     from ray.train.v2.api.config import LoggingConfig
 
     from nre_ray.train import QUIET_ENV, alive_nodes, plan_resources, start_ray
-    from nre_ray.train import UsageError as TrainUsageError
 
     start_ray(address, num_workers)
-    try:
-        resources = plan_resources(num_workers, False, alive_nodes())
-    except TrainUsageError as err:
-        raise UsageError(str(err)) from None
+    resources = plan_resources(num_workers, False, alive_nodes())
     meta = loaded.meta
     payload = {"config": loaded.config.to_dict(), "state": loaded.state["model"],
                "spec": (int(meta["vocab_size"]), int(meta["num_classes"]), int(meta["num_positions"]),

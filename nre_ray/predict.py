@@ -28,15 +28,12 @@ from nre_ray.data.chunks import DEFAULT_CHUNK_ROWS, PREFIX, InputPlan, canonical
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.read import FORMATS, parse_column_map, problems_of
 from nre_ray.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
+from nre_ray.train import UsageError
 
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
                   ".parquet": "parquet", ".pq": "parquet"}
 MAX_PROBLEMS = 1000
 """With ``--on-bad-rows error``, reading stops after this many bad rows."""
-
-
-class UsageError(Exception):
-    """A problem with the command line the user can fix."""
 
 
 @dataclasses.dataclass
@@ -242,16 +239,12 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     import ray.data
 
     from nre_ray.data.pipeline import quiet_ray_data
-    from nre_ray.train import UsageError as TrainUsageError
     from nre_ray.train import alive_nodes, plan_resources
 
-    try:
-        # One CPU share per actor and one for the reading tasks; with --use-gpu also one GPU per actor.
-        resources = plan_resources(num_workers + 1, False, alive_nodes())
-        if use_gpu:
-            plan_resources(num_workers, True, alive_nodes())
-    except TrainUsageError as err:
-        raise UsageError(str(err)) from None
+    # One CPU share per actor and one for the reading tasks; with --use-gpu also one GPU per actor.
+    resources = plan_resources(num_workers + 1, False, alive_nodes())
+    if use_gpu:
+        plan_resources(num_workers, True, alive_nodes())
     cpu = resources.per_worker["CPU"]
     quiet_ray_data()
     ctx = ray.data.DataContext.get_current()

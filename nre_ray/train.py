@@ -31,6 +31,7 @@ QUIET_ENV = {
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
     "PYTHONWARNINGS": "ignore::DeprecationWarning",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # read when mlflow is imported: no INFO lines about its store and models
 }
 
 
@@ -161,7 +162,15 @@ def start_ray(address: str | None, num_workers: int, log_to_driver: bool = True)
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=log_to_driver)
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, reachable from this host only
-        ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver)
+        try:
+            ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver)
+        except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
+            if "timed out during startup" not in str(err):
+                raise
+            raise UsageError(f"the local Ray did not start: its node did not register within Ray's fixed 30 s "
+                             f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
+                             "machine is too busy; try again when it is quieter, or start Ray once with "
+                             "`ray start --head` and pass --address auto.") from None
 
 
 def alive_nodes() -> list[dict[str, float]]:
@@ -392,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(description="Train a sentence-level relation classifier with Ray Train, Ray Data and "
                                       "MLflow. Without --data-dir it trains on the bundled English sample.")
     args = parser.parse_args(argv)
+    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
+        os.environ.setdefault(key, value)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("nre_ray").setLevel(logging.INFO)
     for noisy in ("ray.data", "mlflow"):

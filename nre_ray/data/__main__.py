@@ -34,16 +34,13 @@ from nre_ray.data.read import (
     read_chunks,
     split_problem,
 )
+from nre_ray.train import UsageError
 
 log = logging.getLogger("nre_ray")
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
                   ".pq": "parquet"}
 CONVERT_ROWS_PER_CHUNK = 10_000
 CONVERT_HINT = "Fix these rows, or pass --on-bad-rows skip to convert the good rows only."
-
-
-class UsageError(Exception):
-    """A command-line mistake (printed without a traceback, exit status 2)."""
 
 
 # --------------------------------------------------------------------------------------------------------------------

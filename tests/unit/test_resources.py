@@ -42,3 +42,21 @@ def test_cpus_per_worker_that_does_not_fit_is_refused():
         plan_resources(3, False, [{"CPU": 3.0}, {"CPU": 1.0}], cpus_per_worker=1.5)
     with pytest.raises(UsageError, match="room for 1 workers of one GPU and 8 CPUs"):
         plan_resources(2, True, [{"CPU": 12.0, "GPU": 2.0}], cpus_per_worker=8.0)
+
+
+def test_a_local_ray_that_does_not_start_in_time_is_a_clear_error(monkeypatch):
+    """Ray's raylet must register within a fixed 30 s; on an overloaded machine it does not, and Ray raises a bare
+    Exception. That cannot be produced on demand, so ray.init is replaced by one that raises Ray's message."""
+    import ray
+
+    from nre_ray.train import start_ray
+
+    def times_out(**kwargs):
+        raise Exception("The current node timed out during startup. This could happen because some of the raylet "
+                        "failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", times_out)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(UsageError, match=r"the local Ray did not start: .* load average .* --address auto"):
+        start_ray(None, 2)
