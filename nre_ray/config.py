@@ -113,7 +113,8 @@ class TrainConfig:
                                              "of it. Default: CPU workers share the cluster's CPUs evenly, at most "
                                              "1 each (one thread per process scales best for these models); GPU "
                                              "workers take their node's CPUs per GPU, at most 4.")
-    keep_checkpoints: int = _f(2, "Checkpoints kept, best first by the selection metric.")
+    keep_checkpoints: int = _f(2, "Checkpoints kept besides the latest: the best by the selection metric (an epoch "
+                                  "that only ties an earlier best does not count as better).")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
     encoder_lr: float = _f(3e-5, "--model bert: AdamW learning rate of the pretrained encoder (--lr is the "
                                  "classifier head's).")

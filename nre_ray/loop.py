@@ -122,6 +122,12 @@ def _arrays(data: Any) -> dict[str, Any]:
     return ray.get(data) if isinstance(data, ray.ObjectRef) else data
 
 
+#: The metric Ray Train keeps and picks checkpoints by: the epoch number when the epoch improved the selection
+#: metric, else 0. Ranking by the validation score itself would let Ray pick a later epoch that only ties the best
+#: score, whose weights are not the ones the loop selected and scored on the test split.
+SELECTION_RANK = "selection_rank"
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Train on this worker's shard; called by TorchTrainer on every rank.
 
@@ -221,6 +227,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             **{f"valid_{k}": _finite(v) for k, v in valid.items()},
             "lr": optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
             "epoch_seconds": elapsed, "epoch_cpu_seconds": cpu_seconds, "best_epoch": state["best_epoch"],
+            SELECTION_RANK: epoch if improved else 0,
         }
         _report(rank, metrics, model, optimizer, scheduler, scaler, state, epoch, cfg, vocab, labels, spec, assets)
         # The epoch's metrics reach MLflow from the controller once Ray registers this checkpoint (tracking_callback)

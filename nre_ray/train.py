@@ -194,7 +194,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     from nre_ray.checkpoint import pretrained_assets
     from nre_ray.data.audit import write_audit
     from nre_ray.data.pipeline import prepare
-    from nre_ray.loop import train_loop_per_worker
+    from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
     from nre_ray.tracking_callback import EpochMetricsLogger
 
     run_name = cfg.run.run_name or f"{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
@@ -291,7 +291,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
         run_config=ray.train.RunConfig(
             name=run_name, storage_path=storage,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints,
-                                                         checkpoint_score_attribute=metric,
+                                                         checkpoint_score_attribute=SELECTION_RANK,
                                                          checkpoint_score_order="max"),
             # A worker group that cannot be placed times out after 60 s; controller_failure_limit=0 turns that
             # into an error instead of Ray's default of retrying forever.
@@ -307,7 +307,8 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     status = "FAILED"
     try:
         result = trainer.fit()
-        best = result.get_best_checkpoint(metric=metric, mode="max") if result.best_checkpoints else None
+        # the loop's own choice: the first epoch with the best validation score (see loop.SELECTION_RANK)
+        best = result.get_best_checkpoint(metric=SELECTION_RANK, mode="max") if result.best_checkpoints else None
         model = _log_model(best, cfg, tracking_uri, run_id) if best is not None and cfg.run.log_model else {}
         status = "FINISHED"
     except (KeyboardInterrupt, SystemExit):
