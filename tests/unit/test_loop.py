@@ -1,4 +1,5 @@
-"""The training loop in Ray Train's local mode (no worker processes): it learns, reports and writes checkpoints."""
+"""The training loop under Ray Train: it learns, reports and writes checkpoints (local mode, no worker processes),
+and Ray's best checkpoint is the loop's best epoch (one real worker)."""
 
 import pytest
 import ray.train
@@ -6,20 +7,24 @@ from ray.train.torch import TorchTrainer
 
 from nre_ray.checkpoint import load_checkpoint
 from nre_ray.config import Config
-from nre_ray.loop import train_loop_per_worker
+from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
 from tests.helpers import tiny_data
 
 
-def test_local_mode_learns_and_checkpoints(tmp_path):
-    cfg = Config.from_dict({"train": {"epochs": 4, "batch_size": 8, "lr": 0.01, "seed": 3},
+def _fit(tmp_path, name: str, epochs: int, lr: float, num_workers: int, **run: object) -> ray.train.Result:
+    """Train the tiny data with a tiny CNN; ``run``: more RunConfig arguments."""
+    cfg = Config.from_dict({"train": {"epochs": epochs, "batch_size": 8, "lr": lr, "seed": 3},
                             "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16}})
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": cfg.to_dict(), "data": tiny_data(), "tracking_uri": None, "run_id": None},
-        scaling_config=ray.train.ScalingConfig(num_workers=0),
-        run_config=ray.train.RunConfig(name="local", storage_path=str(tmp_path)),
-    )
-    result = trainer.fit()
+        scaling_config=ray.train.ScalingConfig(num_workers=num_workers),
+        run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path), **run),
+    ).fit()
+
+
+def test_local_mode_learns_and_checkpoints(tmp_path):
+    result = _fit(tmp_path, "local", epochs=4, lr=0.01, num_workers=0)
     assert result.metrics["epoch"] == 4
     assert result.metrics["valid_macro_f1"] > 0.9
     loaded = load_checkpoint(result.checkpoint.to_directory(str(tmp_path / "ckpt")))
@@ -36,20 +41,9 @@ def test_a_tie_on_validation_keeps_the_first_best_epoch_as_the_best_checkpoint(r
     returns must be the loop's best epoch (the first to reach the score), whose weights were scored on test; with the
     score itself as Ray's ranking a later tied epoch was returned instead. One real worker: local mode keeps no
     checkpoint ranking."""
-    from nre_ray.loop import SELECTION_RANK
-
-    cfg = Config.from_dict({"train": {"epochs": 5, "batch_size": 8, "lr": 0.02, "seed": 3},
-                            "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16}})
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "data": tiny_data(), "tracking_uri": None, "run_id": None},
-        scaling_config=ray.train.ScalingConfig(num_workers=1),
-        run_config=ray.train.RunConfig(
-            name="ties", storage_path=str(tmp_path),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute=SELECTION_RANK,
-                                                         checkpoint_score_order="max")),
-    )
-    result = trainer.fit()
+    keep = ray.train.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute=SELECTION_RANK,
+                                      checkpoint_score_order="max")
+    result = _fit(tmp_path, "ties", epochs=5, lr=0.02, num_workers=1, checkpoint_config=keep)
     last = result.metrics
     best_epoch = int(last["best_epoch"])
     assert best_epoch < last["epoch"] and last["valid_macro_f1"] == 1.0  # the later epochs tie the best (1.0)
