@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -221,7 +222,6 @@ class GpuUtilisation:
         self._thread: Any = None
 
     def __enter__(self) -> GpuUtilisation:
-        import shutil
         import threading
 
         if self.enabled and shutil.which("nvidia-smi"):
@@ -316,6 +316,19 @@ def steady(epochs: list[dict[str, Any]], key: str, stat: str = "median") -> floa
     if stat == "median":
         return median(later)
     return min(later) if key.endswith("seconds") else max(later)
+
+
+def finish(result: dict[str, Any], tables: str, args: argparse.Namespace, work: Path) -> None:
+    """The end of a side-by-side benchmark: ``result`` as JSON to ``--out``, the tables printed, and the scratch
+    folder ``work`` removed unless ``--keep`` or ``--work-dir`` asked for it."""
+    args.out.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    print()
+    print(tables)
+    print(f"\nwrote {args.out}")
+    if args.keep or args.work_dir:
+        print(f"logs and MLflow stores kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def add_run_options(parser: argparse.ArgumentParser, repeats: int, repeats_help: str, out: str) -> None:

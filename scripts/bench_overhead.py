@@ -23,9 +23,7 @@ the same autocast and loss scaler), and the GPU utilisation sampled by ``nvidia-
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -39,6 +37,7 @@ from bench_common import (
     accuracy_pass,
     add_run_options,
     device_for,
+    finish,
     load_data,
     machine,
     median,
@@ -181,14 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             result["median"][f"{who}_gpu_util_mean"] = median(x[who]["gpu_util_mean"] or float("nan") for x in repeats)
             result["median"][f"{who}_gpu_mem_max_mib"] = median(x[who]["gpu_mem_max_mib"] or float("nan")
                                                                 for x in repeats)
-    args.out.write_text(json.dumps(result, indent=2), encoding="utf-8")
-    print()
-    print(render(result))
-    print(f"\nwrote {args.out}")
-    if args.keep or args.work_dir:
-        print(f"logs and MLflow stores kept in {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    finish(result, render(result), args, work)
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from bench_common import (
     FEWREL_TRAIN,
     GpuUtilisation,
     add_run_options,
+    finish,
     load_data,
     machine,
     median,
@@ -186,14 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         result["median"]["gpu_util_mean"] = {lc: {n: median(x[lc][n]["gpu_util_mean"] or float("nan")
                                                            for x in repeats) for n in workers}
                                              for lc in ("nre_ray", "torchrun")}
-    args.out.write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
-    print()
-    print(render(result))
-    print(f"\nwrote {args.out}")
-    if args.keep or args.work_dir:
-        print(f"logs and MLflow store kept in {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    finish(result, render(result), args, work)
     return 0
 
 
