@@ -69,22 +69,27 @@ def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]
             cpu = max(min(math.floor(cpu * 100) / 100, 4.0), 0.01)
         else:
             cpu = cpus_per_worker
-            _check_fits(num_workers, cpu, [min(int(n.get("GPU", 0)), math.floor(n.get("CPU", 0) / cpu + 1e-9))
-                                           for n in nodes], "one GPU and ")
+            _check_fits(num_workers, cpu, [min(int(n.get("GPU", 0)), _slots(n.get("CPU", 0), cpu)) for n in nodes],
+                        "one GPU and ")
         return Resources({"CPU": cpu, "GPU": 1}, max(1, int(cpu)))
     cpus = [n.get("CPU", 0.0) for n in nodes]
     if sum(cpus) <= 0:
         raise UsageError("this Ray cluster has no CPUs to run workers on.")
     if cpus_per_worker is not None:
-        _check_fits(num_workers, cpus_per_worker, [math.floor(c / cpus_per_worker + 1e-9) for c in cpus], "")
+        _check_fits(num_workers, cpus_per_worker, [_slots(c, cpus_per_worker) for c in cpus], "")
         return Resources({"CPU": cpus_per_worker}, max(1, int(cpus_per_worker)))
     per = min(1.0, sum(cpus) / num_workers)
     per = math.floor(per * 100) / 100
-    while per >= 0.01 and sum(math.floor(c / per + 1e-9) for c in cpus) < num_workers:
+    while per >= 0.01 and sum(_slots(c, per) for c in cpus) < num_workers:
         per = math.floor(per * 90) / 100
     if per < 0.01:
         raise UsageError(f"--num-workers {num_workers} cannot be placed on this cluster ({sum(cpus):g} CPUs).")
     return Resources({"CPU": per}, max(1, int(per)))
+
+
+def _slots(cpus: float, per_worker: float) -> int:
+    """How many workers of ``per_worker`` CPUs a node with ``cpus`` CPUs holds (tolerant of float rounding)."""
+    return math.floor(cpus / per_worker + 1e-9)
 
 
 def _check_fits(num_workers: int, cpus_per_worker: float, fits_per_node: list[int], what: str) -> None:
