@@ -14,7 +14,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,29 @@ def _arrays(data: Any) -> dict[str, Any]:
     return ray.get(data) if isinstance(data, ray.ObjectRef) else data
 
 
+def place_and_restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Schedule,
+                      scaler: torch.amp.GradScaler, loaded_state: dict[str, Any] | None,
+                      prepare: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
+    """Put ``model`` on this worker's device, then restore a checkpoint's ``loaded_state`` (None: a fresh run).
+
+    ``prepare`` (default: Ray Train's ``prepare_model``) moves the parameters to the device, and wraps the model in
+    DDP with more than one worker. It must come first: ``Optimizer.load_state_dict`` casts the saved state (Adam's
+    moments) to the device each parameter is on *at load time*, and moving the model later moves only the
+    parameters, so loading first left the moments on the CPU beside GPU parameters and the first step after a
+    restart (``--resume``, or Ray's ``--max-failures``) failed. The weights load into the unwrapped module: every
+    rank loads the same checkpoint after DDP's broadcast of rank 0's parameters, so the replicas stay equal. The
+    loss scaler's state is loaded only where it was saved non-empty (fp16 runs). Returns the prepared model.
+    """
+    model = (prepare or ray.train.torch.prepare_model)(model)
+    if loaded_state is not None:
+        unwrap(model).load_state_dict(loaded_state["model"])
+        optimizer.load_state_dict(loaded_state["optimizer"])
+        scheduler.load_state_dict(loaded_state["scheduler"])
+        if loaded_state.get("scaler"):  # fp16 runs (and checkpoints written before the scaler was saved: none)
+            scaler.load_state_dict(loaded_state["scaler"])
+    return model
+
+
 #: The metric Ray Train keeps and picks checkpoints by: the epoch number when the epoch improved the selection
 #: metric, else 0. Ranking by the validation score itself would let Ray pick a later epoch that only ties the best
 #: score, whose weights are not the ones the loop selected and scored on the test split.
@@ -157,16 +180,13 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     # One loss scaler for the run (active only for fp16 autocast): its scale carries over epochs and resumes.
     scaler = grad_scaler(ray.train.torch.get_device(), cfg.train.amp)
     state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None}
+    restore: dict[str, Any] | None = None
     resumed = ray.train.get_checkpoint()
     if resumed:
         with resumed.as_directory() as folder:
             loaded = load_checkpoint(Path(folder))
         check_compatible(loaded, cfg.model.model, vocab, labels)
-        model.load_state_dict(loaded.state["model"])
-        optimizer.load_state_dict(loaded.state["optimizer"])
-        scheduler.load_state_dict(loaded.state["scheduler"])
-        if loaded.state.get("scaler"):  # fp16 runs (and checkpoints written before the scaler was saved: none)
-            scaler.load_state_dict(loaded.state["scaler"])
+        restore = loaded.state  # loaded into the model, optimizer, schedule and scaler once the model is placed
         state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
         state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
         if rank == 0:
@@ -186,7 +206,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 print(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}",
                       flush=True)
 
-    model = ray.train.torch.prepare_model(model)
+    model = place_and_restore(model, optimizer, scheduler, scaler, restore)
     generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
     train_loader = ray.train.torch.prepare_data_loader(DataLoader(
