@@ -13,6 +13,9 @@ How the validation works:
    prove it.
 3. Project checks Ray cannot make: the pins installed by setup_commands equal pyproject.toml's, torch is installed
    first, no key is inherited from Ray's defaults, no secrets, port 5000 (MLflow) is not opened to the internet.
+4. Least privilege for the GPU workers: no worker node type gets the autoscaler's own instance profile, and the IAM
+   commands in docs/cluster.md (valid bash; their policy documents valid JSON) grant the workers' role S3 objects
+   under the project prefix only and the head iam:PassRole on that role only. README.md carries the same section.
 """
 
 import copy
@@ -20,6 +23,7 @@ import json
 import re
 import shlex
 import socket
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -36,6 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = REPO / "cluster.yaml"
 PYPROJECT = REPO / "pyproject.toml"
 CLUSTER_DOC = REPO / "docs" / "cluster.md"
+README = REPO / "README.md"
+CLUSTER_SECTION = "## Run on a cluster (AWS)"
 RAY_AUTOSCALER_DIR = Path(ray.autoscaler.__file__).parent
 SCHEMA = json.loads((RAY_AUTOSCALER_DIR / "ray-schema.json").read_text())
 AWS_DEFAULTS = yaml.safe_load((RAY_AUTOSCALER_DIR / "aws" / "defaults.yaml").read_text())
@@ -59,6 +65,15 @@ NODE_CONFIG_KEYS = {
     "NetworkInterfaces",
     "Placement",
 }
+# IAM: the instance profile `ray up` creates for the head (EC2 + S3 full access) and the one docs/cluster.md creates for
+# the GPU workers. BUCKET and ACCOUNT are the shell variables of the doc's IAM commands; the tests expand them to the
+# cluster.yaml placeholders.
+AUTOSCALER_PROFILE = "ray-autoscaler-v1"
+WORKER_ROLE = "nre-ray-worker"
+DOC_VARIABLES = {"BUCKET": "YOUR-BUCKET", "ACCOUNT": "YOUR-ACCOUNT-ID"}
+PROJECT_PREFIX = "nre_ray/"
+# S3 actions on objects (resource arn:aws:s3:::bucket/key) and on the bucket itself (arn:aws:s3:::bucket).
+S3_BUCKET_ACTIONS = {"s3:ListBucket"}
 SECRET_PATTERNS = (
     re.compile(r"aws_access_key_id", re.IGNORECASE),
     re.compile(r"aws_secret_access_key", re.IGNORECASE),
@@ -156,6 +171,128 @@ def mlflow_server_args(raw: dict) -> dict[str, str]:
             options = tokens[tokens.index("server") + 1 :]
             return dict(zip(options[::2], options[1::2], strict=True))
     return {}
+
+
+def worker_instance_profiles(raw: dict) -> dict[str, str]:
+    """Instance profile name of each worker node type (None when it has none), from its IamInstanceProfile."""
+    profiles = {}
+    for name, node_type in raw["available_node_types"].items():
+        if name == raw["head_node_type"]:
+            continue
+        profile = node_type["node_config"].get("IamInstanceProfile") or {}
+        arn = profile.get("Arn", "")
+        profiles[name] = arn.rpartition(":instance-profile/")[2] if ":instance-profile/" in arn else profile.get("Name")
+    return profiles
+
+
+def iam_block(doc: str) -> str:
+    """The bash block that follows the doc's "S3 access for the GPU workers" paragraph."""
+    start = doc.index("```bash\n", doc.index("**S3 access for the GPU workers.**")) + len("```bash\n")
+    return doc[start : doc.index("```\n", start)]
+
+
+def heredoc_documents(block: str) -> dict[str, str]:
+    """`cat > "$DIR/name.json" <<EOF ... EOF` bodies of the block, by file name, before variable expansion."""
+    pattern = re.compile(r'^cat > "[^"\n]*/([\w.-]+)" <<(\w+)\n(.*?)^\2$', re.MULTILINE | re.DOTALL)
+    return {match.group(1): match.group(3) for match in pattern.finditer(block)}
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """What bash makes of $VAR and ${VAR} in an unquoted heredoc, for the given variables."""
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables[m.group(1) or m.group(2)], text)
+
+
+def iam_commands(block: str) -> list[list[str]]:
+    """The `aws iam ...` commands of the block as argument lists (heredoc bodies, comments and line breaks removed)."""
+    for body in heredoc_documents(block).values():
+        block = block.replace(body, "")
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        tokens = shlex.split(line, comments=True)
+        if tokens[:2] == ["aws", "iam"]:
+            commands.append(tokens[2:])
+    return commands
+
+
+def command_options(commands: list[list[str]], subcommand: str) -> list[dict[str, str]]:
+    """`--option value` pairs of every command with that subcommand (e.g. "put-role-policy")."""
+    return [dict(zip(c[1::2], c[2::2], strict=True)) for c in commands if c[0] == subcommand]
+
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def worker_policy_problems(policy: dict, bucket: str) -> list[str]:
+    """What the workers' policy allows beyond S3 objects under PROJECT_PREFIX of `bucket` (and listing the bucket)."""
+    objects, bucket_arn = f"arn:aws:s3:::{bucket}/{PROJECT_PREFIX}*", f"arn:aws:s3:::{bucket}"
+    problems = []
+    for number, statement in enumerate(policy["Statement"]):
+        where = f"statement {statement.get('Sid', number)}"
+        if statement.get("Effect") != "Allow":
+            continue  # a Deny only narrows
+        if {"NotAction", "NotResource"} & set(statement):
+            problems.append(f"{where}: NotAction/NotResource allow everything not listed")
+            continue
+        actions, resources = as_list(statement.get("Action", [])), as_list(statement.get("Resource", []))
+        problems += [f"{where}: {a} is not an S3 action" for a in actions if not a.startswith("s3:")]
+        problems += [f"{where}: wildcard action {a}" for a in actions if "*" in a]
+        s3_actions = [a for a in actions if a.startswith("s3:") and "*" not in a]
+        for action in s3_actions:
+            allowed = bucket_arn if action in S3_BUCKET_ACTIONS else objects
+            problems += [f"{where}: {action} on {r} (only {allowed})" for r in resources if r != allowed]
+    return problems
+
+
+def pass_role_problems(policy: dict, worker_role_arn: str) -> list[str]:
+    """What the head's policy allows beyond iam:PassRole on the workers' role."""
+    problems = []
+    for number, statement in enumerate(policy["Statement"]):
+        where = f"statement {statement.get('Sid', number)}"
+        if statement.get("Effect") != "Allow":
+            continue
+        if {"NotAction", "NotResource"} & set(statement):
+            problems.append(f"{where}: NotAction/NotResource allow everything not listed")
+            continue
+        actions, resources = as_list(statement.get("Action", [])), as_list(statement.get("Resource", []))
+        problems += [f"{where}: {a} (only iam:PassRole)" for a in actions if a != "iam:PassRole"]
+        problems += [f"{where}: passes {r} (only {worker_role_arn})" for r in resources if r != worker_role_arn]
+    return problems
+
+
+def doc_policies(doc: str) -> dict[tuple[str, str], dict]:
+    """The IAM commands' policy documents, by the role and kind they are given to: ("nre-ray-worker", "trust"),
+    (role, policy name) for put-role-policy. Variables expanded to the cluster.yaml placeholders."""
+    block = iam_block(doc)
+    documents = {name: json.loads(expand(body, DOC_VARIABLES)) for name, body in heredoc_documents(block).items()}
+
+    def document(option: str) -> dict:
+        assert option.startswith("file://"), f"policy documents are files written by the block: {option}"
+        return documents[Path(option.removeprefix("file://")).name]
+
+    commands = iam_commands(block)
+    policies = {
+        (o["--role-name"], "trust"): document(o["--assume-role-policy-document"])
+        for o in command_options(commands, "create-role")
+    }
+    policies.update(
+        {
+            (o["--role-name"], o["--policy-name"]): document(o["--policy-document"])
+            for o in command_options(commands, "put-role-policy")
+        }
+    )
+    return policies
+
+
+def role_policies(policies: dict[tuple[str, str], dict], role: str) -> list[dict]:
+    return [policy for (name, kind), policy in policies.items() if name == role and kind != "trust"]
+
+
+def markdown_section(text: str, heading: str) -> str:
+    """From the `## heading` line up to the next `## ` heading (or the end)."""
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end == -1 else text[start : end + 1]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -352,3 +489,102 @@ def test_every_placeholder_is_explained_in_the_docs():
     assert placeholders, "cluster.yaml should mark what users must fill in with YOUR-..."
     missing = {p for p in placeholders if p not in CLUSTER_DOC.read_text()}
     assert not missing, f"placeholders not explained in {CLUSTER_DOC.relative_to(REPO)}: {sorted(missing)}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Least privilege for the GPU workers (docs/cluster.md, "S3 access for the GPU workers")
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def policies() -> dict[tuple[str, str], dict]:
+    return doc_policies(CLUSTER_DOC.read_text())
+
+
+def test_worker_node_types_do_not_get_the_autoscalers_instance_profile(raw):
+    profiles = worker_instance_profiles(raw)
+    assert profiles, "there must be a worker node type"
+    # Ray gives ray-autoscaler-v1 (EC2 + S3 full access) to the head only; a worker needs a profile of its own.
+    assert AUTOSCALER_PROFILE not in profiles.values()
+    assert profiles == dict.fromkeys(profiles, WORKER_ROLE), "the profile docs/cluster.md creates"
+    raw["available_node_types"]["nre.worker.gpu"]["node_config"]["IamInstanceProfile"] = {
+        "Arn": f"arn:aws:iam::YOUR-ACCOUNT-ID:instance-profile/{AUTOSCALER_PROFILE}"
+    }
+    assert worker_instance_profiles(raw)["nre.worker.gpu"] == AUTOSCALER_PROFILE
+
+
+def test_the_iam_commands_are_valid_bash():
+    block = iam_block(CLUSTER_DOC.read_text())
+    subprocess.run(["bash", "-n"], input=block, text=True, check=True)
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run(["bash", "-n"], input=block.replace("<<EOF", "<<(EOF", 1), text=True, check=True)
+
+
+def test_the_doc_creates_the_profile_cluster_yaml_names_and_puts_the_worker_role_in_it(raw):
+    commands = iam_commands(iam_block(CLUSTER_DOC.read_text()))
+    (profile,) = set(worker_instance_profiles(raw).values())
+    assert command_options(commands, "create-instance-profile") == [{"--instance-profile-name": profile}]
+    assert command_options(commands, "add-role-to-instance-profile") == [
+        {"--instance-profile-name": profile, "--role-name": WORKER_ROLE}
+    ]
+    assert [o["--role-name"] for o in command_options(commands, "create-role")] == [WORKER_ROLE]
+
+
+def test_only_ec2_may_assume_the_worker_role(policies):
+    (statement,) = policies[(WORKER_ROLE, "trust")]["Statement"]
+    assert statement == {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}
+
+
+def test_the_worker_policy_allows_s3_objects_under_the_project_prefix_only(policies):
+    (policy,) = role_policies(policies, WORKER_ROLE)
+    assert worker_policy_problems(policy, "YOUR-BUCKET") == []
+    allowed = {(a, r) for s in policy["Statement"] for a in as_list(s["Action"]) for r in as_list(s["Resource"])}
+    # Ray Train's checkpoints through pyarrow: read, write (multipart included), delete, abort a failed upload, and
+    # list; pyarrow's create_dir also sends HEAD bucket, which S3 authorizes as s3:ListBucket without a prefix.
+    objects = "arn:aws:s3:::YOUR-BUCKET/nre_ray/*"
+    assert allowed == {
+        ("s3:GetObject", objects),
+        ("s3:PutObject", objects),
+        ("s3:DeleteObject", objects),
+        ("s3:AbortMultipartUpload", objects),
+        ("s3:ListBucket", "arn:aws:s3:::YOUR-BUCKET"),
+    }
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        {"Effect": "Allow", "Action": "ec2:RunInstances", "Resource": "*"},
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::YOUR-BUCKET/nre_ray/*"},
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::YOUR-BUCKET/*"},
+        {"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"},
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::OTHER-BUCKET"},
+        {"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"},
+    ],
+    ids=["ec2", "s3-wildcard", "whole-bucket-objects", "any-resource", "other-bucket", "not-action"],
+)
+def test_a_broader_worker_policy_would_be_reported(policies, statement):
+    (policy,) = role_policies(policies, WORKER_ROLE)
+    policy["Statement"].append(statement)
+    assert len(worker_policy_problems(policy, "YOUR-BUCKET")) == 1
+
+
+def test_the_head_may_pass_the_worker_role_and_no_other(policies):
+    worker_role_arn = f"arn:aws:iam::YOUR-ACCOUNT-ID:role/{WORKER_ROLE}"
+    (policy,) = role_policies(policies, AUTOSCALER_PROFILE)  # ray up names the head's role like its profile
+    assert pass_role_problems(policy, worker_role_arn) == []
+    assert {r for s in policy["Statement"] for r in as_list(s["Resource"])} == {worker_role_arn}
+    policy["Statement"][0]["Resource"] = [worker_role_arn, f"arn:aws:iam::YOUR-ACCOUNT-ID:role/{AUTOSCALER_PROFILE}"]
+    assert len(pass_role_problems(policy, worker_role_arn)) == 1
+
+
+def test_every_iam_policy_document_is_given_to_a_role(policies):
+    # No heredoc is written and then left unused (or used by a command the parsing above misses).
+    block = iam_block(CLUSTER_DOC.read_text())
+    assert len(policies) == len(heredoc_documents(block)) == 3
+
+
+def test_readme_has_the_same_cluster_section_as_docs_cluster_md():
+    assert markdown_section(README.read_text(), CLUSTER_SECTION) == markdown_section(
+        CLUSTER_DOC.read_text(), CLUSTER_SECTION
+    )
