@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import hashlib
 import json
 import os
@@ -228,6 +229,18 @@ def is_file(path: PathLike) -> bool:
     return _info(os.fspath(path)).type == pafs.FileType.File
 
 
+def check_file(path: PathLike) -> None:
+    """Raise :class:`StorageError` unless ``path`` is a file (reasons: ``not found ...``, ``is a folder ...``)."""
+    if is_file(path):
+        return
+    text = os.fspath(path)
+    if is_dir(path):
+        raise StorageError(text, "is a folder (expected a file)", credentials_hint(text) if is_uri(path) else "")
+    if not is_uri(path):
+        raise StorageError(text, "not found")
+    raise _error(text, FileNotFoundError(text))
+
+
 def size(path: PathLike) -> int:
     """The size of a file in bytes; :class:`StorageError` (not found) when it is none."""
     if not is_uri(path):
@@ -274,19 +287,20 @@ def stamp(path: PathLike) -> list[Any]:
 # reading
 
 
-def open_input(path: PathLike) -> IO[bytes]:
-    """A binary stream of the file ``path`` (close it, or use it in a ``with``). Errors when it is opened are
-    :class:`StorageError`; a stream cut while reading raises OSError."""
+def open_input(path: PathLike, compression: str | None = None) -> IO[bytes]:
+    """A binary stream of the file ``path`` (close it, or use it in a ``with``); ``compression="gzip"``: of its
+    decompressed content. Errors when it is opened are :class:`StorageError`; a stream cut while reading, or bad
+    compressed data, raises OSError."""
     if not is_uri(path):
         try:
-            return _local(path).open("rb")
+            return gzip.open(_local(path), "rb") if compression == "gzip" else _local(path).open("rb")  # type: ignore[return-value]
         except OSError as err:
             raise StorageError(os.fspath(path), "not found" if isinstance(err, FileNotFoundError)
                                else err.strerror or str(err)) from None
     uri = os.fspath(path)
     filesystem, inner = _resolve(uri)
     with _errors(uri):
-        return filesystem.open_input_stream(inner, compression=None)
+        return filesystem.open_input_stream(inner, compression=compression)
 
 
 def read_bytes(path: PathLike) -> bytes:
@@ -436,5 +450,6 @@ def upload(local_path: PathLike, path: PathLike, last: str | None = None) -> Non
     for rel, file in files:
         target = join(uri, rel) if rel else uri
         inner = f"{base.rstrip('/')}/{rel}" if rel else base
-        with _errors(target), file.open("rb") as stream, filesystem.open_output_stream(inner) as out:
+        with (_errors(target), file.open("rb") as stream,
+              filesystem.open_output_stream(inner, compression=None) as out):  # bytes as they are, even a .gz
             shutil.copyfileobj(stream, out, _CHUNK)

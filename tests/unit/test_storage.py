@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import threading
 from pathlib import Path
@@ -62,6 +63,12 @@ def test_round_trip_of_files_and_folders(object_store: str, tmp_path: Path) -> N
         assert local.name == "a.txt" and local.read_bytes() == b"alpha\n"
     assert not local.exists()
 
+    (tree / "packed.gz").write_bytes(gzip.compress(b"x" * 1000))  # bytes as they are: no (de)compression
+    storage.upload(tree / "packed.gz", f"{base}/packed.gz")
+    assert storage.read_bytes(f"{base}/packed.gz") == (tree / "packed.gz").read_bytes()
+    assert storage.download(f"{base}/packed.gz", tmp_path / "p.gz").read_bytes() == (tree / "packed.gz").read_bytes()
+    with storage.open_input(f"{base}/packed.gz", compression="gzip") as stream:
+        assert stream.read() == b"x" * 1000
     storage.upload(tree / "a.txt", f"{base}/single.txt")
     assert storage.read_bytes(f"{base}/single.txt") == b"alpha\n"
     storage.remove(f"{base}/single.txt")
