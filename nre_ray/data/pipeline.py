@@ -13,7 +13,13 @@ Nothing holds the whole corpus: the files are read in chunks, and every step run
 4. Ray Data: encoding per block; the driver copies each encoded block into the padded int32 arrays of its split.
 
 The result (and the audit, see :mod:`nre_ray.data.audit`) is cached under a key made of the input files' content
-hashes and the preprocessing settings.
+hashes and the preprocessing settings; with ``shared_cache`` (a URI under the run storage) it is also published there
+and fetched from there by the next job with the same key, on any machine.
+
+Every input may be a URI (``s3://bucket/data/train.csv``, a ``--data-dir`` ``s3://bucket/data``; see
+:mod:`nre_ray.storage`): each read task copies its file to a temporary local file on its node and reads it there
+(when every split file is a URI, the read tasks may run on any node); the label file is read on the driver.
+Everything reported names the URI.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from nre_ray import storage
 from nre_ray.config import DataConfig
 from nre_ray.data import audit as data_audit
 from nre_ray.data import subword
@@ -42,12 +49,14 @@ from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts_arrow,
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 from nre_ray.data.read import (
     CANONICAL,
+    Source,
     check_rows,
     find_data_files,
     parse_column_map,
     read_chunks,
     read_labels,
     split_problem,
+    storage_problem,
 )
 from nre_ray.data.vocab import UNK_ID, Vocab
 
@@ -113,6 +122,9 @@ class Prepared:
     pretrained_dir: str | None = None
     """``--model bert``: the folder (in the cache folder) with the tokenizer plus entity markers and the model's
     config.json, which every checkpoint carries (:func:`nre_ray.data.subword.build_tokenizer`)."""
+    shared_cache_dir: str | None = None
+    """``prepare(shared_cache=...)``: the shared folder (URI) this result was fetched from or published to; None when
+    there is none, or it could not be used (a warning was logged)."""
 
     def __post_init__(self) -> None:
         if self.rejected_count is None:
@@ -125,14 +137,16 @@ class Prepared:
         return 2 * self.position_window + 2
 
 
-def resolve_files(cfg: DataConfig) -> dict[str, Path]:
-    """Split name -> file, from ``--data-dir`` (default: the bundled sample) and the explicit ``--train/...``."""
-    files: dict[str, Path] = {}
+def resolve_files(cfg: DataConfig) -> dict[str, Source]:
+    """Split name -> file, from ``--data-dir`` (default: the bundled sample) and the explicit ``--train/...``: local
+    files as :class:`Path`, URIs (``s3://...``) as str."""
+    files: dict[str, Source] = {}
     if cfg.data_dir or not cfg.train:
-        files.update(find_data_files(Path(cfg.data_dir) if cfg.data_dir else sample_dir()))
+        files.update(find_data_files(cfg.data_dir if cfg.data_dir else sample_dir()))
     for key in ("train", "valid", "test", "labels"):
-        if getattr(cfg, key):
-            files[key] = Path(getattr(cfg, key))
+        value = getattr(cfg, key)
+        if value:
+            files[key] = value if storage.is_uri(value) else Path(value)
     return files
 
 
@@ -147,22 +161,47 @@ def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> di
     return settings
 
 
-def cache_key(files: dict[str, Path], settings: dict) -> str:
-    """sha256 over the files' bytes and the settings."""
+_REMOTE_KEYS: dict[str, str] = {}
+"""cache_key results of inputs with URIs, by settings, names and each file's size and modification time: a remote
+file is read once per process (``inspect`` asks :func:`is_cached`, then :func:`prepare`)."""
+
+
+def cache_key(files: dict[str, Source], settings: dict) -> str:
+    """sha256 over the files' bytes and the settings.
+
+    A URI's content is streamed from its store and hashed like a local file's, so the key is the same for the same
+    bytes wherever they are (an object store's ETag would spare the read, but pyarrow does not expose it and a
+    multipart upload's ETag is not a content hash; the read is one sequential pass, memoised per process)."""
+    memo = None
+    if any(storage.is_uri(path) for path in files.values()):
+        memo = json.dumps([settings, {name: [str(path), storage.stamp(path)] for name, path in files.items()}],
+                          sort_keys=True, default=str)
+        if memo in _REMOTE_KEYS:
+            return _REMOTE_KEYS[memo]
     h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for name in sorted(files):
         h.update(name.encode())
-        with open(files[name], "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
+        path = files[name]
+        with (storage.open_input(path) if storage.is_uri(path) else open(path, "rb")) as fh:
+            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
                 h.update(chunk)
-    return h.hexdigest()[:20]
+    key = h.hexdigest()[:20]
+    if memo is not None:
+        _REMOTE_KEYS[memo] = key
+    return key
 
 
-def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Path] | None = None,
+def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Source] | None = None,
                  pretrained: str | None = None) -> Path:
     """The cache folder of these inputs and settings (it holds ``meta.json`` once complete)."""
     files = resolve_files(cfg) if files is None else files
     for path in files.values():
+        if storage.is_uri(path):
+            try:
+                storage.check_file(path)
+            except storage.StorageError as err:
+                raise storage_problem(err) from None
+            continue
         if not path.is_file():
             raise DataError([Problem(str(path), None, None, "is a directory (expected a data file)" if path.is_dir()
                                      else "file not found")],
@@ -170,33 +209,89 @@ def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Path] | None = Non
     return Path(cfg.cache_dir or ".nre_ray_cache").absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
 
 
-def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None) -> bool:
-    """True when :func:`prepare` would reuse the cache (so needs no Ray)."""
-    return not cfg.no_cache and (cache_folder(cfg, seed, pretrained=pretrained) / "meta.json").exists()
+MARKER = "meta.json"
+"""The file a cache folder gets last: the folder is complete when it is there (locally and in a shared cache)."""
 
 
-def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None) -> Prepared:
+def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None) -> bool:
+    """True when :func:`prepare` would reuse a cache, the local one or the shared one (so needs no Ray)."""
+    if cfg.no_cache:
+        return False
+    cache = cache_folder(cfg, seed, pretrained=pretrained)
+    if (cache / MARKER).exists():
+        return True
+    try:
+        return bool(shared_cache) and storage.is_file(storage.join(shared_cache, cache.name, MARKER))
+    except storage.StorageError:
+        return False
+
+
+def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None) -> Prepared:
     """Read, validate, tokenize, build the vocabulary, encode every split and audit the data (cached).
 
     ``pretrained`` (``--model bert``): encode with that model's fast tokenizer and entity markers instead (see
     :mod:`nre_ray.data.subword`); the vocabulary is then the tokenizer's.
 
     A second call on the same files and settings reuses the cache and logs so; ``cfg.no_cache`` rebuilds it.
+
+    ``shared_cache``: a folder (a URI such as ``s3://bucket/runs/.nre_ray_cache``, or a local path) that jobs on
+    other machines see. When ``<shared_cache>/<key>/`` holds a complete cache (its ``meta.json``, published last),
+    it is downloaded into the local cache folder and used (``cache_hit``); otherwise the result is built here and
+    published there, ``meta.json`` last. A shared cache that cannot be read or written is logged as a warning and
+    preprocessing goes on without it.
+
     Raises :class:`DataError` for bad input (with ``--on-bad-rows error``, bad rows too: the first problems and a
     count).
     """
     files = resolve_files(cfg)
     cache = cache_folder(cfg, seed, files, pretrained)
-    if not cfg.no_cache and (cache / "meta.json").exists():
+    shared = storage.join(shared_cache, cache.name) if shared_cache else None
+    if not cfg.no_cache and (cache / MARKER).exists():
         prepared = load_prepared(cache)
         log.info("preprocessing: reused the cache in %s (--no-cache rebuilds it)", cache)
         return prepared
-    log.info("preprocessing: %s; the result is cached in %s",
+    if shared and not cfg.no_cache and _fetch_shared(shared, cache):
+        prepared = load_prepared(cache)
+        prepared.shared_cache_dir = shared
+        log.info("preprocessing: reused the shared cache %s (copied to %s; --no-cache rebuilds it)", shared, cache)
+        return prepared
+    log.info("preprocessing: %s; the result is cached in %s%s",
              "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
-             cache)
+             cache, f" and published to {shared}" if shared else "")
     prepared = _prepare(cfg, files, seed, cache, pretrained)
     save_prepared(prepared, cache)
+    if shared and _publish_shared(cache, shared):
+        prepared.shared_cache_dir = shared
     return prepared
+
+
+def _fetch_shared(shared: str, cache: Path) -> bool:
+    """Download the complete shared cache folder ``shared`` into ``cache`` (``meta.json`` last); False when there is
+    none, or it cannot be read (a warning)."""
+    try:
+        if not storage.is_file(storage.join(shared, MARKER)):
+            return False
+        (cache / MARKER).unlink(missing_ok=True)
+        storage.download(shared, cache, last=MARKER)
+    except storage.StorageError as err:
+        (cache / MARKER).unlink(missing_ok=True)
+        log.warning("preprocessing: cannot read the shared cache (%s); preprocessing here", err)
+        return False
+    return True
+
+
+def _publish_shared(cache: Path, shared: str) -> bool:
+    """Upload the finished local cache folder to ``shared``, ``meta.json`` last (a rebuild first takes the old
+    marker away, so that no one reads a half-replaced copy); False and a warning when it cannot be written."""
+    try:
+        storage.remove(storage.join(shared, MARKER))
+        storage.upload(cache, shared, last=MARKER)
+    except storage.StorageError as err:
+        log.warning("preprocessing: cannot publish the result to the shared cache (%s); later jobs will "
+                    "preprocess again", err)
+        return False
+    log.info("preprocessing: published to the shared cache %s", shared)
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -212,7 +307,7 @@ def _read_files(specs: pd.DataFrame, fmt: str | None, column_map: dict[str, str]
     for split, path in zip(specs["split"], specs["path"], strict=True):
         seq = 0
         try:
-            for chunk in read_chunks(Path(path), fmt, column_map, rows_per_chunk):
+            for chunk in read_chunks(path if storage.is_uri(path) else Path(path), fmt, column_map, rows_per_chunk):
                 yield chunk.assign(split=split, seq=seq, chunk_rows=len(chunk), fatal="")
                 seq += 1
         except DataError as err:
@@ -399,8 +494,8 @@ class _Stage:
 
 
 def _driver_node_args() -> dict[str, Any]:
-    """Ray remote args that keep tasks on the driver's node when the cluster has more than one (the input and staging
-    files are there); none on a single machine."""
+    """Ray remote args that keep tasks on the driver's node when the cluster has more than one (the staging files,
+    and local input files, are there); none on a single machine."""
     import ray
 
     if sum(1 for n in ray.nodes() if n.get("Alive")) <= 1:
@@ -408,6 +503,12 @@ def _driver_node_args() -> dict[str, Any]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+
+
+def _reader_args(files: dict[str, Source], inputs: list[str], on_driver: dict[str, Any]) -> dict[str, Any]:
+    """The read tasks' Ray remote args: any node when every split file is in an object store, else the driver's
+    (``on_driver``: :func:`_driver_node_args`)."""
+    return {} if all(storage.is_uri(files[split]) for split in inputs) else on_driver
 
 
 class _NoProgressNotice(logging.Filter):
@@ -450,16 +551,22 @@ def _fatal_error(payload: str) -> DataError:
                      total=data.get("total"))
 
 
-def check_inputs(cfg: DataConfig, files: dict[str, Path] | None = None) -> tuple[dict[str, str] | None,
-                                                                              list[str] | None]:
+def check_inputs(cfg: DataConfig, files: dict[str, Source] | None = None) -> tuple[dict[str, str] | None,
+                                                                                list[str] | None]:
     """The checks that need no Ray, on the driver, at once: the files exist, ``--columns`` parses, the label file
-    reads, and the first chunk of every split file reads (format, header, columns). Returns ``(column map, labels
-    of the label file or None)``; raises :class:`DataError`."""
+    reads, and the first chunk of every local split file reads (format, header, columns; a split file in an object
+    store is not downloaded here: its read task reports the same problems). Returns ``(column map, labels of the
+    label file or None)``; raises :class:`DataError`."""
     files = resolve_files(cfg) if files is None else files
     column_map = parse_column_map(cfg.columns) if cfg.columns else None
     label_list = read_labels(files["labels"]) if "labels" in files else None
     for split in SPLITS:
-        if split in files:
+        if split in files and storage.is_uri(files[split]):
+            try:
+                storage.check_file(files[split])
+            except storage.StorageError as err:
+                raise storage_problem(err) from None
+        elif split in files:
             chunks = read_chunks(files[split], cfg.format, column_map, ROWS_PER_CHUNK)
             try:
                 next(chunks, None)
@@ -468,7 +575,7 @@ def check_inputs(cfg: DataConfig, files: dict[str, Path] | None = None) -> tuple
     return column_map, label_list
 
 
-def _prepare(cfg: DataConfig, files: dict[str, Path], seed: int, folder: Path,
+def _prepare(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path,
              pretrained: str | None = None) -> Prepared:
     column_map, label_list = check_inputs(cfg, files)
     inputs = [split for split in SPLITS if split in files]
@@ -481,7 +588,7 @@ def _prepare(cfg: DataConfig, files: dict[str, Path], seed: int, folder: Path,
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _prepare_staged(cfg: DataConfig, files: dict[str, Path], seed: int, folder: Path, staging: Path,
+def _prepare_staged(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path, staging: Path,
                     inputs: list[str], column_map: dict[str, str] | None, label_list: list[str] | None,
                     pretrained: str | None = None) -> Prepared:
     import ray.data
@@ -489,6 +596,7 @@ def _prepare_staged(cfg: DataConfig, files: dict[str, Path], seed: int, folder: 
     quiet_ray_data()
 
     on_driver = _driver_node_args()
+    read_where = _reader_args(files, inputs, on_driver)
 
     # 1. read, check, tokenize (Ray Data) -> staged Parquet in file order + per-row numbers (driver)
     specs = [{"split": split, "path": str(files[split])} for split in inputs]
@@ -496,7 +604,7 @@ def _prepare_staged(cfg: DataConfig, files: dict[str, Path], seed: int, folder: 
     tokenized.context.target_max_block_size = BLOCK_BYTES
     tokenized = (
         tokenized
-        .map_batches(_read_files, batch_size=1, batch_format="pandas", num_cpus=0, **on_driver,
+        .map_batches(_read_files, batch_size=1, batch_format="pandas", num_cpus=0, **read_where,
                      fn_kwargs={"fmt": cfg.format, "column_map": column_map, "rows_per_chunk": ROWS_PER_CHUNK})
         .map_batches(_check_and_tokenize, batch_size=None, batch_format="pandas",
                      fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase})

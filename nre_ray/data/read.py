@@ -12,6 +12,9 @@ optionally ``id``, ``head_type``, ``tail_type``.
 * :func:`check_rows` is the pure per-batch check that Ray Data runs with ``map_batches(batch_format="pandas")``.
 * :func:`problems_of` turns the flagged rows of a checked batch into :class:`~nre_ray.data.errors.Problem` objects.
 * :func:`read_labels` and :func:`find_data_files` read label lists and find the split files of a data directory.
+
+Every file or folder may also be a URI (``s3://bucket/data/train.csv``; see :mod:`nre_ray.storage`): the file is
+copied to a temporary local file and read like a local one, and everything reported names the URI.
 """
 
 from __future__ import annotations
@@ -20,16 +23,18 @@ import csv
 import io
 import json
 import math
+import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nre_ray import storage
 from nre_ray.data.errors import DataError, Problem
 
 REQUIRED: tuple[str, ...] = ("sentence", "head", "head_offset", "tail", "tail_offset", "relation")
@@ -69,6 +74,10 @@ HINT_COLUMNS = ("Rename the columns in the file, or map your column names to our
                 "(column_map={'SOURCE': 'TARGET'}), e.g. --columns text=sentence,label=relation.")
 HINT_FORMAT = f"Use one of the supported formats ({', '.join(FORMATS)}); pass --format to force one."
 HINT_LABELS = "Fix the label file: one relation label per line, each label once."
+
+Source = Path | str
+"""A data file or folder: a local path, or a URI (``s3://...``, kept as a string)."""
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -249,17 +258,79 @@ def _quote(text: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# files in an object store
+
+
+def storage_problem(err: storage.StorageError) -> DataError:
+    """A :class:`DataError` (``URI: reason`` and what to check) for a file of the store that cannot be had."""
+    reason = "file not found" if err.reason.startswith("not found") else \
+        "is a directory (expected a data file)" if err.reason.startswith("is a folder") else err.reason
+    return DataError([Problem(err.uri, None, None, reason)], hint=err.hint or HINT_PATH)
+
+
+def _renamed(err: DataError, local: str, uri: str) -> DataError:
+    """``err`` about the temporary copy ``local``, naming ``uri`` instead."""
+    return DataError([Problem(uri if p.file == local else p.file, p.line, p.field, p.message.replace(local, uri))
+                      for p in err.problems], hint=err.hint, total=err.total)
+
+
+def _remote_call(uri: str, read: Callable[[Path], T]) -> T:
+    """``read(a temporary local copy of the file uri)``; what it reports names ``uri``."""
+    try:
+        storage.check_file(uri)
+        with storage.temporary_copy(uri) as local:
+            try:
+                return read(local)
+            except DataError as err:
+                raise _renamed(err, str(local), uri) from None
+    except storage.StorageError as err:
+        raise storage_problem(err) from None
+
+
+def _remote_frames(uri: str, read: Callable[[Path], Iterator[pd.DataFrame]]) -> Iterator[pd.DataFrame]:
+    """The frames ``read`` yields from a temporary local copy of the file ``uri`` (removed when done); their
+    ``file`` column and what is reported name ``uri``."""
+    try:
+        storage.check_file(uri)
+        with storage.temporary_copy(uri) as local:
+            try:
+                for frame in read(local):
+                    frame["file"] = uri
+                    yield frame
+            except DataError as err:
+                raise _renamed(err, str(local), uri) from None
+    except storage.StorageError as err:
+        raise storage_problem(err) from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # format detection
 
 
-def detect_format(path: Path) -> str:
+def detect_format(path: Source) -> str:
     """The format of ``path`` (one of :data:`FORMATS`), from its extension and a look at its first line.
 
     ``.csv`` -> csv, ``.tsv``/``.tab`` -> tsv, ``.parquet``/``.pq`` -> parquet. For ``.jsonl``, ``.json``, ``.txt``
     and other extensions the content decides: a JSON object with ``h``/``t`` and ``token``/``text`` -> opennre, other
     JSON objects -> jsonl, ``8001<TAB>"..."`` -> semeval, tab- or comma-separated text -> tsv / csv.
-    Raises :class:`DataError` for missing or empty files and content we cannot place.
+    Raises :class:`DataError` for missing or empty files and content we cannot place. A URI: only the first bytes
+    are read.
     """
+    if storage.is_uri(path):
+        uri = os.fspath(path)
+        try:
+            storage.check_file(uri)
+            ext = PurePosixPath(storage.name_of(uri)).suffix.lower()
+            if ext in EXTENSION_FORMATS:
+                return EXTENSION_FORMATS[ext]
+            with storage.open_input(uri) as stream:
+                head = stream.read(PEEK_BYTES)
+        except storage.StorageError as err:
+            raise storage_problem(err) from None
+        except OSError as err:
+            raise DataError([Problem(uri, None, None, f"cannot be read ({err})")],
+                            hint=storage.credentials_hint(uri)) from None
+        return _format_of_head(uri, head)
     path = Path(path)
     _require_file(path)
     ext = path.suffix.lower()
@@ -267,6 +338,11 @@ def detect_format(path: Path) -> str:
         return EXTENSION_FORMATS[ext]
     with open(path, "rb") as fh:
         head = fh.read(PEEK_BYTES)
+    return _format_of_head(path, head)
+
+
+def _format_of_head(path: Source, head: bytes) -> str:
+    """The format of a file whose extension does not tell, from its first bytes."""
     if head.startswith(b"PAR1"):
         return "parquet"
     if head.startswith(b"PK\x03\x04"):
@@ -279,7 +355,7 @@ def detect_format(path: Path) -> str:
     return _format_of_line(path, first)
 
 
-def _format_of_line(path: Path, first: str) -> str:
+def _format_of_line(path: Source, first: str) -> str:
     stripped = first.strip()
     if stripped.startswith("{"):
         try:
@@ -298,7 +374,7 @@ def _format_of_line(path: Path, first: str) -> str:
     _unknown_format(path, f"not a format we know (first line: {_quote(first)})")
 
 
-def _unknown_format(path: Path, what: str) -> NoReturn:
+def _unknown_format(path: Source, what: str) -> NoReturn:
     raise DataError([Problem(str(path), None, None, f"cannot read this file: it is {what}")], hint=HINT_FORMAT)
 
 
@@ -339,7 +415,7 @@ def _output_columns(present: Mapping[str, Any]) -> list[str]:
 
 
 def read_table(
-    path: Path,
+    path: Source,
     fmt: str | None = None,
     column_map: dict[str, str] | None = None,
     require_relation: bool = True,
@@ -347,7 +423,7 @@ def read_table(
     """Read one data file into canonical columns.
 
     Args:
-        path: the file; ``file`` in the result is ``str(path)``, the path as the user gave it.
+        path: the file (or a URI); ``file`` in the result is ``str(path)``, the path as the user gave it.
         fmt: one of :data:`FORMATS`; detected with :func:`detect_format` when None. ``"deepke"`` is CSV that also
             maps DeepKE's ``entity1,entity2,offset1,offset2`` columns by itself.
         column_map: ``{column in the file: canonical column}`` for csv / tsv / jsonl / parquet / deepke.
@@ -366,12 +442,12 @@ def read_table(
         DataError: missing, empty or undecodable file, missing header or required column, duplicated header
             column, bad column map, unknown format.
     """
-    frames = list(_read(path, fmt, column_map, require_relation, None))
+    frames = list(_read_source(path, fmt, column_map, require_relation, None))
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
 def read_chunks(
-    path: Path,
+    path: Source,
     fmt: str | None = None,
     column_map: dict[str, str] | None = None,
     rows_per_chunk: int = 10_000,
@@ -387,7 +463,19 @@ def read_chunks(
     """
     if rows_per_chunk < 1:
         raise ValueError(f"rows_per_chunk must be >= 1, found {rows_per_chunk}")
-    yield from _read(path, fmt, column_map, require_relation, rows_per_chunk)
+    yield from _read_source(path, fmt, column_map, require_relation, rows_per_chunk)
+
+
+def _read_source(
+    path: Source, fmt: str | None, column_map: Mapping[str, str] | None, require_relation: bool,
+    rows_per_chunk: int | None,
+) -> Iterator[pd.DataFrame]:
+    """:func:`_read` of a local path, or of a temporary copy of a URI (the frames and problems name the URI)."""
+    if storage.is_uri(path):
+        yield from _remote_frames(os.fspath(path),
+                                  lambda local: _read(local, fmt, column_map, require_relation, rows_per_chunk))
+    else:
+        yield from _read(path, fmt, column_map, require_relation, rows_per_chunk)
 
 
 def _read(
@@ -1102,7 +1190,7 @@ def _line_number(value: Any) -> int | None:
 # label files
 
 
-def read_labels(path: Path) -> list[str]:
+def read_labels(path: Source) -> list[str]:
     """The relation labels of a label file, in their order.
 
     * ``relation.txt`` (any other name too): one label per line; blank lines ignored; BOM / CRLF fine.
@@ -1110,7 +1198,10 @@ def read_labels(path: Path) -> list[str]:
     * OpenNRE ``rel2id.json`` (``{label: id}``): ordered by id (a JSON list of labels is taken as is).
 
     Raises :class:`DataError` for a missing / empty / undecodable file, a duplicate label, or a malformed file.
+    A URI is read on this machine; the problems name it.
     """
+    if storage.is_uri(path):
+        return _remote_call(os.fspath(path), read_labels)
     path = Path(path)
     text = _read_text(path)
     suffix = path.suffix.lower()
@@ -1217,7 +1308,7 @@ _SPLIT_NAMES = {
 _PLAIN_NAMES = {"train", "valid", "validation", "dev", "val", "test"}
 
 
-def find_data_files(data_dir: Path) -> dict[str, Path]:
+def find_data_files(data_dir: Source) -> dict[str, Source]:
     """Find the split files and the label file of a data directory.
 
     Keys: ``train`` (required), ``valid`` (``valid.*``, ``dev.*``, ``val.*``), ``test``, ``labels``
@@ -1225,20 +1316,32 @@ def find_data_files(data_dir: Path) -> dict[str, Path]:
     supported data extension is accepted (``train.csv/.tsv/.jsonl/.json/.parquet/.txt`` ...), as are prefixed names
     (``semeval_train.txt``) and SemEval's ``TRAIN_FILE.TXT`` / ``TEST_FILE_FULL.TXT``. Raises :class:`DataError` when
     the directory does not exist, has no training file, or has two candidates for one split.
+
+    A URI (``s3://bucket/data``) is listed in its store: the files found are URIs (str), local ones :class:`Path`.
     """
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        message = "is a file (expected a data directory)" if data_dir.exists() else "data directory not found"
-        raise DataError([Problem(str(data_dir), None, None, message)], hint=HINT_PATH)
-    files = sorted(p for p in data_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-    found: dict[str, Path] = {}
+    if storage.is_uri(data_dir):
+        try:
+            return _find_data_files(os.fspath(data_dir), storage.credentials_hint(os.fspath(data_dir)))
+        except storage.StorageError as err:
+            raise storage_problem(err) from None
+    return _find_data_files(Path(data_dir), HINT_PATH)
+
+
+def _find_data_files(data_dir: Source, hint: str) -> dict[str, Source]:
+    if not storage.is_dir(data_dir):
+        message = "is a file (expected a data directory)" if storage.exists(data_dir) else "data directory not found"
+        raise DataError([Problem(str(data_dir), None, None, message)], hint=hint)
+    listed: list[Source] = [Path(p) for p in storage.list_files(data_dir)] if isinstance(data_dir, Path) else \
+        list(storage.list_files(data_dir))
+    files = sorted(p for p in listed if not _name(p).startswith("."))
+    found: dict[str, Source] = {}
     for split, pattern in _SPLIT_NAMES.items():
-        candidates = [p for p in files if p.suffix.lower() in DATA_EXTENSIONS and pattern.match(p.stem.lower())]
+        candidates = [p for p in files if _suffix(p) in DATA_EXTENSIONS and pattern.match(_stem(p))]
         chosen = _choose(data_dir, split, candidates)
         if chosen is not None:
             found[split] = chosen
     if "train" not in found:
-        held = _list([p.name for p in files]) if files else "nothing (the directory is empty)"
+        held = _list([_name(p) for p in files]) if files else "nothing (the directory is empty)"
         raise DataError([Problem(str(data_dir), None, None,
                                  f"no training file (expected train.csv, train.tsv, train.jsonl, train.json, "
                                  f"train.parquet or train.txt; the directory holds {held})")],
@@ -1249,27 +1352,39 @@ def find_data_files(data_dir: Path) -> dict[str, Path]:
     return found
 
 
-def _choose(data_dir: Path, split: str, candidates: list[Path]) -> Path | None:
+def _name(path: Source) -> str:
+    return PurePosixPath(str(path)).name
+
+
+def _suffix(path: Source) -> str:
+    return PurePosixPath(str(path)).suffix.lower()
+
+
+def _stem(path: Source) -> str:
+    return PurePosixPath(str(path)).stem.lower()
+
+
+def _choose(data_dir: Source, split: str, candidates: list[Source]) -> Source | None:
     if not candidates:
         return None
 
-    def rank(path: Path) -> tuple[int, int]:
-        stem = path.stem.lower()
+    def rank(path: Source) -> tuple[int, int]:
+        stem = _stem(path)
         return (0 if stem in _PLAIN_NAMES else 1, 0 if stem.endswith("full") else 1)
 
     best = min(rank(p) for p in candidates)
     chosen = [p for p in candidates if rank(p) == best]
     if len(chosen) > 1:
         raise DataError([Problem(str(data_dir), None, None,
-                                 f"more than one {split} file ({', '.join(p.name for p in chosen)})")],
+                                 f"more than one {split} file ({', '.join(_name(p) for p in chosen)})")],
                         hint=f"Keep one {split} file in the directory, or name it with --{split} FILE.")
     return chosen[0]
 
 
-def _label_file(files: Sequence[Path]) -> Path | None:
-    by_name = {p.name.lower(): p for p in files}
+def _label_file(files: Sequence[Source]) -> Source | None:
+    by_name = {_name(p).lower(): p for p in files}
     for name in LABEL_FILES:
         if name in by_name:
             return by_name[name]
-    prefixed = [p for p in files if p.name.lower().endswith("_rel2id.json")]
+    prefixed = [p for p in files if _name(p).lower().endswith("_rel2id.json")]
     return prefixed[0] if prefixed else None
