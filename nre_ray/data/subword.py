@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from nre_ray import storage
 from nre_ray.config import ConfigError
 from nre_ray.data.tokenize import Span, pcnn_segments, relative_positions, truncation_window
 
@@ -53,6 +54,8 @@ from nre_ray.data.tokenize import Span, pcnn_segments, relative_positions, trunc
 MARKERS = ("[E1]", "[/E1]", "[E2]", "[/E2]")
 T = TypeVar("T")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".ot", ".ckpt", ".gguf")
+_OTHER_FRAMEWORKS = (".h5", ".msgpack", ".onnx", ".ot", ".gguf", ".tflite")
+"""Weights a PyTorch model does not load (TensorFlow, Flax, ONNX, Rust, llama.cpp): not copied from a store."""
 _TYPE_CHARS = re.compile(r"[\s<>]+")
 
 
@@ -169,7 +172,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def pretrained_error(name: str, what: str, err: Exception) -> ConfigError:
     """The message for a model or tokenizer that cannot be loaded, saying to pass a local folder when offline."""
     first = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
-    if is_local(name):
+    if is_local(name) or storage.is_uri(name):
         return ConfigError(f"--pretrained {name}: cannot load the {what} from this folder ({first}). Give a folder "
                            "written by transformers' save_pretrained(): config.json, the weights (model.safetensors "
                            "or pytorch_model.bin) and the tokenizer files.")
@@ -179,10 +182,27 @@ def pretrained_error(name: str, what: str, err: Exception) -> ConfigError:
                        "the model's hub repository) to --pretrained.")
 
 
+def pretrained_copy(name: str, weights: bool) -> Path:
+    """A local copy of the ``--pretrained`` folder ``name``, a URI (``s3://bucket/models/minilm``): downloaded once per
+    machine (:func:`nre_ray.storage.local_copy`), with the PyTorch weights only when ``weights`` (the driver needs
+    the tokenizer and config, the workers the model). ConfigError naming the URI and what to check."""
+    try:
+        return storage.local_copy(name, skip_suffixes=_OTHER_FRAMEWORKS if weights else _WEIGHT_SUFFIXES)
+    except storage.StorageError as err:
+        raise ConfigError(f"--pretrained {name}: {err.reason}" + (f". {err.hint}" if err.hint else "")) from None
+
+
 def from_pretrained(load: Callable[..., T], name: str, what: str, **kwargs: Any) -> T:
-    """``load(name, **kwargs)`` (an ``Auto*.from_pretrained``) for ``--pretrained``: a local folder, else a hub name
-    from the local hub cache, else from the hub; ConfigError with what to do when none of these works."""
+    """``load(name, **kwargs)`` (an ``Auto*.from_pretrained``) for ``--pretrained``: a local folder, a folder in an
+    object store (a URI, copied to this machine once), else a hub name from the local hub cache, else from the hub;
+    ConfigError with what to do when none of these works."""
     quiet_transformers()
+    if storage.is_uri(name):
+        path = pretrained_copy(name, weights=what == "model")
+        try:
+            return load(str(path), **kwargs)
+        except (OSError, ValueError) as err:
+            raise pretrained_error(name, what, err) from None
     if is_local(name):
         path = Path(name).expanduser()
         if not path.is_dir():
@@ -416,8 +436,10 @@ def entity_types(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 def fingerprint(pretrained: str) -> str:
     """What identifies ``--pretrained``'s tokenizer for the preprocessing cache: a hash of a local folder's small files
-    (tokenizer, vocabulary, config; not the weights), or the hub name."""
-    path = Path(pretrained).expanduser()
+    (tokenizer, vocabulary, config; not the weights), or the hub name. A folder in an object store is hashed from
+    its local copy without the weights (the one the tokenizer is then built from), so the same files give the same
+    fingerprint wherever they are."""
+    path = pretrained_copy(pretrained, weights=False) if storage.is_uri(pretrained) else Path(pretrained).expanduser()
     if not path.is_dir():
         return pretrained
     digest = hashlib.sha256()

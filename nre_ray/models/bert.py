@@ -53,7 +53,8 @@ class BertEncoder(nn.Module):
 def load_transformer(pretrained: str, vocab_size: int) -> nn.Module:
     """``AutoModel.from_pretrained(pretrained)`` in float32, its token embeddings resized to ``vocab_size`` (the
     tokenizer with the entity markers); ConfigError (saying to pass a local folder when offline) if it cannot be
-    loaded."""
+    loaded. ``pretrained`` may be a folder in an object store (``s3://...``): each machine downloads it once (see
+    :func:`nre_ray.data.subword.from_pretrained`)."""
     from transformers import AutoModel
 
     from nre_ray.data.subword import from_pretrained
@@ -88,7 +89,8 @@ def build_bert_encoder(cfg: Any, vocab_size: int, pretrained_config: str | None 
     if pretrained_config:
         transformer = transformer_from_config(pretrained_config)
     elif not cfg.pretrained:
-        raise ConfigError("--model bert needs --pretrained PATH_OR_NAME (a local model folder or a hub name)")
+        raise ConfigError("--model bert needs --pretrained PATH_OR_NAME (a model folder, local or s3://..., or a hub "
+                          "name)")
     else:
         transformer = load_transformer(cfg.pretrained, vocab_size)
     if cfg.gradient_checkpointing:  # transformers 5 names it activation checkpointing (the old name is deprecated)

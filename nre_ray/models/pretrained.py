@@ -3,11 +3,16 @@
 The format is one word per line followed by its vector, separated by spaces, optionally gzipped (``.gz``), with an
 optional first line ``COUNT DIM`` (word2vec and fastText write it, GloVe does not). Words that contain spaces (a few
 GloVe entries) are read correctly: the vector is the last DIM fields of the line.
+
+The file may be a URI (``s3://bucket/vectors/glove.txt.gz``, see :mod:`nre_ray.storage`): it is streamed from its
+store, by the driver (the dimension check) and by every worker, never copied to disk.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
@@ -15,11 +20,20 @@ from typing import IO
 import torch
 from torch import nn
 
+from nre_ray import storage
 from nre_ray.data.vocab import PAD_ID, Vocab
 from nre_ray.models.embedding import WordPositionEmbedding
 
 
-def _open(path: Path) -> IO[str]:
+def _open(path: Path | str) -> IO[str]:
+    if storage.is_uri(path):
+        try:
+            stream = storage.open_input(path, compression="gzip" if os.fspath(path).endswith(".gz") else None)
+        except storage.StorageError as err:
+            reason = "word vector file not found" if err.reason.startswith("not found") else err.reason
+            raise ValueError(f"{path}: {reason} (--embeddings). {err.hint}") from None
+        return io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
+    path = Path(path)
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return path.open(encoding="utf-8", errors="replace")
@@ -29,7 +43,7 @@ def _is_header(fields: list[str]) -> bool:
     return len(fields) == 2 and all(f.isdigit() for f in fields)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, list[str]]]:
+def _lines(path: Path | str) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of each non-empty line; a gzip or decoding problem names the file."""
     try:
         with _open(path) as handle:
@@ -44,8 +58,8 @@ def _lines(path: Path) -> Iterator[tuple[int, list[str]]]:
 
 
 def vector_dim(path: str | Path) -> int:
-    """The dimension of the vectors in ``path``, from its header or its first vector line."""
-    path = Path(path)
+    """The dimension of the vectors in ``path`` (a file or a URI), from its header or its first vector line."""
+    path = path if storage.is_uri(path) else Path(path)
     for _, fields in _lines(path):
         return int(fields[1]) if _is_header(fields) else len(fields) - 1
     raise ValueError(f"{path}: no word vectors in this file (--embeddings)")
@@ -67,9 +81,9 @@ def load_word_vectors(path: str | Path, vocab: Vocab | Sequence[str], embedding:
     built from lower-cased text) words match case-insensitively; an exact lower-case entry wins over a capitalised
     one, otherwise the first entry in the file wins. Row 0 (padding) is never written and stays zero. Rows of words
     without a vector keep their initialisation. A vector of the wrong dimension is a ValueError naming the file, the
-    line and both dimensions.
+    line and both dimensions. ``path``: a file or a URI.
     """
-    path = Path(path)
+    path = path if storage.is_uri(path) else Path(path)
     index = vocab.index if isinstance(vocab, Vocab) else {t: i for i, t in enumerate(vocab)}
     dim = embedding.embedding_dim
     found: dict[int, tuple[bool, list[float]]] = {}  # row -> (entry spelled exactly like the token, vector)
