@@ -116,6 +116,9 @@ class TrainConfig:
     keep_checkpoints: int = _f(2, "Checkpoints kept besides the latest: the best by the selection metric (an epoch "
                                   "that only ties an earlier best does not count as better).")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
+    placement_timeout: float | None = _f(None, "Seconds to wait for the worker group to be placed (also after a lost "
+                                               "node) before the run fails; default 60 on a fixed cluster, 900 where "
+                                               "an autoscaler can add nodes.")
     encoder_lr: float = _f(3e-5, "--model bert: AdamW learning rate of the pretrained encoder (--lr is the "
                                  "classifier head's).")
     warmup_ratio: float = _f(0.1, "--model bert: share of the training steps with a linear learning-rate warm-up; "
@@ -141,6 +144,9 @@ class RunConfig:
                              "logging into the same MLflow run (same data and model settings required).")
     log_model: bool = _f(True, "At the end, log the selected checkpoint as the run's MLflow pyfunc model "
                                "(runs:/<run_id>/model), which labels raw rows and can be served.")
+    allow_local_storage: bool = _f(False, "On a cluster of several nodes, accept a --storage-path on this machine's "
+                                          "disk or a tracking URI only this machine reaches (with a warning): for a "
+                                          "folder mounted at the same path on every node, such as NFS.")
     register_model: str | None = _f(None, "Also register that model in the MLflow model registry under this name "
                                           "(models:/NAME/1, 2, ...).")
 
@@ -193,6 +199,8 @@ class Config:
             (0 <= self.model.dropout < 1, "--dropout must be in [0, 1)"),
             (self.model.kernel_size >= 1 and self.model.kernel_size % 2 == 1, "--kernel-size must be odd and >= 1"),
             (self.train.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
+            (self.train.placement_timeout is None or self.train.placement_timeout > 0,
+             "--placement-timeout must be > 0 seconds"),
             (not self.run.resume or bool(self.run.run_name), "--resume needs the --run-name of the run to continue"),
             (self.model.num_layers is None or self.model.num_layers >= 1, "--num-layers must be >= 1"),
             (self.model.num_heads is None or self.model.num_heads >= 1, "--num-heads must be >= 1"),

@@ -31,7 +31,7 @@ from nre_ray.data.read import FORMATS, parse_column_map, problems_of, read_table
 from nre_ray.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
-from nre_ray.train import UsageError
+from nre_ray.session import UsageError
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -116,7 +116,7 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
         raise UsageError(f"--negative-label {negative_label!r} is not one of the checkpoint's labels "
                          f"({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})")
 
-    frame = read_table(Path(data), fmt, parse_column_map(columns) if columns else None, require_relation=True)
+    frame = read_table(data, fmt, parse_column_map(columns) if columns else None, require_relation=True)
     problems, split = encode_rows(frame, loaded.config.data, loaded.vocab, labels, loaded.assets)
     bad = (problems != "").to_numpy()
     if bad.any() and on_bad_rows == "error":
@@ -146,7 +146,7 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import LoggingConfig
 
-    from nre_ray.train import QUIET_ENV, alive_nodes, plan_resources, start_ray
+    from nre_ray.session import QUIET_ENV, alive_nodes, plan_resources, start_ray
 
     start_ray(address, num_workers)
     resources = plan_resources(num_workers, False, alive_nodes())

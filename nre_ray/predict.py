@@ -28,7 +28,7 @@ from nre_ray.data.chunks import DEFAULT_CHUNK_ROWS, PREFIX, InputPlan, canonical
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.read import FORMATS, parse_column_map, problems_of
 from nre_ray.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
-from nre_ray.train import UsageError
+from nre_ray.session import UsageError
 
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
                   ".parquet": "parquet", ".pq": "parquet"}
@@ -222,7 +222,7 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
     loaded.state = {"model": loaded.state["model"]}  # the optimizer's state is not needed to predict
     Predictor.from_loaded(loaded)  # fails here, clearly, if the weights do not fit the model
 
-    from nre_ray.train import start_ray
+    from nre_ray.session import start_ray
 
     start_ray(address, num_workers)
     start = time.perf_counter()
@@ -239,7 +239,7 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     import ray.data
 
     from nre_ray.data.pipeline import quiet_ray_data
-    from nre_ray.train import alive_nodes, plan_resources
+    from nre_ray.session import alive_nodes, plan_resources
 
     # One CPU share per actor and one for the reading tasks; with --use-gpu also one GPU per actor.
     resources = plan_resources(num_workers + 1, False, alive_nodes())

@@ -34,7 +34,7 @@ from nre_ray.data.read import (
     read_chunks,
     split_problem,
 )
-from nre_ray.train import UsageError
+from nre_ray.session import UsageError
 
 log = logging.getLogger("nre_ray")
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
@@ -55,7 +55,7 @@ def inspect(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if not pipeline.is_cached(cfg.data, cfg.train.seed):
         pipeline.check_inputs(cfg.data)  # bad files, headers and columns fail here, before Ray starts
-        from nre_ray.train import start_ray
+        from nre_ray.session import start_ray
 
         start_ray(cfg.run.address, 1, log_to_driver=False)
     prepared = pipeline.prepare(cfg.data, cfg.train.seed)

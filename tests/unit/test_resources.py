@@ -1,8 +1,19 @@
 """Worker sizing from the cluster's resources, and clear refusals for what cannot be placed."""
 
+from pathlib import Path
+
 import pytest
 
-from nre_ray.train import UsageError, plan_resources
+from nre_ray.session import (
+    Cluster,
+    NodeType,
+    UsageError,
+    check_shared_paths,
+    local_tracking,
+    placement_timeout,
+    plan_resources,
+    read_node_types,
+)
 
 
 def test_more_workers_than_cores_get_fractions():
@@ -49,7 +60,7 @@ def test_a_local_ray_that_does_not_start_in_time_is_a_clear_error(monkeypatch):
     Exception. That cannot be produced on demand, so ray.init is replaced by one that raises Ray's message."""
     import ray
 
-    from nre_ray.train import start_ray
+    from nre_ray.session import start_ray
 
     def times_out(**kwargs):
         raise Exception("The current node timed out during startup. This could happen because some of the raylet "
@@ -60,3 +71,94 @@ def test_a_local_ray_that_does_not_start_in_time_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(UsageError, match=r"the local Ray did not start: .* load average .* --address auto"):
         start_ray(None, 2)
+
+
+# --- clusters that an autoscaler grows -----------------------------------------------------------------------------
+
+GPU_TYPE = NodeType("gpu_worker", {"CPU": 4.0, "GPU": 1.0}, max_count=4)
+
+
+def test_gpus_the_autoscaler_can_add_are_not_refused():
+    """cluster.yaml keeps GPU workers at min_workers 0: a CPU-only head must not refuse --use-gpu."""
+    head = [{"CPU": 8.0}]
+    r = plan_resources(2, True, head, node_types=[GPU_TYPE])
+    assert r.per_worker == {"CPU": 4.0, "GPU": 1} and r.waits
+    assert not plan_resources(1, True, [*head, {"CPU": 4.0, "GPU": 1.0}], node_types=[GPU_TYPE]).waits
+
+
+def test_a_request_no_node_type_can_ever_hold_names_the_types():
+    with pytest.raises(UsageError,
+                       match=r"needs 5 GPUs, but the cluster has 4 .*gpu_worker \(up to 4 x \{CPU 4, GPU 1\}"):
+        plan_resources(5, True, [{"CPU": 8.0}], node_types=[GPU_TYPE])
+    with pytest.raises(UsageError, match=r"no GPU .*cpu_worker"):
+        plan_resources(1, True, [{"CPU": 1.0}], node_types=[NodeType("cpu_worker", {"CPU": 1.0}, 3)])
+
+
+def test_cpu_workers_sized_for_the_nodes_the_autoscaler_adds():
+    r = plan_resources(2, False, [{"CPU": 1.0}], node_types=[NodeType("cpu_worker", {"CPU": 1.0}, 3)])
+    assert r.per_worker == {"CPU": 1.0} and r.waits  # one fits on the head now; the second needs a new node
+
+
+def test_node_types_with_resources_left_to_the_instance_type_are_trusted():
+    """On AWS, `resources: {}` is filled in from the instance type by the autoscaler; not knowing them, nre_ray
+    asks for one GPU per worker and lets Ray wait for the nodes."""
+    r = plan_resources(2, True, [{"CPU": 8.0}], node_types=[NodeType("gpu_worker", {}, 4)])
+    assert r.per_worker == {"CPU": 1.0, "GPU": 1} and r.waits
+
+
+def test_node_types_from_an_autoscaler_yaml(tmp_path):
+    config = tmp_path / "autoscaler.yaml"
+    config.write_text("max_workers: 3\nhead_node_type: head\nprovider: {type: fake_multinode}\n"
+                      "available_node_types:\n"
+                      "  head: {resources: {CPU: 1}, node_config: {}, max_workers: 0}\n"
+                      "  cpu_worker: {resources: {CPU: 1}, node_config: {}, min_workers: 0, max_workers: 5}\n"
+                      "  off: {resources: {CPU: 8}, node_config: {}, max_workers: 0}\n")
+    types, provider = read_node_types(config)
+    assert provider == "fake_multinode"
+    assert types == [NodeType("cpu_worker", {"CPU": 1.0}, 3)]  # capped by the cluster's max_workers
+
+
+def test_the_real_cluster_yaml_lists_its_gpu_workers():
+    types, provider = read_node_types(Path(__file__).resolve().parents[2] / "cluster.yaml")
+    assert provider == "aws" and [t.name for t in types] and all(t.max_count > 0 for t in types)
+
+
+# --- paths every node must reach --------------------------------------------------------------------------------
+
+ONE_NODE = Cluster([{"CPU": 2.0}], addresses={"10.0.0.1"})
+AWS = Cluster([{"CPU": 8.0}], [GPU_TYPE], "aws", {"10.0.0.1"})
+STANDIN = Cluster([{"CPU": 1.0}, {"CPU": 1.0}], [NodeType("cpu_worker", {"CPU": 1.0}, 3)], "fake_multinode",
+                  {"192.0.2.2"})
+
+
+def test_local_paths_are_fine_on_one_node():
+    assert check_shared_paths(ONE_NODE, "/home/me/ray_results", "sqlite:///mlflow.db", False) == []
+
+
+def test_a_local_storage_path_on_a_cluster_is_refused():
+    with pytest.raises(UsageError, match=r"--storage-path /home/ubuntu/ray_results is a folder on this machine.*"
+                                         r"gpu_worker.*s3://BUCKET.*--allow-local-storage"):
+        check_shared_paths(AWS, "/home/ubuntu/ray_results", "http://10.0.0.1:5000", False)
+    warnings = check_shared_paths(AWS, "/mnt/nfs/runs", "http://10.0.0.1:5000", True)
+    assert len(warnings) == 1 and "/mnt/nfs/runs" in warnings[0]
+
+
+def test_a_tracking_uri_only_the_driver_reaches_is_refused_on_a_cluster():
+    for uri in ("sqlite:////home/ubuntu/mlflow.db", "http://127.0.0.1:5000", "http://localhost:5000"):
+        with pytest.raises(UsageError, match="only reachable from this machine"):
+            check_shared_paths(AWS, "s3://b/runs", uri, False)
+    assert check_shared_paths(AWS, "s3://b/runs", "http://10.0.0.1:5000", False) == []
+    # the stand-in's nodes are processes on this host: its loopback MLflow server reaches them all
+    assert check_shared_paths(STANDIN, "s3://b/runs", "http://127.0.0.1:5000", False) == []
+    with pytest.raises(UsageError, match="sqlite"):
+        check_shared_paths(STANDIN, "s3://b/runs", "sqlite:///mlflow.db", False)
+
+
+def test_local_tracking_uris():
+    assert local_tracking("sqlite:///x.db") and local_tracking("/tmp/mlruns") and local_tracking("http://[::1]:5000")
+    assert not local_tracking("http://172.31.12.34:5000") and not local_tracking("databricks")
+
+
+def test_placement_waits_longer_where_nodes_are_added():
+    assert placement_timeout(None, ONE_NODE) == 60 and placement_timeout(None, AWS) == 900
+    assert placement_timeout(30.0, AWS) == 30.0

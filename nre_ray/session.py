@@ -1,0 +1,358 @@
+"""The Ray session every command shares: start or join Ray, learn what the cluster has and can grow to, size the
+workers, and refuse paths that the other nodes cannot reach.
+
+``train``, ``evaluate``, ``predict`` and ``python -m nre_ray.data`` import from here; nothing here touches tensors.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+log = logging.getLogger("nre_ray")
+
+QUIET_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    "PYTHONWARNINGS": "ignore::DeprecationWarning",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # read when mlflow is imported: no INFO lines about its store and models
+}
+
+#: Ray Train's wait for a worker group to be placed (read by the Train controller, which Ray passes it to).
+PLACEMENT_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+#: The default wait: a fixed cluster places a worker group in seconds; an autoscaler starts nodes in minutes.
+FIXED_CLUSTER_WAIT_S, AUTOSCALING_WAIT_S = 60.0, 900.0
+
+
+class UsageError(Exception):
+    """A problem the user can fix (resources, paths, existing runs); printed without a traceback."""
+
+
+@dataclass
+class NodeType:
+    """A worker node type the cluster's autoscaler may start: its resources per node (empty when the autoscaler
+    fills them in from the instance type and did not say) and how many of it may run at once."""
+
+    name: str
+    resources: dict[str, float]
+    max_count: int
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(self.resources.items()) if k in ("CPU", "GPU"))
+        return f"{self.name} (up to {self.max_count} x {{{shown or 'resources unknown'}}})"
+
+
+@dataclass
+class Cluster:
+    """What the driver knows of the cluster: the alive nodes, the worker node types an autoscaler may add, and the
+    autoscaler's provider (``aws``, ``fake_multinode``, ...; None on a cluster without one)."""
+
+    nodes: list[dict[str, float]]
+    node_types: list[NodeType] = field(default_factory=list)
+    provider: str | None = None
+    addresses: set[str] = field(default_factory=set)  # the alive nodes' IP addresses
+
+    @property
+    def can_grow(self) -> bool:
+        return any(t.max_count > 0 for t in self.node_types)
+
+    @property
+    def multi_node(self) -> bool:
+        """More than one node now, or an autoscaler that can add some."""
+        return len(self.nodes) > 1 or self.can_grow
+
+    @property
+    def one_host(self) -> bool:
+        """Every node, now and later, runs on this machine (one Ray node, a ``ray.cluster_utils.Cluster``, or the
+        ``fake_multinode`` stand-in whose nodes are processes here)."""
+        return len(self.addresses) <= 1 and (not self.can_grow or self.provider == "fake_multinode")
+
+    def describe_types(self) -> str:
+        return "; ".join(t.describe() for t in self.node_types)
+
+
+@dataclass
+class Resources:
+    """How each worker is placed; ``waits`` when the alive nodes cannot hold the group yet (the autoscaler must add
+    nodes first)."""
+
+    per_worker: dict[str, float]
+    threads: int
+    waits: bool = False
+
+
+def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]],
+                   cpus_per_worker: float | None = None, node_types: list[NodeType] | None = None) -> Resources:
+    """Size each worker from what the cluster has or can grow to, or raise UsageError if it can never be placed.
+
+    ``nodes``: the ``Resources`` dict of each alive node; ``node_types``: the worker node types an autoscaler may add
+    (each counted ``max_count`` times on top of the alive nodes). CPU workers share the CPUs evenly (fractions
+    allowed, so 4 workers run on 2 cores), at most one each; GPU workers take one GPU each and a share of their
+    node's CPUs (at most 4). ``cpus_per_worker`` (``--cpus-per-worker``) sets the CPUs instead. A worker runs as many
+    torch threads as it has whole CPUs (at least 1).
+    """
+    node_types = node_types or []
+    if any(not t.resources for t in node_types) and not _fits_somewhere(num_workers, use_gpu, nodes, node_types):
+        # The autoscaler knows these types' resources from their instance types, and did not tell: trust it.
+        per = {"CPU": cpus_per_worker or 1.0, **({"GPU": 1} if use_gpu else {})}
+        return Resources(per, max(1, int(per["CPU"])), waits=True)
+    possible = nodes + [dict(t.resources) for t in node_types if t.resources for _ in range(max(t.max_count, 0))]
+    where = f" (node types it may add: {'; '.join(t.describe() for t in node_types)})" if node_types else ""
+    plan = _plan(num_workers, use_gpu, possible, cpus_per_worker, where)
+    plan.waits = _holds(nodes, plan.per_worker) < num_workers
+    return plan
+
+
+def _fits_somewhere(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]],
+                    node_types: list[NodeType]) -> bool:
+    try:
+        _plan(num_workers, use_gpu, nodes + [dict(t.resources) for t in node_types if t.resources
+                                             for _ in range(t.max_count)], None, "")
+    except UsageError:
+        return False
+    return True
+
+
+def _plan(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]], cpus_per_worker: float | None,
+          where: str) -> Resources:
+    """:func:`plan_resources` over one list of nodes (``where``: how the message names the cluster)."""
+    if use_gpu:
+        gpus = [int(n.get("GPU", 0)) for n in nodes]
+        if sum(gpus) == 0:
+            raise UsageError(f"--use-gpu: this Ray cluster has no GPU{where}. Drop --use-gpu to train on CPUs, or "
+                             "join a cluster with GPUs (--address).")
+        if sum(gpus) < num_workers:
+            raise UsageError(f"--num-workers {num_workers} with --use-gpu needs {num_workers} GPUs, but the cluster "
+                             f"has {sum(gpus)}{where}. Use --num-workers {sum(gpus)} or add GPU nodes.")
+        if cpus_per_worker is None:
+            cpu = min(n.get("CPU", 0) / max(int(n.get("GPU", 0)), 1) for n in nodes if n.get("GPU", 0) >= 1)
+            cpu = max(min(math.floor(cpu * 100) / 100, 4.0), 0.01)
+        else:
+            cpu = cpus_per_worker
+            _check_fits(num_workers, cpu, [min(int(n.get("GPU", 0)), _slots(n.get("CPU", 0), cpu)) for n in nodes],
+                        "one GPU and ", where)
+        return Resources({"CPU": cpu, "GPU": 1}, max(1, int(cpu)))
+    cpus = [n.get("CPU", 0.0) for n in nodes]
+    if sum(cpus) <= 0:
+        raise UsageError(f"this Ray cluster has no CPUs to run workers on{where}.")
+    if cpus_per_worker is not None:
+        _check_fits(num_workers, cpus_per_worker, [_slots(c, cpus_per_worker) for c in cpus], "", where)
+        return Resources({"CPU": cpus_per_worker}, max(1, int(cpus_per_worker)))
+    per = min(1.0, sum(cpus) / num_workers)
+    per = math.floor(per * 100) / 100
+    while per >= 0.01 and sum(_slots(c, per) for c in cpus) < num_workers:
+        per = math.floor(per * 90) / 100
+    if per < 0.01:
+        raise UsageError(f"--num-workers {num_workers} cannot be placed on this cluster ({sum(cpus):g} CPUs{where}).")
+    return Resources({"CPU": per}, max(1, int(per)))
+
+
+def _holds(nodes: list[dict[str, float]], per_worker: dict[str, float]) -> int:
+    """How many workers of ``per_worker`` the ``nodes`` hold together (a worker never spans nodes)."""
+    total = 0
+    for node in nodes:
+        fits = [math.floor(node.get(k, 0.0) / v + 1e-9) for k, v in per_worker.items() if v > 0]
+        total += min(fits) if fits else 0
+    return total
+
+
+def _slots(cpus: float, per_worker: float) -> int:
+    """How many workers of ``per_worker`` CPUs a node with ``cpus`` CPUs holds (tolerant of float rounding)."""
+    return math.floor(cpus / per_worker + 1e-9)
+
+
+def _check_fits(num_workers: int, cpus_per_worker: float, fits_per_node: list[int], what: str, where: str) -> None:
+    """UsageError unless the nodes hold ``num_workers`` workers (``fits_per_node``: how many each node holds)."""
+    if sum(fits_per_node) < num_workers:
+        raise UsageError(f"--num-workers {num_workers} with --cpus-per-worker {cpus_per_worker:g}: the cluster's "
+                         f"nodes have room for {sum(fits_per_node)} workers of {what}{cpus_per_worker:g} CPUs"
+                         f"{where}. Lower --cpus-per-worker or --num-workers, or leave --cpus-per-worker out to share "
+                         "the CPUs evenly.")
+
+
+def start_ray(address: str | None, num_workers: int, log_to_driver: bool = True) -> None:
+    """Join ``address`` (or RAY_ADDRESS), else start a local Ray sized to this machine. ``log_to_driver=False``:
+    the workers' output stays in Ray's log files (for commands whose own output is the point)."""
+    import ray
+
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    address = address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=log_to_driver)
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, reachable from this host only
+        try:
+            ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver)
+        except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
+            if "timed out during startup" not in str(err):
+                raise
+            raise UsageError(f"the local Ray did not start: its node did not register within Ray's fixed 30 s "
+                             f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
+                             "machine is too busy; try again when it is quieter, or start Ray once with "
+                             "`ray start --head` and pass --address auto.") from None
+
+
+def alive_nodes() -> list[dict[str, float]]:
+    """Resources of the cluster's alive nodes."""
+    import ray
+
+    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+
+
+def cluster() -> Cluster:
+    """The joined cluster: alive nodes and, where the driver can see the autoscaler's config, its node types."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    types, provider = autoscaler_node_types()
+    return Cluster([n["Resources"] for n in alive], types, provider,
+                   {str(n.get("NodeManagerAddress")) for n in alive})
+
+
+def autoscaler_node_types() -> tuple[list[NodeType], str | None]:
+    """The worker node types the cluster's autoscaler may start, and its provider type.
+
+    Read from the cluster config in Ray's GCS where a platform reports one (KubeRay, autoscaler v2), else from the
+    autoscaling config on this machine: the file the head's monitor was started with (``--autoscaling-config``),
+    or ``~/ray_bootstrap_config.yaml`` that ``ray up`` writes on the head (where ``ray job submit`` runs the
+    driver). ``([], None)`` when neither is visible: the cluster is taken to be as large as it is now.
+    """
+    try:
+        import ray._private.state
+
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:  # an older GCS, or no cluster config API: fall back to the file
+        config = None
+    if config is not None and config.node_group_configs:
+        return [NodeType(g.name, {k: float(v) for k, v in g.resources.items()},
+                         g.max_count if g.max_count >= 0 else 1_000_000)
+                for g in config.node_group_configs if g.max_count != 0], None
+    path = _autoscaling_config_path()
+    if path is None:
+        return [], None
+    return read_node_types(path)
+
+
+def read_node_types(path: Path) -> tuple[list[NodeType], str | None]:
+    """Worker node types (``max_workers`` > 0, the head type excluded) and provider type of an autoscaler YAML."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        log.warning("could not read the autoscaler config %s (%s); sizing from the alive nodes only", path, err)
+        return [], None
+    head = raw.get("head_node_type")
+    cap = int(raw.get("max_workers", 1_000_000))
+    types = [NodeType(name, {k: float(v) for k, v in (spec.get("resources") or {}).items()},
+                      min(int(spec.get("max_workers", cap)), cap))
+             for name, spec in (raw.get("available_node_types") or {}).items()
+             if name != head and int(spec.get("max_workers", cap)) > 0]
+    return types, (raw.get("provider") or {}).get("type")
+
+
+def _autoscaling_config_path() -> Path | None:
+    """The autoscaling config of a Ray head running on this machine, if any (see :func:`autoscaler_node_types`)."""
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()) if Path("/proc").is_dir() else ():
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not any(a.endswith(b"autoscaler/_private/monitor.py") for a in args[:3]):
+            continue
+        for arg in args:
+            found = re.match(rb"--autoscaling-config=(.+)", arg)
+            if found:
+                return Path(os.path.expanduser(found.group(1).decode()))
+    bootstrap = Path("~/ray_bootstrap_config.yaml").expanduser()
+    return bootstrap if bootstrap.is_file() else None
+
+
+def placement_timeout(requested: float | None, info: Cluster) -> float:
+    """Seconds Ray Train waits for the worker group to be placed: ``--placement-timeout``, else 60 s on a fixed
+    cluster and 15 minutes where an autoscaler can add nodes."""
+    if requested is not None:
+        return requested
+    return AUTOSCALING_WAIT_S if info.can_grow else FIXED_CLUSTER_WAIT_S
+
+
+def is_local_path(path: str) -> bool:
+    """A path on this machine's disk (not ``s3://``, ``gs://``, ...)."""
+    return "://" not in path or path.startswith("file://")
+
+
+def local_tracking(uri: str) -> bool:
+    """An MLflow tracking URI that only this machine can reach: a sqlite file, a folder, or an HTTP server on the
+    loopback address."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("file", "sqlite") or (not parsed.scheme and ("/" in uri or uri.startswith("."))):
+        return True
+    if parsed.scheme in ("http", "https"):
+        host = parsed.hostname or ""
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+    return False  # databricks, a database server, ...: reachable as configured
+
+
+def check_shared_paths(info: Cluster, storage: str, tracking_uri: str, allow_local: bool) -> list[str]:
+    """On a cluster with more than one node, the storage path and the tracking URI must reach every node.
+
+    Raises UsageError for a driver-local one; with ``allow_local`` (``--allow-local-storage``: a folder mounted at
+    the same path on every node, such as NFS) returns warnings instead.
+    """
+    if not info.multi_node:
+        return []
+    problems = []
+    nodes = f"{len(info.nodes)} nodes" + (f", node types it may add: {info.describe_types()}" if info.can_grow
+                                          else "")
+    if is_local_path(storage):
+        problems.append(f"--storage-path {storage} is a folder on this machine, but the cluster has {nodes}: the "
+                        "workers on other nodes write checkpoints there and a restarted run reads them back. Use "
+                        "shared storage, e.g. --storage-path s3://BUCKET/nre_ray/checkpoints")
+    file_store = local_tracking(tracking_uri) and urlparse(tracking_uri).scheme not in ("http", "https")
+    if file_store or (local_tracking(tracking_uri) and not info.one_host):
+        problems.append(f"the MLflow tracking URI {tracking_uri} is only reachable from this machine, but rank 0 "
+                        f"may run on another node ({nodes}). Run an MLflow server and give its address that every "
+                        "node reaches, e.g. --tracking-uri http://HEAD-PRIVATE-IP:5000")
+    if problems and not allow_local:
+        raise UsageError("; and ".join(problems) + ". If this path is mounted at the same place on every node "
+                         "(NFS), pass --allow-local-storage.")
+    return problems
+
+
+def quiet_env_for_workers() -> dict[str, str]:
+    """The Ray part of :data:`QUIET_ENV` plus normal priority, for the training workers' runtime env."""
+    # Ray starts workers at nice 15; the training workers are the job, so they run at normal priority (as Ray's
+    # own job drivers do): at nice 15 any other process on the machine starves them.
+    return {**{k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}, "RAY_worker_niceness": "0"}
+
+
+def root_cause(err: BaseException) -> str:
+    """The innermost error message of a Ray training failure."""
+    text = str(err)
+    for line in reversed(text.strip().splitlines()):
+        if line.strip() and not line.startswith(" "):
+            return line.strip()
+    return text
+
+
+def placement_failed(err: BaseException) -> bool:
+    """True when a Ray Train failure is the worker group not being placed in time."""
+    return "WorkerGroupStartupTimeoutError" in repr(err) or "worker group startup timed out" in str(err).lower() \
+        or "InsufficientClusterResourcesError" in repr(err)
