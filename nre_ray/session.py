@@ -29,6 +29,8 @@ QUIET_ENV = {
 
 #: Ray Train's wait for a worker group to be placed (read by the Train controller, which Ray passes it to).
 PLACEMENT_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+#: Autoscaler providers whose nodes are processes on the head's machine: Ray's fake_multinode and the stand-in's.
+ONE_HOST_PROVIDERS = ("fake_multinode", "nre_ray.standin_provider.StandinNodeProvider")
 #: The default wait: a fixed cluster places a worker group in seconds; an autoscaler starts nodes in minutes.
 FIXED_CLUSTER_WAIT_S, AUTOSCALING_WAIT_S = 60.0, 900.0
 
@@ -73,8 +75,8 @@ class Cluster:
     @property
     def one_host(self) -> bool:
         """Every node, now and later, runs on this machine (one Ray node, a ``ray.cluster_utils.Cluster``, or the
-        ``fake_multinode`` stand-in whose nodes are processes here)."""
-        return len(self.addresses) <= 1 and (not self.can_grow or self.provider == "fake_multinode")
+        ``fake_multinode`` provider and the stand-in, whose nodes are processes here)."""
+        return len(self.addresses) <= 1 and (not self.can_grow or self.provider in ONE_HOST_PROVIDERS)
 
     def describe_types(self) -> str:
         return "; ".join(t.describe() for t in self.node_types)
@@ -260,7 +262,8 @@ def read_node_types(path: Path) -> tuple[list[NodeType], str | None]:
                       min(int(spec.get("max_workers", cap)), cap))
              for name, spec in (raw.get("available_node_types") or {}).items()
              if name != head and int(spec.get("max_workers", cap)) > 0]
-    return types, (raw.get("provider") or {}).get("type")
+    provider = raw.get("provider") or {}
+    return types, provider.get("module") if provider.get("type") == "external" else provider.get("type")
 
 
 def _autoscaling_config_path() -> Path | None:
@@ -356,3 +359,16 @@ def placement_failed(err: BaseException) -> bool:
     """True when a Ray Train failure is the worker group not being placed in time."""
     return "WorkerGroupStartupTimeoutError" in repr(err) or "worker group startup timed out" in str(err).lower() \
         or "InsufficientClusterResourcesError" in repr(err)
+
+
+def restore_cwd(path: str) -> None:
+    """Change back into ``path`` when this process's working directory was deleted and made again under it.
+
+    Ray replaces a job's ``--working-dir`` folder whenever a node sets it up; nodes that share one machine and one
+    Ray folder (the stand-in's autoscaled nodes, or several raylets on one host) then delete the folder the job's
+    driver runs in, and anything that asks for the working directory (MLflow does) fails.
+    """
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        os.chdir(path)

@@ -31,6 +31,7 @@ from nre_ray.session import (
     placement_timeout,
     plan_resources,
     quiet_env_for_workers,
+    restore_cwd,
     root_cause,
     start_ray,
 )
@@ -287,9 +288,10 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str) -> dict[str, Any
     from nre_ray import tracking
     from nre_ray.loop import SELECTION_RANK
 
-    status = "FAILED"
+    status, cwd = "FAILED", os.getcwd()
     try:
         result = trainer.fit()
+        restore_cwd(cwd)
         # the loop's own choice: the first epoch with the best validation score (see loop.SELECTION_RANK)
         best = result.get_best_checkpoint(metric=SELECTION_RANK, mode="max") if result.best_checkpoints else None
         model = _log_model(best, cfg, target.tracking_uri, run_id) if best is not None and cfg.run.log_model else {}
@@ -316,13 +318,19 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str) -> dict[str, Any
     return {
         "run_id": run_id, "run_name": target.run_name, "experiment": cfg.run.experiment_name,
         "tracking_uri": target.tracking_uri, "storage_path": target.storage,
-        "best_checkpoint": best.path if best else None,
+        "best_checkpoint": _full_path(best.path, target.storage) if best else None,
         "best_epoch": int(best_metrics.get("epoch", 0)) if best_metrics else None,
         "select_metric": metric,
         "valid": {k[len("valid_"):]: v for k, v in best_metrics.items() if k.startswith("valid_")},
         "test": {k[len("test_"):]: v for k, v in logged.items() if k.startswith("test_")},
         "model_uri": model.get("model_uri"), "registered_model_uri": model.get("registered_model_uri"),
     }
+
+
+def _full_path(path: str, storage: str) -> str:
+    """A checkpoint path as the user gave the storage: Ray reports ``bucket/key`` for ``s3://bucket/key``."""
+    scheme = storage.split("://", 1)[0] if "://" in storage else ""
+    return f"{scheme}://{path}" if scheme and "://" not in path else path
 
 
 def _log_model(best: Any, cfg: Config, tracking_uri: str, run_id: str) -> dict[str, str | None]:

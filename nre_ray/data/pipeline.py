@@ -249,6 +249,9 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
     if not cfg.no_cache and (cache / MARKER).exists():
         prepared = load_prepared(cache)
         log.info("preprocessing: reused the cache in %s (--no-cache rebuilds it)", cache)
+        # built here before: still publish it, so that jobs on other machines find it too
+        if shared and _ensure_published(cache, shared):
+            prepared.shared_cache_dir = shared
         return prepared
     if shared and not cfg.no_cache and _fetch_shared(shared, cache):
         prepared = load_prepared(cache)
@@ -278,6 +281,16 @@ def _fetch_shared(shared: str, cache: Path) -> bool:
         log.warning("preprocessing: cannot read the shared cache (%s); preprocessing here", err)
         return False
     return True
+
+
+def _ensure_published(cache: Path, shared: str) -> bool:
+    """``shared`` holds a complete copy of ``cache``: already there, or uploaded now."""
+    try:
+        if storage.is_file(storage.join(shared, MARKER)):
+            return True
+    except storage.StorageError:
+        pass  # _publish_shared says what is wrong
+    return _publish_shared(cache, shared)
 
 
 def _publish_shared(cache: Path, shared: str) -> bool:

@@ -104,7 +104,9 @@ def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
         train = start(cli("--address", f"127.0.0.1:{port}", "--num-workers", "2", "--epochs", "2",
                           "--run-name", "two-nodes", "--experiment-name", "multinode", "--tracking-uri", tracking_uri,
                           "--storage-path", str(storage), "--cache-dir", str(cache_dir),
-                          "--summary-json", str(summary)), log, workdir)
+                          # the two nodes share this machine's disk, as NFS would: a local path is allowed, with a
+                          # warning (without the flag it is refused on a cluster of several nodes)
+                          "--allow-local-storage", "--summary-json", str(summary)), log, workdir)
         started.append(train)
         # The worker processes are children of each node's raylet: one below each `ray start`.
         placed = wait_for("a training worker on each node",
@@ -135,6 +137,7 @@ def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
         kill_all(mentioning(str(workdir)))  # anything of this test's Ray that outlived its parent
     text = log.read_text()
     assert "nre_ray: 2 worker(s), {'CPU': 1.0} each" in text  # sized from both nodes' CPUs
+    assert f"warning: --storage-path {storage} is a folder on this machine" in text  # --allow-local-storage
     assert len(placed[0]) == 1 and len(placed[1]) == 1, placed
     wait_for("every process this test started to end", lambda: not any(alive(p) for p in tree), 30)
 

@@ -1,0 +1,133 @@
+"""The cluster path as a cloud user takes it, rehearsed on this machine with ``python -m nre_ray.standin``: a Ray
+head whose autoscaler adds worker nodes when a run asks for them, an S3-compatible object store, and an MLflow server
+with its artifacts in that store.
+
+The job is submitted with ``ray job submit --working-dir .`` exactly as docs/cluster.md says. Inputs, checkpoints and
+artifacts live only in the object store (the fake nodes share this host's disk, so a local path would work by
+accident): the tests check that nothing lands in the job's working directory. Teardown stops exactly the stand-in's
+processes (never ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from nre_ray import standin
+from tests.procs import env, free_port, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+REPO = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).parent / "ray")
+SAMPLE = REPO / "nre_ray" / "data" / "sample"
+#: Files Ray Train and the driver would write into the working directory if a default path were used.
+LOCAL_LEFTOVERS = {"ray_results", "mlflow.db", "mlruns", ".nre_ray_cache", "rejected_rows.csv", "mlartifacts"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The stand-in on free ports, with the bundled sample uploaded to s3://nre-ray/nre_ray/data."""
+    folder = Path(tempfile.mkdtemp(prefix="nrs_", dir="/tmp"))
+    state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port(), "dashboard": free_port(),
+                                      "mlflow": free_port()})
+    try:
+        fs = state.filesystem()
+        for path in SAMPLE.iterdir():
+            with fs.open_output_stream(f"{state.bucket}/nre_ray/data/{path.name}") as out:
+                out.write(path.read_bytes())
+        yield state
+    finally:
+        standin.down(folder)
+        assert not standin.own_processes(state), "stand-in processes left behind"
+
+
+def _submit(state: standin.Standin, run_name: str, *extra: str, log: Path) -> subprocess.Popen:
+    """``ray job submit --working-dir . -- python -m nre_ray.train ...`` as docs/cluster.md has it (logs streamed)."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [RAY, "job", "submit", "--working-dir", ".", "--", "python", "-m", "nre_ray.train",
+             "--storage-path", f"s3://{state.bucket}/nre_ray/checkpoints", "--tracking-uri", state.tracking_uri,
+             "--data-dir", f"s3://{state.bucket}/nre_ray/data", "--run-name", run_name, *extra],
+            # (the test session points RAY_API_SERVER_ADDRESS at a closed port; `ray job` would prefer it)
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            env=env(**state.env(), RAY_API_SERVER_ADDRESS=state.dashboard))
+
+
+def _run(client: MlflowClient, run_name: str):
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              f"tags.`nre_ray.run_name` = '{run_name}'")
+    return runs[0] if runs else None
+
+
+def _keys(state: standin.Standin, prefix: str) -> list[str]:
+    import pyarrow.fs
+
+    fs = state.filesystem()
+    return [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(f"{state.bucket}/{prefix}", recursive=True,
+                                                                     allow_not_found=True))]
+
+
+def _job_dirs(state: standin.Standin) -> list[Path]:
+    """The job's working directory on the head, as Ray unpacked it (``runtime_resources/working_dir_files``)."""
+    return [p for p in Path(state.ray_temp).glob("session_*/runtime_resources*/working_dir_files/_ray_pkg_*")
+            if p.is_dir()]
+
+
+def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucket(cluster, tmp_path):
+    log = tmp_path / "job.log"
+    assert not standin.worker_nodes(cluster)  # min_workers 0: no worker node before a run asks
+    job = _submit(cluster, "standin-job", "--num-workers", "2", "--epochs", "2", log=log)
+    assert job.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
+    text = log.read_text(errors="replace")
+    assert "succeeded" in text
+    assert "waiting up to 900 s (--placement-timeout) for the autoscaler to add nodes" in text
+    assert "Adding 1 node(s) of type cpu_worker" in text  # the autoscaler's own event, streamed with the logs
+    assert text.count("epoch   2/2") == 1, "each worker line streamed once"
+    assert "best epoch" in text and "model: runs:/" in text
+
+    client = MlflowClient(cluster.tracking_uri)
+    run = _run(client, "standin-job")
+    assert run.info.status == "FINISHED" and "test_macro_f1" in run.data.metrics
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "valid_macro_f1")) == [1, 2]
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
+    artifacts = _keys(cluster, "mlflow-artifacts")
+    assert any(k.endswith("best_checkpoint/state.pt") for k in artifacts)
+    assert any("/model/" in k or k.endswith("MLmodel") for k in artifacts)  # the logged model, in the bucket
+    checkpoints = _keys(cluster, "nre_ray/checkpoints/standin-job")
+    assert any(k.endswith("/state.pt") for k in checkpoints)
+    assert _keys(cluster, "nre_ray/checkpoints/.nre_ray_cache")  # the preprocessing, shared for the next job
+    for folder in _job_dirs(cluster):
+        assert not {p.name for p in folder.iterdir()} & LOCAL_LEFTOVERS, sorted(p.name for p in folder.iterdir())
+
+    # Submitted again: the preprocessing comes from the bucket, not from a local folder.
+    again = _submit(cluster, "standin-job-2", "--num-workers", "2", "--epochs", "1", log=tmp_path / "again.log")
+    assert again.wait(timeout=300) == 0, (tmp_path / "again.log").read_text(errors="replace")[-4000:]
+    assert "preprocessing reused from the cache" in (tmp_path / "again.log").read_text(errors="replace")
+
+
+def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster, tmp_path):
+    log = tmp_path / "job.log"
+    client = MlflowClient(cluster.tracking_uri)
+    job = _submit(cluster, "standin-lost-node", "--num-workers", "3", "--epochs", "6", "--batch-size", "4",
+                  "--max-failures", "2", log=log)
+    run = wait_for("the run's first epoch in MLflow",
+                   lambda: (r := _run(client, "standin-lost-node")) and "valid_macro_f1" in r.data.metrics and r,
+                   300, interval=0.5, proc=job, log=log)
+    before = set(standin.worker_nodes(cluster))
+    lost = standin.kill_node(cluster, hosting="RayTrainWorker")
+    assert lost in before
+    assert job.wait(timeout=420) == 0, log.read_text(errors="replace")[-4000:]
+    text = log.read_text(errors="replace")
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and "nre_ray.resumed_from_epoch" in run.data.tags, text[-3000:]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "valid_macro_f1")]
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps  # every epoch logged once, in the same run
+    assert "resuming after epoch" in text
+    # The autoscaler started a node in place of the lost one (3 workers: the head holds one, two need nodes).
+    replaced = wait_for("a replacement node", lambda: set(standin.worker_nodes(cluster)) - before, 60)
+    assert lost not in standin.worker_nodes(cluster) and replaced
