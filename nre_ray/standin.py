@@ -72,8 +72,15 @@ class Standin:
         return f"127.0.0.1:{self.gcs_port}"
 
     def env(self) -> dict[str, str]:
-        """The variables a shell (or a test) needs to use the stand-in like the cloud cluster."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, **STORE_CREDENTIALS, "RAY_ADDRESS": self.dashboard}
+        """The variables a shell (or a test) needs to use the stand-in like the cloud cluster: the object store's
+        endpoint and keys, and the dashboard (``ray job`` reads ``RAY_API_SERVER_ADDRESS`` before ``RAY_ADDRESS``)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, **STORE_CREDENTIALS, "RAY_ADDRESS": self.dashboard,
+                "RAY_API_SERVER_ADDRESS": self.dashboard}
+
+    def shell(self) -> str:
+        """``env.sh``: :meth:`env` plus ``BUCKET`` and ``TRACKING_URI`` for the commands of docs/cluster.md."""
+        return "".join(f"export {k}={v}\n" for k, v in {**self.env(), "BUCKET": self.bucket,
+                                                          "TRACKING_URI": self.tracking_uri}.items())
 
     def filesystem(self):  # -> pyarrow.fs.S3FileSystem
         """The object store as a pyarrow filesystem (paths ``bucket/key``), whatever this process's environment."""
@@ -87,8 +94,7 @@ class Standin:
     def save(self) -> None:
         folder = Path(self.folder)
         (folder / STATE_FILE).write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
-        (folder / "env.sh").write_text("".join(f"export {k}={v}\n" for k, v in self.env().items())
-                                       + f"# MLflow: --tracking-uri {self.tracking_uri}\n", encoding="utf-8")
+        (folder / "env.sh").write_text(self.shell(), encoding="utf-8")
 
     @classmethod
     def load(cls, folder: Path) -> Standin:
@@ -352,6 +358,14 @@ def down(folder: Path, quiet: bool = False) -> int:
     return len(pids)
 
 
+def upload(state: Standin, local: Path, uri: str) -> None:
+    """Copy a local file or folder into the stand-in's object store (what ``aws s3 cp --recursive`` does on AWS)."""
+    from nre_ray import storage
+
+    os.environ.update(state.env())
+    storage.upload(local, uri)
+
+
 def status(state: Standin) -> str:
     nodes = worker_nodes(state)
     return "\n".join([
@@ -366,11 +380,22 @@ def status(state: Standin) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m nre_ray.standin", description=__doc__.split("\n\n")[0],
+        prog="python -m nre_ray.standin",
+        description="A local stand-in for the AWS cluster of cluster.yaml, to rehearse on before paying for it: a Ray "
+                    "head whose autoscaler adds worker nodes (processes on this machine) when a run asks, an "
+                    "S3-compatible object store on 127.0.0.1, and an MLflow server with its artifacts in that store. "
+                    "See docs/cluster.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python -m nre_ray.standin up && source .standin/env.sh\n"
-               "  python -m nre_ray.standin status\n  python -m nre_ray.standin down")
-    parser.add_argument("command", choices=["up", "status", "kill-node", "down"])
+               "  python -m nre_ray.standin upload nre_ray/data/sample s3://nre-ray/nre_ray/data\n"
+               "  python -m nre_ray.standin status\n  python -m nre_ray.standin kill-node\n"
+               "  python -m nre_ray.standin down")
+    parser.add_argument("command", choices=["up", "status", "upload", "kill-node", "down"],
+                        help="up: start it and write <dir>/env.sh; status: what runs; upload LOCAL s3://...: copy "
+                             "data into the store; kill-node: lose a worker node (one running a training worker); "
+                             "down: stop every process it started")
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="upload: a local file or folder, then where it goes (s3://BUCKET/...)")
     parser.add_argument("--dir", default=".standin", help="Folder for the stand-in's state, logs and MLflow database "
                                                          "(default: .standin).")
     parser.add_argument("--bucket", default="nre-ray", help="Bucket created in the object store (default: nre-ray).")
@@ -396,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
               f"`python -m nre_ray.standin down --dir {args.dir}` stops it all.")
     elif args.command == "status":
         print(status(Standin.load(folder)))
+    elif args.command == "upload":
+        if len(args.paths) != 2:
+            raise SystemExit("error: upload takes two paths: LOCAL s3://BUCKET/KEY")
+        upload(Standin.load(folder), Path(args.paths[0]), args.paths[1])
+        print(f"uploaded {args.paths[0]} to {args.paths[1]}")
     elif args.command == "kill-node":
         print(f"killed worker node {kill_node(Standin.load(folder), args.node, 'RayTrainWorker')}")
     else:
