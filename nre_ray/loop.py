@@ -195,7 +195,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     else:
         hits = None
         if cfg.model.embeddings:  # every rank loads the same vectors (DDP would broadcast rank 0's anyway)
-            hits = load_word_vectors(cfg.model.embeddings, vocab, word_embedding(model), lowercase=cfg.data.lowercase)
+            hits = load_word_vectors(cfg.model.embeddings, vocab.index, word_embedding(model),
+                                     lowercase=cfg.data.lowercase)
         if rank == 0:
             tracker.log_params({**cfg.flat(), "data.vocab_size": len(vocab), "data.num_classes": len(labels),
                                 **{f"data.{name}_rows": len(s) for name, s in splits.items()}})

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PAD, UNK = "<pad>", "<unk>"
-PAD_ID, UNK_ID = 0, 1
+from nre_ray.special_tokens import PAD, UNK, UNK_ID
 
 
 @dataclass

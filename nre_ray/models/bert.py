@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from nre_ray.config import ConfigError
-from nre_ray.data.subword import max_positions
+from nre_ray.pretrained_io import from_pretrained, max_positions, quiet_transformers
 
 
 class BertEncoder(nn.Module):
@@ -54,10 +54,8 @@ def load_transformer(pretrained: str, vocab_size: int) -> nn.Module:
     """``AutoModel.from_pretrained(pretrained)`` in float32, its token embeddings resized to ``vocab_size`` (the
     tokenizer with the entity markers); ConfigError (saying to pass a local folder when offline) if it cannot be
     loaded. ``pretrained`` may be a folder in an object store (``s3://...``): each machine downloads it once (see
-    :func:`nre_ray.data.subword.from_pretrained`)."""
+    :func:`nre_ray.pretrained_io.from_pretrained`)."""
     from transformers import AutoModel
-
-    from nre_ray.data.subword import from_pretrained
 
     model = from_pretrained(AutoModel.from_pretrained, pretrained, "model", dtype=torch.float32)
     if model.get_input_embeddings().num_embeddings != vocab_size:
@@ -70,8 +68,6 @@ def transformer_from_config(config_json: str) -> nn.Module:
     ``pretrained/config.json``): the checkpoint's weights are loaded into it next, so the original pretrained model
     is not needed."""
     from transformers import AutoConfig, AutoModel
-
-    from nre_ray.data.subword import quiet_transformers
 
     quiet_transformers()
     settings = json.loads(config_json)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from nre_ray import storage
-from nre_ray.data.vocab import PAD_ID, Vocab
 from nre_ray.models.embedding import WordPositionEmbedding
+from nre_ray.special_tokens import PAD_ID
 
 
 def _open(path: Path | str) -> IO[str]:
@@ -73,18 +73,18 @@ def check_dim(path: str | Path, word_dim: int) -> None:
                          f"pass --word-dim {dim} or use vectors of dimension {word_dim}")
 
 
-def load_word_vectors(path: str | Path, vocab: Vocab | Sequence[str], embedding: nn.Embedding,
+def load_word_vectors(path: str | Path, vocab: Mapping[str, int] | Sequence[str], embedding: nn.Embedding,
                       lowercase: bool = False) -> int:
     """Copy the vectors of vocabulary words from ``path`` into the rows of ``embedding``; return the hit count.
 
-    ``vocab``: a :class:`Vocab` or its token list (row ``i`` is token ``i``). With ``lowercase`` (the vocabulary was
-    built from lower-cased text) words match case-insensitively; an exact lower-case entry wins over a capitalised
-    one, otherwise the first entry in the file wins. Row 0 (padding) is never written and stays zero. Rows of words
-    without a vector keep their initialisation. A vector of the wrong dimension is a ValueError naming the file, the
-    line and both dimensions. ``path``: a file or a URI.
+    ``vocab``: ``{token: row}`` (a :class:`~nre_ray.data.vocab.Vocab`'s ``index``) or the token list (row ``i`` is
+    token ``i``). With ``lowercase`` (the vocabulary was built from lower-cased text) words match case-insensitively;
+    an exact lower-case entry wins over a capitalised one, otherwise the first entry in the file wins. Row 0
+    (padding) is never written and stays zero. Rows of words without a vector keep their initialisation. A vector of
+    the wrong dimension is a ValueError naming the file, the line and both dimensions. ``path``: a file or a URI.
     """
     path = path if storage.is_uri(path) else Path(path)
-    index = vocab.index if isinstance(vocab, Vocab) else {t: i for i, t in enumerate(vocab)}
+    index = vocab if isinstance(vocab, Mapping) else {t: i for i, t in enumerate(vocab)}
     dim = embedding.embedding_dim
     found: dict[int, tuple[bool, list[float]]] = {}  # row -> (entry spelled exactly like the token, vector)
     file_dim: int | None = None
