@@ -4,8 +4,8 @@ Nothing holds the whole corpus: the files are read in chunks, and every step run
 
 1. Ray Data: one reader task per split file streams :func:`~nre_ray.data.read.read_chunks` -> ``map_batches``: row
    checks, tokenization and the audit's per-row numbers. The driver takes the blocks as they come and writes them,
-   in file order, as Parquet into a staging folder under the cache folder, keeping per row only what the later
-   decisions need (line, relation, problem count, a few audit numbers: no text, no tokens).
+   in file order, as Parquet into a staging folder in this run's private build folder, keeping per row only what
+   the later decisions need (line, relation, problem count, a few audit numbers: no text, no tokens).
 2. Driver: bad rows (the first :data:`~nre_ray.data.errors.MAX_SHOWN` problems and a count for ``--on-bad-rows
    error``; all of them into ``rejected.csv`` for ``skip``), labels checked against the label list, the seeded
    stratified validation split when there is no validation file (from labels and line numbers only).
@@ -13,8 +13,10 @@ Nothing holds the whole corpus: the files are read in chunks, and every step run
 4. Ray Data: encoding per block; the driver copies each encoded block into the padded int32 arrays of its split.
 
 The result (and the audit, see :mod:`nre_ray.data.audit`) is cached under a key made of the input files' content
-hashes and the preprocessing settings; with ``shared_cache`` (a URI under the run storage) it is also published there
-and fetched from there by the next job with the same key, on any machine.
+hashes and the preprocessing settings: built in a private folder and published with one atomic rename, so runs that
+start at once on the same inputs never see or touch each other's half-built files (see :func:`prepare`). With
+``shared_cache`` (a URI under the run storage) it is also published there and fetched from there by the next job with
+the same key, on any machine.
 
 Every input may be a URI (``s3://bucket/data/train.csv``, a ``--data-dir`` ``s3://bucket/data``; see
 :mod:`nre_ray.storage`): each read task copies its file to a temporary local file on its node and reads it there
@@ -24,11 +26,17 @@ Everything reported names the URI.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
 import logging
+import os
+import re
+import secrets
 import shutil
+import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -210,7 +218,19 @@ def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Source] | None = N
 
 
 MARKER = "meta.json"
-"""The file a cache folder gets last: the folder is complete when it is there (locally and in a shared cache)."""
+"""The file a cache folder gets last: the folder is complete when it is there with this :data:`LAYOUT` (locally and
+in a shared cache)."""
+LAYOUT = 2
+"""``meta.json``'s ``layout``: what a cache folder holds and how its paths are recorded (2: built in a private folder
+and published by a rename; the rejected rows and the tokenizer folder recorded relative to the folder). A folder with
+another layout, or none (written before layouts were recorded), is not a cache: it is rebuilt and replaced."""
+PRIVATE_MAX_AGE = 24 * 3600
+"""Seconds after which a private build folder whose builder cannot be checked (another machine's) counts as stale."""
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+"""This machine, in the names of private build folders (a process id means something on its own machine only)."""
+_PRIVATE = re.compile(r"(?P<key>[0-9a-f]+)\.tmp-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{8})")
+"""The name of a private build folder: ``<key>.tmp-<pid>-<random>-<host>`` next to the cache folder ``<key>``."""
+_PUBLISH_TRIES = 20
 
 
 def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None) -> bool:
@@ -218,10 +238,10 @@ def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_
     if cfg.no_cache:
         return False
     cache = cache_folder(cfg, seed, pretrained=pretrained)
-    if (cache / MARKER).exists():
+    if _complete(cache):
         return True
     try:
-        return bool(shared_cache) and storage.is_file(storage.join(shared_cache, cache.name, MARKER))
+        return bool(shared_cache) and _shared_complete(storage.join(shared_cache, cache.name))
     except storage.StorageError:
         return False
 
@@ -234,11 +254,17 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
 
     A second call on the same files and settings reuses the cache and logs so; ``cfg.no_cache`` rebuilds it.
 
+    Safe under concurrency (two terminals, the trials of a sweep, on the same inputs): a run builds in a private
+    folder next to the cache folder (``<key>.tmp-<pid>-<random>-<host>/``, its staging files included) and publishes
+    it with one atomic rename onto ``<key>/``, so no one ever sees a half-written cache and no builder touches
+    another's files. When another run published the same key first, this one drops its copy and loads the published
+    one (``--no-cache`` replaces it instead). Private folders of builders that are gone are removed on the way.
+
     ``shared_cache``: a folder (a URI such as ``s3://bucket/runs/.nre_ray_cache``, or a local path) that jobs on
     other machines see. When ``<shared_cache>/<key>/`` holds a complete cache (its ``meta.json``, published last),
-    it is downloaded into the local cache folder and used (``cache_hit``); otherwise the result is built here and
-    published there, ``meta.json`` last. A shared cache that cannot be read or written is logged as a warning and
-    preprocessing goes on without it.
+    it is downloaded (into a private folder, then renamed like a build) and used (``cache_hit``); otherwise the
+    result is built here and published there, ``meta.json`` last. A shared cache that cannot be read or written is
+    logged as a warning and preprocessing goes on without it.
 
     Raises :class:`DataError` for bad input (with ``--on-bad-rows error``, bad rows too: the first problems and a
     count).
@@ -246,47 +272,205 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
     files = resolve_files(cfg)
     cache = cache_folder(cfg, seed, files, pretrained)
     shared = storage.join(shared_cache, cache.name) if shared_cache else None
-    if not cfg.no_cache and (cache / MARKER).exists():
-        prepared = load_prepared(cache)
+    prepared = None if cfg.no_cache else _load_complete(cache)
+    if prepared is not None:
         log.info("preprocessing: reused the cache in %s (--no-cache rebuilds it)", cache)
         # built here before: still publish it, so that jobs on other machines find it too
         if shared and _ensure_published(cache, shared):
             prepared.shared_cache_dir = shared
         return prepared
     if shared and not cfg.no_cache and _fetch_shared(shared, cache):
-        prepared = load_prepared(cache)
-        prepared.shared_cache_dir = shared
-        log.info("preprocessing: reused the shared cache %s (copied to %s; --no-cache rebuilds it)", shared, cache)
-        return prepared
+        prepared = _load_complete(cache)
+        if prepared is not None:
+            prepared.shared_cache_dir = shared
+            log.info("preprocessing: reused the shared cache %s (copied to %s; --no-cache rebuilds it)", shared,
+                     cache)
+            return prepared
     log.info("preprocessing: %s; the result is cached in %s%s",
              "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
              cache, f" and published to {shared}" if shared else "")
-    prepared = _prepare(cfg, files, seed, cache, pretrained)
-    save_prepared(prepared, cache)
-    if shared and _publish_shared(cache, shared):
+    private = _private_folder(cache)
+    try:
+        built = _prepare(cfg, files, seed, private, pretrained)
+        save_prepared(built, private)
+        prepared = _install_built(built, private, cache, replace=cfg.no_cache)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    if shared and (_publish_shared if cfg.no_cache else _ensure_published)(cache, shared):
         prepared.shared_cache_dir = shared
     return prepared
 
 
-def _fetch_shared(shared: str, cache: Path) -> bool:
-    """Download the complete shared cache folder ``shared`` into ``cache`` (``meta.json`` last); False when there is
-    none, or it cannot be read (a warning)."""
+def _complete(folder: Path) -> bool:
+    """``folder`` holds a complete cache of this :data:`LAYOUT`."""
     try:
-        if not storage.is_file(storage.join(shared, MARKER)):
+        meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("layout") == LAYOUT
+
+
+def _shared_complete(shared: str) -> bool:
+    """The shared folder ``shared`` holds a complete cache of this :data:`LAYOUT` (raises StorageError)."""
+    marker = storage.join(shared, MARKER)
+    if not storage.is_file(marker):
+        return False
+    try:
+        meta = json.loads(storage.read_bytes(marker))
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and meta.get("layout") == LAYOUT
+
+
+def _load_complete(cache: Path) -> Prepared | None:
+    """The complete cache in ``cache``, or None. A folder replaced while it is read (``--no-cache`` in another run
+    moves the old one away) is read again."""
+    for _ in range(3):
+        if not _complete(cache):
+            return None
+        try:
+            return load_prepared(cache)
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _private_folder(cache: Path) -> Path:
+    """A new private build folder next to ``cache`` (same file system, so it can be renamed onto it), after removing
+    the stale ones of builders that are gone."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(cache.parent)
+    while True:
+        folder = cache.parent / f"{cache.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}-{_HOST}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+
+
+def _remove_stale(root: Path) -> None:
+    """Remove the private build folders in ``root`` whose builder is gone: its process no longer runs on this
+    machine, or (another machine's) nothing in it changed for :data:`PRIVATE_MAX_AGE` seconds. Never a live
+    builder's folder on this machine."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = _PRIVATE.fullmatch(entry.name)
+        if match is None:
+            continue
+        if match["host"] == _HOST:
+            stale = not _process_alive(int(match["pid"]))
+        else:
+            stale = time.time() - _last_change(entry) > PRIVATE_MAX_AGE
+        if stale:
+            log.info("preprocessing: removing %s, left by a build that did not finish", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def _last_change(folder: Path) -> float:
+    """The newest modification time of ``folder`` and what it holds, one level down (a build adds files to its
+    folder and to ``staging/``)."""
+    try:
+        times = [folder.stat().st_mtime]
+        for child in folder.iterdir():
+            times.append(child.lstat().st_mtime)
+    except OSError:
+        return time.time()  # vanishing or unreadable: not stale
+    return max(times)
+
+
+def _install_built(prepared: Prepared, private: Path, cache: Path, replace: bool) -> Prepared:
+    """Publish the complete folder ``private`` (:func:`save_prepared` wrote it) as ``cache`` and return ``prepared``,
+    its paths now in ``cache``; or, when another run published a complete cache there first (and not ``replace``),
+    the result loaded from it (``private`` is left to the caller)."""
+    for _ in range(3):
+        if _install(private, cache, replace):
+            _relocate(prepared, cache)
+            return prepared
+        published = _load_complete(cache)
+        if published is not None:
+            log.info("preprocessing: another run published the same result in %s first; using it", cache)
+            published.cache_hit = False
+            return published
+    raise RuntimeError(f"preprocessing could not publish its result to {cache}: other runs kept replacing it")
+
+
+def _install(private: Path, cache: Path, replace: bool) -> bool:
+    """Rename the complete folder ``private`` onto ``cache`` (atomic: one file system). A folder already there that
+    is not a complete cache of this layout (an older layout, or any with ``replace``) is moved aside and removed
+    first; a complete one is kept: False."""
+    for _ in range(_PUBLISH_TRIES):
+        try:
+            os.rename(private, cache)
+            return True
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if not replace and _complete(cache):
             return False
-        (cache / MARKER).unlink(missing_ok=True)
-        storage.download(shared, cache, last=MARKER)
+        _discard(cache)
+        replace = False  # replaced once: a complete cache that another run publishes after that is as fresh
+    raise RuntimeError(f"preprocessing could not publish its result to {cache}: other runs kept replacing it")
+
+
+def _discard(folder: Path) -> None:
+    """Move ``folder`` out of the way under a private name (one rename: readers see it whole or not at all), then
+    remove it."""
+    aside = folder.parent / f"{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}-{_HOST}"
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return  # another run moved it already
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _relocate(prepared: Prepared, folder: Path) -> None:
+    """Point the paths of ``prepared`` (saved in a private folder) into ``folder``, where it now is."""
+    prepared.cache_dir = str(folder)
+    prepared.rejected_csv = str(folder / "rejected.csv") if prepared.rejected_count else None
+    if prepared.pretrained_dir:
+        prepared.pretrained_dir = str(folder / "pretrained")
+
+
+def _fetch_shared(shared: str, cache: Path) -> bool:
+    """Download the complete shared cache folder ``shared`` into a private folder (``meta.json`` last), then rename
+    it onto ``cache`` (unless a complete one got there first); False when there is none, or it cannot be read (a
+    warning)."""
+    private = None
+    try:
+        if not _shared_complete(shared):
+            return False
+        private = _private_folder(cache)
+        storage.download(shared, private, last=MARKER)
+        if not _complete(private):  # replaced while it was copied: build here
+            return False
+        _install(private, cache, replace=False)
     except storage.StorageError as err:
-        (cache / MARKER).unlink(missing_ok=True)
         log.warning("preprocessing: cannot read the shared cache (%s); preprocessing here", err)
         return False
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
     return True
 
 
 def _ensure_published(cache: Path, shared: str) -> bool:
     """``shared`` holds a complete copy of ``cache``: already there, or uploaded now."""
     try:
-        if storage.is_file(storage.join(shared, MARKER)):
+        if _shared_complete(shared):
             return True
     except storage.StorageError:
         pass  # _publish_shared says what is wrong
@@ -872,36 +1056,42 @@ def _write_rejected(stage: _Stage, labels: list[str], label_problem: Callable[[s
 
 def save_prepared(prepared: Prepared, folder: Path) -> None:
     """Write the encoded splits, vocabulary, labels, audit and rejected rows to ``folder`` (written last:
-    meta.json)."""
+    meta.json, with :data:`LAYOUT`). ``folder`` must be one no one else reads or writes yet: :func:`prepare` writes
+    into a private folder and renames it. Paths inside the folder are recorded relative to it, so the folder may be
+    renamed or copied as a whole (:func:`load_prepared` resolves them where it finds it)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "meta.json").unlink(missing_ok=True)
+    (folder / MARKER).unlink(missing_ok=True)
     for name, split in prepared.splits.items():
         split.save(folder / f"{name}.npz")
     prepared.vocab.save(folder / "vocab.json")
     (folder / "labels.json").write_text(json.dumps(prepared.labels, ensure_ascii=False), encoding="utf-8")
     (folder / "audit.json").write_text(json.dumps(prepared.audit, ensure_ascii=False), encoding="utf-8")
     rejected = folder / "rejected.csv"
-    if prepared.rejected_csv is None or Path(prepared.rejected_csv).resolve() != rejected.resolve():
+    if prepared.rejected_csv is None:
         prepared.rejected.to_csv(rejected, index=False)
+    elif Path(prepared.rejected_csv).resolve() != rejected.resolve():
+        shutil.copyfile(prepared.rejected_csv, rejected)  # every rejected row, not only the first ones kept
     if prepared.pretrained_dir and Path(prepared.pretrained_dir).resolve() != (folder / "pretrained").resolve():
         shutil.rmtree(folder / "pretrained", ignore_errors=True)
         shutil.copytree(prepared.pretrained_dir, folder / "pretrained")
-    meta = {"splits": list(prepared.splits), "sources": prepared.sources,
+    meta = {"layout": LAYOUT, "splits": list(prepared.splits), "sources": prepared.sources,
             "valid_from_train": prepared.valid_from_train, "rejected_count": prepared.rejected_count,
+            "rejected_csv": "rejected.csv" if prepared.rejected_count else None,
+            "pretrained_dir": "pretrained" if prepared.pretrained_dir else None,
             "pretrained": bool(prepared.pretrained_dir), "position_window": prepared.position_window}
-    (folder / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
-    prepared.cache_dir = str(folder)
-    if prepared.pretrained_dir:
-        prepared.pretrained_dir = str(folder / "pretrained")
+    (folder / MARKER).write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+    _relocate(prepared, folder)
 
 
 def load_prepared(folder: Path) -> Prepared:
-    """Read what :func:`save_prepared` wrote."""
-    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    """Read what :func:`save_prepared` wrote (paths in the result point into ``folder``)."""
+    meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     rejected_path = folder / "rejected.csv"
     rejected = pd.read_csv(rejected_path, keep_default_na=False, nrows=KEPT_REJECTED) \
         if rejected_path.stat().st_size else pd.DataFrame(columns=REJECTED_COLUMNS)
     count = meta.get("rejected_count", len(rejected))
+    rejected_csv = meta.get("rejected_csv", "rejected.csv" if count else None)
+    pretrained_dir = meta.get("pretrained_dir", "pretrained" if meta.get("pretrained") else None)
     return Prepared(
         splits={name: EncodedSplit.load(folder / f"{name}.npz") for name in meta["splits"]},
         vocab=Vocab.load(folder / "vocab.json"),
@@ -912,8 +1102,8 @@ def load_prepared(folder: Path) -> Prepared:
         valid_from_train=meta["valid_from_train"],
         audit=json.loads((folder / "audit.json").read_text(encoding="utf-8")),
         rejected_count=count,
-        rejected_csv=str(rejected_path) if count else None,
+        rejected_csv=str(folder / rejected_csv) if rejected_csv else None,
         cache_dir=str(folder),
-        pretrained_dir=str(folder / "pretrained") if meta.get("pretrained") else None,
+        pretrained_dir=str(folder / pretrained_dir) if pretrained_dir else None,
         position_window=meta["position_window"],
     )

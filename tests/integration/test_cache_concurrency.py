@@ -1,0 +1,303 @@
+"""The preprocessing cache under concurrency: two runs that start at once on the same inputs (two terminals, the
+trials of a sweep) build in private folders and publish with one atomic rename; neither corrupts the other, and what
+they load equals a single run's build. Plus the cache folder's rules without Ray: an older layout is rebuilt, a
+builder that loses the race uses the published cache, and only dead builders' private folders are cleaned up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nre_ray.config import DataConfig
+from nre_ray.data import pipeline
+from nre_ray.data.batches import ARRAY_KEYS, EncodedSplit
+from nre_ray.data.vocab import Vocab
+from tests import procs
+
+RACER = r"""
+import hashlib, json, logging, os, sys, time
+from pathlib import Path
+
+import ray
+
+from nre_ray.config import DataConfig
+from nre_ray.data import pipeline
+
+name, cache, out, barrier, reference = sys.argv[1:6]
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s: %(message)s")
+logging.getLogger("nre_ray").setLevel(logging.INFO)
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+
+
+def digest(prepared):
+    arrays = {}
+    for split, enc in sorted(prepared.splits.items()):
+        for key, value in sorted(enc.arrays.items()):
+            h = hashlib.sha256(f"{value.dtype}{value.shape}".encode())
+            h.update(value.tobytes())
+            arrays[f"{split}.{key}"] = h.hexdigest()
+    return {"arrays": arrays, "vocab": prepared.vocab.tokens, "labels": prepared.labels, "audit": prepared.audit,
+            "sources": prepared.sources, "cache_dir": prepared.cache_dir, "cache_hit": prepared.cache_hit,
+            "rejected_count": prepared.rejected_count}
+
+
+# both racers start preprocessing at the same moment, once both Rays are up
+Path(barrier, name).touch()
+deadline = time.monotonic() + 180
+while len(os.listdir(barrier)) < 2:
+    if time.monotonic() > deadline:
+        sys.exit("the other racer never got ready")
+    time.sleep(0.01)
+started = time.monotonic()
+result = {"race": digest(pipeline.prepare(DataConfig(cache_dir=cache), 1)), "seconds": time.monotonic() - started}
+if reference != "-":  # then a single run's build into a cache folder of its own
+    result["reference"] = digest(pipeline.prepare(DataConfig(cache_dir=reference), 1))
+Path(out).write_text(json.dumps(result))
+ray.shutdown()
+"""
+
+
+def folder_contents(root: Path) -> dict[str, object]:
+    """Every file under ``root`` (relative path -> content: the arrays of a .npz, whose zip headers carry write
+    times; the bytes of anything else)."""
+    contents: dict[str, object] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                contents[rel] = {k: (data[k].dtype.str, data[k].shape, data[k].tobytes()) for k in data.files}
+        else:
+            contents[rel] = path.read_bytes()
+    return contents
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_two_runs_at_once_share_one_cache_and_load_what_a_single_run_builds(tmp_path: Path) -> None:
+    cache, reference, barrier = tmp_path / "cache", tmp_path / "reference", tmp_path / "barrier"
+    barrier.mkdir()
+    runs: dict[str, tuple[subprocess.Popen, Path, Path]] = {}
+    seen: list[str] = []  # what a reader saw in the cache folder while the racers ran: never a half-written cache
+    done = threading.Event()
+    watcher = threading.Thread(target=watch, args=(cache, seen, done), daemon=True)
+    watcher.start()
+    try:
+        for name in ("a", "b"):
+            out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
+            args = [sys.executable, "-c", RACER, name, str(cache), str(out), str(barrier),
+                    str(reference) if name == "a" else "-"]
+            runs[name] = (procs.start(args, log, cwd=procs_cwd()), out, log)
+        for name, (proc, _, log) in runs.items():
+            try:
+                code = proc.wait(timeout=400)
+            except subprocess.TimeoutExpired:
+                code = None
+            assert code == 0, f"racer {name} exited with {code}:\n{log.read_text(errors='replace')[-4000:]}"
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+        for proc, _, _ in runs.values():
+            procs.stop_tree(proc)
+
+    results = {name: json.loads(out.read_text()) for name, (_, out, _) in runs.items()}
+    logs = {name: log.read_text(errors="replace") for name, (_, _, log) in runs.items()}
+    for name, text in logs.items():  # a real race: neither found a cache, both built
+        assert "nothing cached yet" in text, f"racer {name} did not build:\n{text[-3000:]}"
+    assert sum("another run published the same result" in text for text in logs.values()) == 1, logs
+    assert seen and all(state == "complete" for state in seen), sorted(set(seen))
+    single = results["a"]["reference"]
+    assert not single["cache_hit"]
+    (key,) = [p.name for p in reference.iterdir()]
+    for name, result in results.items():
+        race = result["race"]
+        assert race["cache_dir"] == str(cache / key), name
+        assert {k: race[k] for k in ("arrays", "vocab", "labels", "audit", "sources", "rejected_count")} == \
+            {k: single[k] for k in ("arrays", "vocab", "labels", "audit", "sources", "rejected_count")}, name
+    assert sorted(p.name for p in cache.iterdir()) == [key], "private folders were left behind"
+    assert folder_contents(cache / key) == folder_contents(reference / key)
+    assert not list(tmp_path.rglob("*.tmp-*"))
+    loaded = pipeline.load_prepared(cache / key)
+    assert loaded.cache_dir == str(cache / key)
+    print(f"\nrace: preprocessing took {results['a']['seconds']:.1f} s and {results['b']['seconds']:.1f} s")
+
+
+def watch(cache: Path, seen: list[str], done: threading.Event) -> None:
+    """Until ``done``: every 20 ms, what a reader finds in each cache folder under ``cache`` (private build folders
+    aside): "complete" (meta.json and every split it names) or what is missing."""
+    while not done.wait(0.02):
+        for folder in cache.iterdir() if cache.is_dir() else []:
+            if ".tmp-" in folder.name:
+                continue
+            try:
+                meta = json.loads((folder / pipeline.MARKER).read_text())
+                missing = [f"{s}.npz" for s in meta["splits"] if not (folder / f"{s}.npz").is_file()]
+                seen.append(f"missing {missing}" if missing else "complete")
+            except (OSError, ValueError) as err:
+                seen.append(f"{folder.name} without a readable meta.json ({type(err).__name__})")
+
+
+def procs_cwd() -> Path:
+    """The repository root (so that ``nre_ray`` and ``tests`` import in the racers)."""
+    return Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the cache folder's rules, without Ray: _prepare replaced by a stand-in that writes what a build writes
+
+
+def _stand_in(calls: list[Path], tag: str = "built") -> object:
+    """A ``pipeline._prepare`` that records the folder it builds in and writes rejected.csv and pretrained/ there."""
+
+    def build(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None) -> object:
+        calls.append(folder)
+        assert folder.is_dir()
+        arrays = {k: np.arange(6, dtype=np.int32).reshape(3, 2) if k.endswith("span") else
+                  np.ones((3, 4), dtype=np.int32) if k in ("tokens", "head_pos", "tail_pos", "segments") else
+                  np.arange(3, dtype=np.int64 if k == "labels" else np.int32) for k in ARRAY_KEYS}
+        rejected = pd.DataFrame([["f.csv", 7, "row: bad", "s", "h", "t", "r"]], columns=pipeline.REJECTED_COLUMNS)
+        rejected.to_csv(folder / "rejected.csv", index=False)
+        (folder / "pretrained").mkdir()
+        (folder / "pretrained" / "config.json").write_text("{}")
+        return pipeline.Prepared({"train": EncodedSplit(arrays)}, Vocab(["<pad>", "<unk>", "x"]), [tag, "b"],
+                                 {"train": "f.csv"}, rejected=rejected, rejected_count=1,
+                                 rejected_csv=str(folder / "rejected.csv"), cache_dir=str(folder),
+                                 pretrained_dir=str(folder / "pretrained"))
+
+    return build
+
+
+@pytest.fixture
+def data_cfg(tmp_path: Path) -> DataConfig:
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,head,head_offset,tail,tail_offset,relation\nA b .,A,0,b,2,r\n")
+    return DataConfig(train=str(train), cache_dir=str(tmp_path / "cache"))
+
+
+def _assert_points_into(prepared: pipeline.Prepared, cache: Path) -> None:
+    assert prepared.cache_dir == str(cache)
+    assert prepared.rejected_csv == str(cache / "rejected.csv") and Path(prepared.rejected_csv).is_file()
+    assert prepared.pretrained_dir == str(cache / "pretrained") and Path(prepared.pretrained_dir).is_dir()
+
+
+def test_an_older_layout_is_rebuilt_and_paths_point_into_the_published_folder(
+        data_cfg: DataConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(pipeline, "_prepare", _stand_in(calls))
+    cache = pipeline.cache_folder(data_cfg, 1)
+    built = pipeline.prepare(data_cfg, 1)
+    assert not built.cache_hit and len(calls) == 1 and calls[0].parent == cache.parent and calls[0] != cache
+    _assert_points_into(built, cache)
+    assert pipeline.is_cached(data_cfg, 1)
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name]
+
+    again = pipeline.prepare(data_cfg, 1)
+    assert again.cache_hit and len(calls) == 1
+    _assert_points_into(again, cache)
+
+    meta = json.loads((cache / pipeline.MARKER).read_text())  # as written before layouts were versioned
+    del meta["layout"]
+    (cache / pipeline.MARKER).write_text(json.dumps(meta))
+    (cache / "stray-file-of-the-old-build").write_text("x")
+    assert not pipeline.is_cached(data_cfg, 1)
+    rebuilt = pipeline.prepare(data_cfg, 1)
+    assert not rebuilt.cache_hit and len(calls) == 2
+    _assert_points_into(rebuilt, cache)
+    assert json.loads((cache / pipeline.MARKER).read_text())["layout"] == pipeline.LAYOUT
+    assert not (cache / "stray-file-of-the-old-build").exists()
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name]
+
+
+def test_a_builder_that_loses_the_race_uses_the_published_cache(data_cfg: DataConfig,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = pipeline.cache_folder(data_cfg, 1)
+    calls: list[Path] = []
+    build = _stand_in(calls, tag="mine")
+
+    def lose(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None) -> object:
+        other = cache.parent / "other-run"  # the other run publishes first
+        other.mkdir()
+        pipeline.save_prepared(_stand_in([], tag="theirs")(cfg, files, seed, other), other)
+        os.rename(other, cache)
+        return build(cfg, files, seed, folder, pretrained)
+
+    monkeypatch.setattr(pipeline, "_prepare", lose)
+    prepared = pipeline.prepare(data_cfg, 1)
+    assert prepared.labels == ["theirs", "b"] and len(calls) == 1
+    _assert_points_into(prepared, cache)
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name]
+
+    monkeypatch.setattr(pipeline, "_prepare", build)
+    rebuilt = pipeline.prepare(DataConfig(train=data_cfg.train, cache_dir=data_cfg.cache_dir, no_cache=True), 1)
+    assert rebuilt.labels == ["mine", "b"] and not rebuilt.cache_hit  # --no-cache replaces the published cache
+    assert pipeline.load_prepared(cache).labels == ["mine", "b"]
+    _assert_points_into(rebuilt, cache)
+
+
+def test_a_failed_build_leaves_nothing_and_only_dead_builders_folders_are_cleaned(
+        data_cfg: DataConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = pipeline.cache_folder(data_cfg, 1)
+    root = cache.parent
+    root.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = pipeline._HOST
+    folders = {
+        "dead": root / f"{cache.name}.tmp-{dead.pid}-0badc0de-{host}",
+        "live": root / f"{cache.name}.tmp-{os.getpid()}-0badc0de-{host}",
+        "old elsewhere": root / f"{'0' * 20}.tmp-1-0badc0de-{'f' * 8}",
+        "recent elsewhere": root / f"{'0' * 20}.tmp-2-0badc0de-{'e' * 8}",
+        "not ours": root / "notes.tmp-1-x",
+    }
+    for folder in folders.values():
+        (folder / "staging").mkdir(parents=True)
+    week_ago = time.time() - 7 * 86400
+    for path in (folders["old elsewhere"] / "staging", folders["old elsewhere"]):
+        os.utime(path, (week_ago, week_ago))
+
+    def fail(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None) -> object:
+        (folder / "staging").mkdir()
+        raise pipeline.DataError([pipeline.Problem("f.csv", 1, None, "bad")])
+
+    monkeypatch.setattr(pipeline, "_prepare", fail)
+    with pytest.raises(pipeline.DataError):
+        pipeline.prepare(data_cfg, 1)
+    left = {name for name, folder in folders.items() if folder.exists()}
+    assert left == {"live", "recent elsewhere", "not ours"}
+    assert sorted(p.name for p in root.iterdir()) == sorted(folders[name].name for name in left)
+
+
+def test_the_shared_cache_is_fetched_through_a_private_folder_and_an_older_layout_there_is_replaced(
+        data_cfg: DataConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(pipeline, "_prepare", _stand_in(calls))
+    shared = str(tmp_path / "shared")  # a local folder stands for the object store (same storage API)
+    built = pipeline.prepare(data_cfg, 1, shared_cache=shared)
+    key = pipeline.cache_folder(data_cfg, 1).name
+    assert built.shared_cache_dir == f"{shared}/{key}" and len(calls) == 1
+
+    other = DataConfig(train=data_cfg.train, cache_dir=str(tmp_path / "other-machine"))
+    cache = pipeline.cache_folder(other, 1)
+    assert not pipeline.is_cached(other, 1) and pipeline.is_cached(other, 1, shared_cache=shared)
+    fetched = pipeline.prepare(other, 1, shared_cache=shared)
+    assert fetched.cache_hit and len(calls) == 1
+    _assert_points_into(fetched, cache)
+    assert sorted(p.name for p in cache.parent.iterdir()) == [key]
+
+    published = Path(shared) / key / pipeline.MARKER  # an older layout in the shared cache: not used, replaced
+    meta = json.loads(published.read_text())
+    del meta["layout"]
+    published.write_text(json.dumps(meta))
+    third = DataConfig(train=data_cfg.train, cache_dir=str(tmp_path / "third-machine"))
+    assert not pipeline.is_cached(third, 1, shared_cache=shared)
+    rebuilt = pipeline.prepare(third, 1, shared_cache=shared)
+    assert not rebuilt.cache_hit and len(calls) == 2 and rebuilt.shared_cache_dir == f"{shared}/{key}"
+    assert json.loads(published.read_text())["layout"] == pipeline.LAYOUT
