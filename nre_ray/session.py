@@ -231,6 +231,8 @@ def autoscaler_node_types() -> tuple[list[NodeType], str | None]:
     or ``~/ray_bootstrap_config.yaml`` that ``ray up`` writes on the head (where ``ray job submit`` runs the
     driver). ``([], None)`` when neither is visible: the cluster is taken to be as large as it is now.
     """
+    import ray
+
     try:
         import ray._private.state
 
@@ -241,7 +243,7 @@ def autoscaler_node_types() -> tuple[list[NodeType], str | None]:
         return [NodeType(g.name, {k: float(v) for k, v in g.resources.items()},
                          g.max_count if g.max_count >= 0 else 1_000_000)
                 for g in config.node_group_configs if g.max_count != 0], None
-    path = _autoscaling_config_path()
+    path = _autoscaling_config_path(ray.get_runtime_context().gcs_address)
     if path is None:
         return [], None
     return read_node_types(path)
@@ -266,21 +268,30 @@ def read_node_types(path: Path) -> tuple[list[NodeType], str | None]:
     return types, provider.get("module") if provider.get("type") == "external" else provider.get("type")
 
 
-def _autoscaling_config_path() -> Path | None:
-    """The autoscaling config of a Ray head running on this machine, if any (see :func:`autoscaler_node_types`)."""
+def _autoscaling_config_path(gcs_address: str) -> Path | None:
+    """The autoscaling config of the joined cluster's head when it runs on this machine (see
+    :func:`autoscaler_node_types`): the ``--autoscaling-config`` of the monitor process whose ``--gcs-address`` is
+    the cluster's. Another cluster's monitor on the same machine (a stand-in beside a local run) is not this one.
+    With no monitor visible at all, ``~/ray_bootstrap_config.yaml`` (the driver of a job on a ``ray up`` head)."""
+    monitors = 0
     for pid in (p for p in os.listdir("/proc") if p.isdigit()) if Path("/proc").is_dir() else ():
         try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if not any(a.endswith(b"autoscaler/_private/monitor.py") for a in args[:3]):
+        if not any("autoscaler" in a and a.endswith("/monitor.py") for a in args[:3]):  # v1's or v2's
             continue
-        for arg in args:
-            found = re.match(rb"--autoscaling-config=(.+)", arg)
-            if found:
-                return Path(os.path.expanduser(found.group(1).decode()))
+        monitors += 1
+        flags = dict(re.match(r"(--[\w-]+)=(.*)", a).groups() for a in args if re.match(r"--[\w-]+=", a))
+        # the same machine: the GCS port tells the clusters apart (the host part may be any of its addresses)
+        if _port(flags.get("--gcs-address", "")) == _port(gcs_address) and flags.get("--autoscaling-config"):
+            return Path(os.path.expanduser(flags["--autoscaling-config"]))
     bootstrap = Path("~/ray_bootstrap_config.yaml").expanduser()
-    return bootstrap if bootstrap.is_file() else None
+    return bootstrap if not monitors and bootstrap.is_file() else None
+
+
+def _port(address: str) -> str:
+    return address.rsplit(":", 1)[-1]
 
 
 def placement_timeout(requested: float | None, info: Cluster) -> float:

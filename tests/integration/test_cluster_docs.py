@@ -43,7 +43,7 @@ def test_the_rehearsal_commands_run_as_written(tmp_path):
     ports = f"--s3-port {free_port()} --gcs-port {free_port()} --dashboard-port {free_port()} " \
             f"--mlflow-port {free_port()}"
     script = "\n".join(rehearsal_commands(DOC.read_text()))
-    script = script.replace("python -m nre_ray.standin up", f"python -m nre_ray.standin up {ports}")
+    script = re.sub(r"python -m nre_ray\.standin up(?=\s)", f"python -m nre_ray.standin up {ports}", script)
     script = script.replace("python -m nre_ray.standin", f"python -m nre_ray.standin --dir {folder}")
     script = script.replace("source .standin/env.sh", f"source {folder}/env.sh")
     shell_env = env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

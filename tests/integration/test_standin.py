@@ -53,9 +53,9 @@ def _submit(state: standin.Standin, run_name: str, *extra: str, log: Path) -> su
             [RAY, "job", "submit", "--working-dir", ".", "--", "python", "-m", "nre_ray.train",
              "--storage-path", f"s3://{state.bucket}/nre_ray/checkpoints", "--tracking-uri", state.tracking_uri,
              "--data-dir", f"s3://{state.bucket}/nre_ray/data", "--run-name", run_name, *extra],
-            # (the test session points RAY_API_SERVER_ADDRESS at a closed port; `ray job` would prefer it)
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-            env=env(**state.env(), RAY_API_SERVER_ADDRESS=state.dashboard))
+            # (state.env() also sets RAY_API_SERVER_ADDRESS, which `ray job` reads first: the test session points
+            # it at a closed port)
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env(**state.env()))
 
 
 def _run(client: MlflowClient, run_name: str):
@@ -131,3 +131,12 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster,
     # The autoscaler started a node in place of the lost one (3 workers: the head holds one, two need nodes).
     replaced = wait_for("a replacement node", lambda: set(standin.worker_nodes(cluster)) - before, 60)
     assert lost not in standin.worker_nodes(cluster) and replaced
+
+
+def test_a_local_ray_beside_the_standin_does_not_take_its_node_types(cluster, ray_cluster):
+    """The driver reads node types from the monitor of the cluster it joined: the stand-in's autoscaler, running on
+    the same machine, is not the test session's local Ray's."""
+    from nre_ray import session
+
+    info = session.cluster()
+    assert info.node_types == [] and not info.can_grow
