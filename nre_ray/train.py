@@ -381,7 +381,9 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary.get("model_uri"):
         print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
                                                   if summary.get("registered_model_uri") else ""))
-    print(f"look at it: mlflow ui --backend-store-uri {summary['tracking_uri']}", flush=True)
+    uri = summary["tracking_uri"]
+    print(f"look at it: open {uri} in a browser" if uri.startswith(("http://", "https://"))
+          else f"look at it: mlflow ui --backend-store-uri {uri}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
