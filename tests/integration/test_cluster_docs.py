@@ -59,6 +59,8 @@ def test_the_rehearsal_commands_run_as_written(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "Adding 1 node(s) of type cpu_worker" in out and "succeeded" in out
+    assert "Job 'rehearsal-1' succeeded" in out and "SUCCEEDED" in out  # `ray job status`
+    assert out.count("look at it: open http://127.0.0.1:") == 2  # the summary, streamed then from `ray job logs`
     assert re.search(r"head \+ [1-9] autoscaled worker node", out), out[-2000:]  # `status` after the job
     assert "stopped" in out and "processes of the stand-in" in out  # `down`
     assert not [p for p in mentioning("/tmp/nre_standin_") if p not in before and alive(p)]
