@@ -32,7 +32,8 @@ def rehearsal_commands(text: str) -> list[str]:
 def test_the_rehearsal_section_has_the_commands_a_user_runs():
     blocks = rehearsal_commands(DOC.read_text())
     script = "\n".join(blocks)
-    for needed in ("python -m nre_ray.standin up", "source .standin/env.sh", "ray job submit --working-dir .",
+    for needed in ("python -m nre_ray.standin up", "source .standin/env.sh",
+                   "ray job submit --submission-id rehearsal-1 --working-dir .",
                    "s3://$BUCKET/nre_ray/checkpoints", "--tracking-uri $TRACKING_URI",
                    "python -m nre_ray.standin down"):
         assert needed in script, needed
@@ -57,10 +58,12 @@ def test_the_rehearsal_commands_run_as_written(tmp_path):
         if (folder / standin.STATE_FILE).exists():  # the script stopped before its `down`
             standin.down(folder)
     out = done.stdout + done.stderr
+    (tmp_path / "rehearsal.log").write_text(out)
     assert done.returncode == 0, out[-4000:]
     assert "Adding 1 node(s) of type cpu_worker" in out and "succeeded" in out
-    assert "Job 'rehearsal-1' succeeded" in out and "SUCCEEDED" in out  # `ray job status`
-    assert out.count("look at it: open http://127.0.0.1:") == 2  # the summary, streamed then from `ray job logs`
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # Ray's CLI colours its lines
+    assert plain.count("Job 'rehearsal-1' succeeded") == 2, plain[-3000:]  # `ray job submit`, then `ray job status`
+    assert plain.count("look at it: open http://127.0.0.1:") == 2  # the summary, streamed then from `ray job logs`
     assert re.search(r"head \+ [1-9] autoscaled worker node", out), out[-2000:]  # `status` after the job
     assert "stopped" in out and "processes of the stand-in" in out  # `down`
     assert not [p for p in mentioning("/tmp/nre_standin_") if p not in before and alive(p)]
