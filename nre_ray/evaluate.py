@@ -57,9 +57,9 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Score this worker's shard; called by TorchTrainer on every rank.
 
     ``loop_config``: ``model`` (dict or ObjectRef: ``config`` as Config.to_dict(), ``state`` weights, ``spec``
-    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (dict or ObjectRef of the encoded arrays),
-    ``labels``, ``negative_label``, ``threads``, ``sink`` (a :class:`ResultSink` handle, or an absolute path for a
-    JSON file).
+    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (dict or ObjectRef of the encoded arrays,
+    flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``threads``, ``sink`` (a
+    :class:`ResultSink` handle, or an absolute path for a JSON file).
     """
     import ray.train
     import ray.train.torch
@@ -74,7 +74,7 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model = build_model(cfg.model, ModelSpec(*payload["spec"]))
     model.load_state_dict(payload["state"])
     model.to(ray.train.torch.get_device())  # no DDP: nothing is trained, and ranks may run different batch counts
-    split = EncodedSplit({k: np.array(v) for k, v in _resolve(loop_config["data"]).items()})
+    split = EncodedSplit(_resolve(loop_config["data"]))  # flat or padded arrays (read-only is fine: batches copy)
     labels = list(loop_config["labels"])
     cm, loss = evaluate(model, eval_loader(split, rank, world_size), len(labels))
     if rank != 0:
@@ -158,7 +158,7 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_") as storage:
         trainer = TorchTrainer(
             eval_loop_per_worker,
-            train_loop_config={"model": ray.put(payload), "data": ray.put(split.arrays), "labels": labels,
+            train_loop_config={"model": ray.put(payload), "data": ray.put(split.flat), "labels": labels,
                                "negative_label": negative, "threads": resources.threads, "sink": sink},
             scaling_config=ray.train.ScalingConfig(num_workers=num_workers, resources_per_worker=resources.per_worker),
             run_config=ray.train.RunConfig(

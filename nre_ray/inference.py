@@ -137,11 +137,11 @@ class Predictor:
         The batches depend only on the order of the rows, so the same rows give the same numbers however the input
         was distributed.
         """
-        arrays = {k: np.array(v) for k, v in split.arrays.items()}  # writable copies (torch.from_numpy wants them)
+        flat = dict(split.flat)
         # Positions past the largest one seen in training share its embedding (the table has no row for them).
         for key in ("head_pos", "tail_pos"):
-            arrays[key] = np.minimum(arrays[key], self.num_positions - 1)
-        dataset = EncodedDataset(EncodedSplit(arrays))
+            flat[key] = np.minimum(flat[key], self.num_positions - 1)
+        dataset = EncodedDataset(EncodedSplit(flat))
         n = len(dataset)
         out = np.zeros((n, len(self.labels)), dtype=np.float32)
         for start in range(0, n, self.batch_size):

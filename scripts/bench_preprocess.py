@@ -116,8 +116,8 @@ def digest(splits: dict[str, Any]) -> str:
     """A short hash of every array of every split (to check that both implementations made the same data)."""
     h = hashlib.sha1()
     for name in sorted(splits):
-        for key in sorted(splits[name].arrays):
-            array = np.ascontiguousarray(splits[name].arrays[key])
+        for key in sorted(splits[name].flat):  # the stored form: flat arrays and row offsets
+            array = np.ascontiguousarray(splits[name].flat[key])
             h.update(f"{name}/{key}/{array.dtype}/{array.shape}".encode())
             h.update(array.tobytes())
     return h.hexdigest()[:16]

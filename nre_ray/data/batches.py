@@ -2,8 +2,8 @@
 
 Each function is pure: a batch in, a batch out, no state. ``tokenize_batch`` adds the tokens and entity spans;
 ``token_counts`` feeds the vocabulary; ``encode_batch`` turns tokens into ids, position features, PCNN segments and
-label ids, after truncating to a window that keeps both entities. :class:`EncodedSplit` holds a split as padded
-arrays.
+label ids, after truncating to a window that keeps both entities. :class:`EncodedSplit` holds a split without padding
+(flat arrays and row offsets) and pads batches as they are made.
 
 This module does not import torch: the Ray Data workers that run these functions start in a second instead of
 several, and stay some 200 MB smaller. :mod:`nre_ray.data.encode` re-exports everything here, next to the torch
@@ -13,7 +13,6 @@ several, and stay some 200 MB smaller. :mod:`nre_ray.data.encode` re-exports eve
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from nre_ray.data.tokenize import (
 )
 from nre_ray.data.vocab import Vocab
 
-#: Arrays of an encoded split; every 2-D array is (N, T) with 0 as padding.
+#: The padded arrays of a batch (and of :attr:`EncodedSplit.arrays`); every 2-D one is (B, T) with 0 as padding.
 ARRAY_KEYS = ("tokens", "head_pos", "tail_pos", "segments", "lengths", "labels", "head_span", "tail_span")
 
 
@@ -116,40 +115,109 @@ def encode_batch(batch: pd.DataFrame, vocab: list[str], labels: list[str] | None
     return out
 
 
-@dataclass
-class EncodedSplit:
-    """One split as padded arrays. ``tokens``, ``head_pos``, ``tail_pos``, ``segments``: (N, T) int32;
-    ``lengths``, ``labels``: (N,); ``head_span``, ``tail_span``: (N, 2)."""
+#: The per-token arrays, stored flat: every row's values at its real length, one row after another.
+LIST_KEYS = ("tokens", "head_pos", "tail_pos", "segments")
+#: The per-row arrays: ``lengths``, ``labels`` (N,); ``head_span``, ``tail_span`` (N, 2).
+ROW_KEYS = ("lengths", "labels", "head_span", "tail_span")
+#: What an :class:`EncodedSplit` holds (and its folder stores, one ``.npy`` file each): ``offsets`` (N + 1, int64)
+#: says where row ``i`` is in the flat arrays (``offsets[i]:offsets[i + 1]``).
+FLAT_KEYS = (*LIST_KEYS, "offsets", *ROW_KEYS)
 
-    arrays: dict[str, np.ndarray]
+
+def flatten(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The flat form (:data:`FLAT_KEYS`) of padded arrays (:data:`ARRAY_KEYS`, 2-D ones (N, T) with 0 as padding).
+    Already flat arrays (with ``offsets``) are returned as they are."""
+    if "offsets" in arrays:
+        return {k: arrays[k] for k in FLAT_KEYS}
+    lengths = np.asarray(arrays["lengths"])
+    n = len(lengths)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = {"offsets": offsets, **{k: np.asarray(arrays[k]) for k in ROW_KEYS}}
+    for key in LIST_KEYS:
+        padded = np.asarray(arrays[key])
+        real = np.arange(padded.shape[1] if padded.ndim == 2 else 0) < lengths[:, None]  # (N, T)
+        flat[key] = padded[real] if n else np.zeros(0, dtype=padded.dtype)  # row-major: rows in order
+    return flat
+
+
+class EncodedSplit:
+    """One split of encoded rows, stored without padding (:data:`FLAT_KEYS`): ``tokens``, ``head_pos``,
+    ``tail_pos``, ``segments`` are the int32 values of all rows at their real lengths, concatenated; ``offsets``
+    (N + 1, int64) says where each row starts; ``lengths``, ``labels`` (N,); ``head_span``, ``tail_span`` (N, 2).
+
+    Made from padded arrays (``EncodedSplit({"tokens": (N, T), ...})``, as written by older code and tests) or flat
+    ones; :meth:`open` maps a saved split's files without reading them (``np.load(mmap_mode="r")``), so a worker
+    that reads only its shard's rows touches only their pages. :meth:`rows` pads a batch to its own longest row;
+    :attr:`arrays` is the whole split padded (small splits: tests, prediction).
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], name: str = "") -> None:
+        self.flat = flatten(arrays)
+        self.name = name
 
     def __len__(self) -> int:
-        return len(self.arrays["lengths"])
+        return len(self.flat["lengths"])
+
+    def rows(self, indices: np.ndarray | list[int]) -> dict[str, np.ndarray]:
+        """The rows ``indices`` as :data:`ARRAY_KEYS` arrays, the 2-D ones (B, T) padded with 0 to the longest of
+        these rows (at least 1 wide)."""
+        f = self.flat
+        idx = np.asarray(indices, dtype=np.int64)
+        lengths = np.asarray(f["lengths"][idx])  # (B,)
+        width = max(int(lengths.max()), 1) if len(idx) else 1
+        real = np.arange(width) < lengths[:, None]  # (B, T)
+        where = (np.asarray(f["offsets"][idx])[:, None] + np.arange(width))[real]  # flat positions of real cells
+        out = {"lengths": lengths, **{k: np.asarray(f[k][idx]) for k in ("labels", "head_span", "tail_span")}}
+        for key in LIST_KEYS:
+            padded = np.zeros((len(idx), width), dtype=f[key].dtype)
+            padded[real] = f[key][where]
+            out[key] = padded
+        return out
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The whole split as padded arrays (:data:`ARRAY_KEYS`; as wide as the longest row)."""
+        n = len(self)
+        lengths = np.asarray(self.flat["lengths"])
+        out = self.rows(np.arange(n))
+        width = int(lengths.max()) if n else 1
+        for key in LIST_KEYS:  # exactly as wide as the longest row, even when that is 0 (rows() makes it 1 at least)
+            out[key] = out[key][:, :width] if n else np.zeros((0, 1), dtype=out[key].dtype)
+        return out
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame) -> EncodedSplit:
-        """Pad the list columns written by :func:`encode_batch` into arrays."""
+        """Flatten the list columns written by :func:`encode_batch` (or the subword encoder)."""
         n = len(frame)
         lengths = frame["length"].to_numpy(dtype=np.int32) if n else np.zeros(0, dtype=np.int32)
-        width = int(lengths.max()) if n else 1
-        arrays = {"lengths": lengths, "labels": frame["label"].to_numpy(dtype=np.int64) if n else
-                  np.zeros(0, dtype=np.int64)}
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = {"offsets": offsets, "lengths": lengths,
+                "labels": frame["label"].to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)}
         for key, column in (("tokens", "token_ids"), ("head_pos", "head_pos"), ("tail_pos", "tail_pos"),
                             ("segments", "segments")):
-            padded = np.zeros((n, width), dtype=np.int32)
-            for i, row in enumerate(frame[column]):
-                padded[i, : len(row)] = row
-            arrays[key] = padded
+            rows = [np.asarray(row, dtype=np.int32)[:length] for row, length in zip(frame[column], lengths,
+                                                                                      strict=True)]
+            flat[key] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int32)
         for key in ("head_span", "tail_span"):
-            arrays[key] = np.asarray([list(s) for s in frame[key]], dtype=np.int32).reshape(n, 2)
-        return cls(arrays)
+            flat[key] = np.asarray([list(s) for s in frame[key]], dtype=np.int32).reshape(n, 2)
+        return cls(flat)
 
-    def save(self, path: Path) -> None:
-        """Write as an uncompressed ``.npz`` (no pickle)."""
-        np.savez(path, **self.arrays)
+    @staticmethod
+    def files(name: str) -> list[str]:
+        """The file names a split called ``name`` is saved as (in the cache folder)."""
+        return [f"{name}.{key}.npy" for key in FLAT_KEYS]
+
+    def save(self, folder: Path, name: str) -> None:
+        """Write as one ``.npy`` file per array (:meth:`files`; no pickle), readable with ``mmap_mode``."""
+        for key, file in zip(FLAT_KEYS, self.files(name), strict=True):
+            np.save(Path(folder) / file, np.ascontiguousarray(self.flat[key]), allow_pickle=False)
 
     @classmethod
-    def load(cls, path: Path) -> EncodedSplit:
-        """Read a split written by :meth:`save`."""
-        with np.load(path, allow_pickle=False) as data:
-            return cls({k: data[k] for k in ARRAY_KEYS})
+    def open(cls, folder: Path | str, name: str, mmap: bool = True) -> EncodedSplit:
+        """The split ``name`` saved by :meth:`save` in ``folder``: memory-mapped (read-only, nothing read until a
+        row is asked for) unless ``mmap`` is False."""
+        flat = {key: np.load(Path(folder) / file, mmap_mode="r" if mmap else None, allow_pickle=False)
+                for key, file in zip(FLAT_KEYS, cls.files(name), strict=True)}
+        return cls(flat, name)

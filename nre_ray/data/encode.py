@@ -8,7 +8,6 @@ smaller); they are re-exported here, so ``from nre_ray.data.encode import encode
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from nre_ray.data.batches import ARRAY_KEYS, EncodedSplit, encode_batch, token_counts, tokenize_batch
@@ -20,33 +19,30 @@ __all__ = ["ARRAY_KEYS", "EncodedDataset", "EncodedSplit", "encode_batch", "iden
 class EncodedDataset(torch.utils.data.Dataset):
     """A map-style dataset over an :class:`EncodedSplit` that hands out whole batches.
 
-    ``__getitems__`` gathers a batch with one ``index_select`` per array, trimmed to the longest sentence in the
-    batch; no per-example Python runs on the training hot path. Use with ``collate_fn=identity_collate``. The arrays
-    stay int32 and shared with the split (no copy); only the gathered (B, T) slices become int64.
+    ``__getitems__`` gathers a batch's rows from the split's flat arrays (memory-mapped when the split was opened
+    from its folder: only the pages of the rows asked for are read) and pads them to the longest row of that batch;
+    no per-example Python runs on the training hot path. Use with ``collate_fn=identity_collate``. Only the batch's
+    own cells are copied; they become int64.
     """
 
     def __init__(self, split: EncodedSplit) -> None:
-        self.tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in split.arrays.items()}
-        self._positions = torch.arange(max(self.tensors["tokens"].shape[1], 1))  # (T,) for the padding mask
+        self.split = split
 
     def __len__(self) -> int:
-        return len(self.tensors["lengths"])
+        return len(self.split)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return self.__getitems__([index])
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        t = self.tensors
-        idx = torch.as_tensor(indices, dtype=torch.long)  # (B,)
-        lengths = t["lengths"].index_select(0, idx)  # (B,)
-        width = max(int(lengths.max()), 1) if len(indices) else 1
-        # (N, T) -> view (N, width) -> gather (B, width) -> int64: only the batch's own cells are copied
-        batch = {k: t[k][:, :width].index_select(0, idx).long() for k in ("tokens", "head_pos", "tail_pos", "segments")}
-        batch["mask"] = self._positions[:width] < lengths.unsqueeze(1)  # (B, T) True on real tokens
-        batch["labels"] = t["labels"].index_select(0, idx)
-        batch["head_span"] = t["head_span"].index_select(0, idx).long()  # (B, 2)
-        batch["tail_span"] = t["tail_span"].index_select(0, idx).long()  # (B, 2)
-        batch["index"] = idx
+        rows = self.split.rows(indices)  # (B, T) arrays, T = the longest of these rows
+        batch = {k: torch.from_numpy(rows[k]).long() for k in ("tokens", "head_pos", "tail_pos", "segments")}
+        lengths = torch.from_numpy(rows["lengths"])  # (B,)
+        batch["mask"] = torch.arange(batch["tokens"].shape[1]) < lengths.unsqueeze(1)  # (B, T) True on real tokens
+        batch["labels"] = torch.from_numpy(rows["labels"]).long()
+        batch["head_span"] = torch.from_numpy(rows["head_span"]).long()  # (B, 2)
+        batch["tail_span"] = torch.from_numpy(rows["tail_span"]).long()  # (B, 2)
+        batch["index"] = torch.as_tensor(indices, dtype=torch.long)
         return batch
 
 

@@ -220,9 +220,10 @@ def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Source] | None = N
 MARKER = "meta.json"
 """The file a cache folder gets last: the folder is complete when it is there with this :data:`LAYOUT` (locally and
 in a shared cache)."""
-LAYOUT = 2
+LAYOUT = 3
 """``meta.json``'s ``layout``: what a cache folder holds and how its paths are recorded (2: built in a private folder
-and published by a rename; the rejected rows and the tokenizer folder recorded relative to the folder). A folder with
+and published by a rename; the rejected rows and the tokenizer folder recorded relative to the folder; 3: each split
+stored without padding as memory-mappable ``<split>.<array>.npy`` files, :meth:`EncodedSplit.save`). A folder with
 another layout, or none (written before layouts were recorded), is not a cache: it is rebuilt and replaced."""
 PRIVATE_MAX_AGE = 24 * 3600
 """Seconds after which a private build folder whose builder cannot be checked (another machine's) counts as stale."""
@@ -308,6 +309,12 @@ def _complete(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("layout") == LAYOUT
+
+
+def split_files_complete(folder: Path, splits: list[str]) -> bool:
+    """``folder`` holds a complete cache of this :data:`LAYOUT` with the files of ``splits`` (what a training worker
+    memory-maps: :func:`nre_ray.loop.open_splits`)."""
+    return _complete(folder) and all((folder / f).is_file() for s in splits for f in EncodedSplit.files(s))
 
 
 def _shared_complete(shared: str) -> bool:
@@ -884,7 +891,7 @@ def _encode_words(cfg: DataConfig, stage: _Stage, inputs: list[str], labels: lis
                      fn_kwargs={"vocab": vocab.tokens, "labels": labels, "max_length": cfg.max_length,
                                 "window": cfg.position_window, "moved": moved})
     )
-    splits, oov = _assemble(encoded, final, cfg.max_length)
+    splits, oov = _assemble(encoded, final)
     return splits, vocab, oov
 
 
@@ -913,7 +920,7 @@ def _encode_subword(cfg: DataConfig, pretrained: str, folder: Path, stage: _Stag
                                 "typed": cfg.typed_markers, "window": cfg.position_window, "moved": moved})
     )
     unk = tok.tokenizer.unk_token_id
-    splits, oov = _assemble(encoded, final, cfg.max_length, width=cfg.max_length, unk_id=-1 if unk is None else unk)
+    splits, oov = _assemble(encoded, final, unk_id=-1 if unk is None else unk)
     return splits, vocab, str(tokenizer_dir), oov
 
 
@@ -981,20 +988,19 @@ def _final_rows(rows: dict[str, dict[str, np.ndarray]], kept: dict[str, np.ndarr
     return {s: final[s] for s in SPLITS if s in final and len(final[s]["line"])}
 
 
-def _assemble(encoded: Any, final: dict[str, dict[str, np.ndarray]], max_length: int, width: int | None = None,
-              unk_id: int = UNK_ID) -> tuple[dict[str, EncodedSplit], dict[str, tuple[int, int]]]:
-    """Copy the encoded blocks into each split's padded arrays, row ``i`` = the ``i``-th kept line of the split.
+def _assemble(encoded: Any, final: dict[str, dict[str, np.ndarray]], unk_id: int = UNK_ID
+              ) -> tuple[dict[str, EncodedSplit], dict[str, tuple[int, int]]]:
+    """Copy the encoded blocks into each split's flat arrays (no padding), row ``i`` = the ``i``-th kept line of the
+    split. ``unk_id``: the id that counts as out of vocabulary.
 
-    ``width``: the arrays' width (default: the longest row in words, at most ``max_length``); ``unk_id``: the id that
-    counts as out of vocabulary."""
-    arrays: dict[str, dict[str, np.ndarray]] = {}
-    widths = {split: width or max(1, min(int(info["ntok"].max()), max_length)) for split, info in final.items()}
+    Blocks come in any order: the per-row arrays are filled first (which gives the offsets), then each block's
+    values are scattered to their rows' places in the flat arrays."""
+    rows: dict[str, dict[str, np.ndarray]] = {}
     for split, info in final.items():
         n = len(info["line"])
-        width = widths[split]
-        arrays[split] = {"lengths": np.zeros(n, dtype=np.int32), "labels": np.zeros(n, dtype=np.int64),
-                         "head_span": np.zeros((n, 2), dtype=np.int32), "tail_span": np.zeros((n, 2), dtype=np.int32),
-                         **{key: np.zeros((n, width), dtype=np.int32) for key, _ in ENCODED_LISTS}}
+        rows[split] = {"lengths": np.zeros(n, dtype=np.int32), "labels": np.zeros(n, dtype=np.int64),
+                       "head_span": np.zeros((n, 2), dtype=np.int32), "tail_span": np.zeros((n, 2), dtype=np.int32)}
+    parts: dict[str, list[tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]]] = {s: [] for s in final}
     filled = dict.fromkeys(final, 0)
     oov = {split: [0, 0] for split in final}
     for table in encoded.iter_batches(batch_format="pyarrow", batch_size=None):
@@ -1003,26 +1009,39 @@ def _assemble(encoded: Any, final: dict[str, dict[str, np.ndarray]], max_length:
         for split in pc.unique(split_column).to_pylist():
             part = table.filter(pc.equal(split_column, split))
             dest = np.searchsorted(final[split]["line"], part.column("line").to_numpy())
-            out = arrays[split]
+            out = rows[split]
             out["lengths"][dest] = part.column("length").to_numpy()
             out["labels"][dest] = part.column("label").to_numpy()
             for key in ("head_span", "tail_span"):
                 out[key][dest, 0] = part.column(f"{key}_start").to_numpy()
                 out[key][dest, 1] = part.column(f"{key}_end").to_numpy()
+            lists = {}
             for key, column in ENCODED_LISTS:
-                lists = part.column(column).combine_chunks()
-                lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
-                values = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
-                starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-                out[key][np.repeat(dest, lengths), np.arange(len(values)) - starts] = values
+                values = part.column(column).combine_chunks()
+                lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+                flat = pc.list_flatten(values).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+                lists[key] = (lengths, flat)
                 if key == "tokens":
-                    oov[split][0] += int((values == unk_id).sum())
-                    oov[split][1] += len(values)
+                    oov[split][0] += int((flat == unk_id).sum())
+                    oov[split][1] += len(flat)
+            parts[split].append((dest, lists))
             filled[split] += part.num_rows
     for split, info in final.items():
         if filled[split] != len(info["line"]):
             raise RuntimeError(f"preprocessing encoded {filled[split]} of the {len(info['line'])} {split} rows")
-    return {s: EncodedSplit(a) for s, a in arrays.items()}, {s: (u, t) for s, (u, t) in oov.items()}
+    splits = {}
+    for split, out in rows.items():
+        offsets = np.zeros(len(out["lengths"]) + 1, dtype=np.int64)
+        np.cumsum(out["lengths"], out=offsets[1:])
+        flat = {key: np.zeros(int(offsets[-1]), dtype=np.int32) for key, _ in ENCODED_LISTS}
+        for dest, lists in parts[split]:
+            for key, (lengths, values) in lists.items():
+                if not np.array_equal(lengths, out["lengths"][dest]):
+                    raise RuntimeError(f"preprocessing: {key} does not have one value per token in {split}")
+                starts = np.repeat(np.cumsum(lengths) - lengths, lengths)  # each value's row start in the block
+                flat[key][np.repeat(offsets[dest], lengths) + np.arange(len(values)) - starts] = values
+        splits[split] = EncodedSplit({**flat, "offsets": offsets, **out}, split)
+    return splits, {s: (u, t) for s, (u, t) in oov.items()}
 
 
 def _write_rejected(stage: _Stage, labels: list[str], label_problem: Callable[[str], str],
@@ -1062,7 +1081,7 @@ def save_prepared(prepared: Prepared, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MARKER).unlink(missing_ok=True)
     for name, split in prepared.splits.items():
-        split.save(folder / f"{name}.npz")
+        split.save(folder, name)
     prepared.vocab.save(folder / "vocab.json")
     (folder / "labels.json").write_text(json.dumps(prepared.labels, ensure_ascii=False), encoding="utf-8")
     (folder / "audit.json").write_text(json.dumps(prepared.audit, ensure_ascii=False), encoding="utf-8")
@@ -1093,7 +1112,7 @@ def load_prepared(folder: Path) -> Prepared:
     rejected_csv = meta.get("rejected_csv", "rejected.csv" if count else None)
     pretrained_dir = meta.get("pretrained_dir", "pretrained" if meta.get("pretrained") else None)
     return Prepared(
-        splits={name: EncodedSplit.load(folder / f"{name}.npz") for name in meta["splits"]},
+        splits={name: EncodedSplit.open(folder, name) for name in meta["splits"]},  # memory-mapped
         vocab=Vocab.load(folder / "vocab.json"),
         labels=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
         sources=meta["sources"],

@@ -67,17 +67,9 @@ ray.shutdown()
 
 
 def folder_contents(root: Path) -> dict[str, object]:
-    """Every file under ``root`` (relative path -> content: the arrays of a .npz, whose zip headers carry write
-    times; the bytes of anything else)."""
-    contents: dict[str, object] = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as data:
-                contents[rel] = {k: (data[k].dtype.str, data[k].shape, data[k].tobytes()) for k in data.files}
-        else:
-            contents[rel] = path.read_bytes()
-    return contents
+    """Every file under ``root`` (relative path -> its bytes; the splits' ``.npy`` files carry no write times)."""
+    return {path.relative_to(root).as_posix(): path.read_bytes()
+            for path in sorted(p for p in root.rglob("*") if p.is_file())}
 
 
 @pytest.mark.integration
@@ -139,7 +131,7 @@ def watch(cache: Path, seen: list[str], done: threading.Event) -> None:
                 continue
             try:
                 meta = json.loads((folder / pipeline.MARKER).read_text())
-                missing = [f"{s}.npz" for s in meta["splits"] if not (folder / f"{s}.npz").is_file()]
+                missing = [f for s in meta["splits"] for f in EncodedSplit.files(s) if not (folder / f).is_file()]
                 seen.append(f"missing {missing}" if missing else "complete")
             except (OSError, ValueError) as err:
                 seen.append(f"{folder.name} without a readable meta.json ({type(err).__name__})")
@@ -214,6 +206,33 @@ def test_an_older_layout_is_rebuilt_and_paths_point_into_the_published_folder(
     assert json.loads((cache / pipeline.MARKER).read_text())["layout"] == pipeline.LAYOUT
     assert not (cache / "stray-file-of-the-old-build").exists()
     assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name]
+
+
+def test_a_layout_2_cache_of_padded_npz_splits_is_rebuilt_not_misread(
+        data_cfg: DataConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache as layout 2 wrote it (each split one padded ``.npz``) is not a cache now: rebuilt, and the new
+    folder holds the flat ``.npy`` files, none of the old ones."""
+    calls: list[Path] = []
+    monkeypatch.setattr(pipeline, "_prepare", _stand_in(calls))
+    cache = pipeline.cache_folder(data_cfg, 1)
+    pipeline.prepare(data_cfg, 1)
+    for file in EncodedSplit.files("train"):
+        (cache / file).unlink()
+    np.savez(cache / "train.npz", tokens=np.full((3, 4), 7, dtype=np.int32), lengths=np.full(3, 4, dtype=np.int32))
+    meta = json.loads((cache / pipeline.MARKER).read_text())
+    (cache / pipeline.MARKER).write_text(json.dumps({**meta, "layout": 2}))
+    assert pipeline.LAYOUT == 3 and not pipeline.is_cached(data_cfg, 1)
+    assert not pipeline.split_files_complete(cache, ["train"])  # a training worker would not open it either
+
+    rebuilt = pipeline.prepare(data_cfg, 1)
+    assert not rebuilt.cache_hit and len(calls) == 2
+    assert not (cache / "train.npz").exists()
+    assert pipeline.split_files_complete(cache, ["train"])
+    again = pipeline.prepare(data_cfg, 1)
+    assert again.cache_hit and len(calls) == 2
+    assert again.splits["train"].arrays["lengths"].tolist() == [0, 1, 2]  # the stand-in's rows, read back flat
+    assert again.splits["train"].arrays["tokens"].tolist() == [[0, 0], [1, 0], [1, 1]]
+    assert isinstance(again.splits["train"].flat["tokens"], np.memmap)
 
 
 def test_a_builder_that_loses_the_race_uses_the_published_cache(data_cfg: DataConfig,

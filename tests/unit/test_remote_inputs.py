@@ -106,7 +106,7 @@ def test_remote_folder_prepares_to_the_local_result_and_the_shared_cache_is_reus
     assert_same(first, local)
     key = Path(first.cache_dir).name
     assert first.shared_cache_dir == f"{shared}/{key}" and storage.is_file(f"{shared}/{key}/meta.json")
-    assert storage.is_file(f"{shared}/{key}/train.npz") and not storage.exists(f"{shared}/{key}/staging")
+    assert storage.is_file(f"{shared}/{key}/train.tokens.npy") and not storage.exists(f"{shared}/{key}/staging")
 
     empty = tmp_path / "second"  # another machine: nothing cached locally
     second_cfg = DataConfig(data_dir=uri, cache_dir=str(empty))
