@@ -122,6 +122,34 @@ def _arrays(data: Any) -> dict[str, Any]:
     return ray.get(data) if isinstance(data, ray.ObjectRef) else data
 
 
+def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
+    """This worker's view of the encoded splits, from the loop's ``data``.
+
+    With ``cache``: ``{"dir": the local cache folder's absolute path, "shared": the shared cache's URI or None,
+    "splits": names}`` (what :func:`nre_ray.train.build_trainer` sends), the splits' ``.npy`` files are memory-mapped
+    from the local folder when it is on this node (one machine, or the same path on every node), else from a copy of
+    the shared cache made once per node (:func:`nre_ray.storage.local_copy`). Nothing is read until a batch asks for
+    its rows, so a worker reads only its shard. With ``splits`` (name -> padded or flat arrays, in memory: tests and
+    local runs), those arrays are used as they are.
+    """
+    if "splits" in data:
+        return {name: EncodedSplit(arrays, name) for name, arrays in data["splits"].items()}
+    from nre_ray import storage
+    from nre_ray.data.pipeline import split_files_complete
+
+    cache = data["cache"]
+    folder = Path(cache["dir"]) if cache.get("dir") else None
+    if folder is None or not split_files_complete(folder, cache["splits"]):
+        if not cache.get("shared"):
+            raise FileNotFoundError(f"the preprocessed data is not on this node: {folder} (and no shared cache to "
+                                    "copy it from: pass a shared --storage-path, or the same path on every node)")
+        folder = storage.local_copy(cache["shared"])
+        if not split_files_complete(folder, cache["splits"]):  # complete, of this layout
+            raise FileNotFoundError(f"the shared cache {cache['shared']} (copied to {folder}) lacks the splits "
+                                    f"{cache['splits']}")
+    return {name: EncodedSplit.open(folder, name) for name in cache["splits"]}
+
+
 def place_and_restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Schedule,
                       scaler: torch.amp.GradScaler, loaded_state: dict[str, Any] | None,
                       prepare: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
@@ -154,8 +182,9 @@ SELECTION_RANK = "selection_rank"
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Train on this worker's shard; called by TorchTrainer on every rank.
 
-    ``loop_config``: ``config`` (Config.to_dict()), ``data`` (dict or ObjectRef of a dict with ``splits`` name ->
-    arrays, ``vocab``, ``labels``, ``num_positions``), ``tracking_uri`` and ``run_id`` (or None), ``threads``, and
+    ``loop_config``: ``config`` (Config.to_dict()), ``data`` (dict or ObjectRef of a dict with ``cache`` (where the
+    splits' files are) or ``splits`` (name -> arrays, in memory), see :func:`open_splits`; ``vocab``, ``labels``,
+    ``num_positions``, optionally ``assets``), ``tracking_uri`` and ``run_id`` (or None), ``threads``, and
     optionally ``startup`` (the driver's Unix times ``command`` and ``fit``: rank 0 logs the start-up split).
     """
     entered = time.time()
@@ -171,8 +200,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     vocab, labels = Vocab.from_json(data["vocab"]), list(data["labels"])
     assets = data.get("assets")  # files every checkpoint carries (a pretrained encoder's tokenizer and config)
-    splits = {name: EncodedSplit({k: np.array(v) for k, v in arrays.items()})
-              for name, arrays in data["splits"].items()}
+    splits = open_splits(data)  # memory-mapped from the cache folder: this rank reads only the rows it is given
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = build_model(cfg.model, spec)
     optimizer, scheduler = build_optimizer(cfg, model, steps_per_epoch(len(splits["train"]), world_size,

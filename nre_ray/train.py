@@ -253,8 +253,11 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
     from nre_ray.tracking_callback import EpochMetricsLogger
 
+    # Where the splits are, not their arrays: each worker memory-maps the cache folder's files (or a per-node copy of
+    # the shared cache) and reads only its shard's rows. Only small things go through the object store.
     data_ref = ray.put({
-        "splits": {name: split.arrays for name, split in prepared.splits.items()},
+        "cache": {"dir": str(Path(prepared.cache_dir).absolute()), "shared": prepared.shared_cache_dir,
+                  "splits": list(prepared.splits)},
         "vocab": prepared.vocab.as_json(), "labels": prepared.labels, "num_positions": prepared.num_positions,
         "assets": pretrained_assets(prepared.pretrained_dir),  # the tokenizer and config every checkpoint carries
     })
