@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: The encoders of nre_ray.models.registry (kept here so that --help and the parser need not import torch;
+#: tests/unit/test_config.py checks that the two agree).
+MODELS = ("cnn", "pcnn", "bilstm", "transformer", "bert")
+
 
 class ConfigError(ValueError):
     """A configuration value or key that cannot be used; the message says which and what to do."""
@@ -66,9 +70,8 @@ class DataConfig:
 class ModelConfig:
     """The encoder and its classifier head."""
 
-    model: str = _f("cnn", "Encoder: 'cnn', 'pcnn', 'bilstm' (attention BiLSTM), 'transformer', 'bert' (a "
-                              "pretrained transformer fine-tuned with entity markers: give --pretrained) (see "
-                              "nre_ray.models.registry).")
+    model: str = _f("cnn", "Encoder: cnn, pcnn, bilstm (attention BiLSTM), transformer, bert (a pretrained "
+                           "transformer fine-tuned with entity markers: give --pretrained).", choices=MODELS)
     word_dim: int = _f(100, "Word embedding size.")
     pos_dim: int = _f(10, "Size of each of the two relative-position embeddings.")
     hidden_size: int = _f(230, "Encoder size: CNN/PCNN filters, BiLSTM units of both directions together, "
@@ -290,7 +293,9 @@ def build_parser(
     "train": ("seed",)}`` for a command that only preprocesses; default: every field. ``parser``: add the flags to
     this parser (a subcommand's) instead of a new one.
     """
-    parser = parser or argparse.ArgumentParser(prog=prog, description=description)
+    if parser is None:
+        parser = argparse.ArgumentParser(prog=prog, description=description)
+        parser.add_argument("--version", action="version", version=f"nre_ray {_version()}")
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [data], [model], [train], [run] tables; "
                         "flags given on the command line override it.")
     for section, section_cls in _SECTIONS.items():
@@ -303,18 +308,32 @@ def build_parser(
             if only is not None and only[section] is not None and f.name not in only[section]:
                 continue
             tp = types_[f.name]
-            help_text = f.metadata["help"] + f" (default: {getattr(defaults, f.name)!r})"
+            default = getattr(defaults, f.name)
+            escaped = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
+            # None means "not given": the help says what happens then; an off switch needs no default either
+            shown = default is not None and default is not False and "default" not in escaped
+            help_text = escaped + (f" (default: {default})" if shown else "")
             dest = f"{section}.{f.name}"
-            if tp is bool and getattr(defaults, f.name):
+            if tp is bool and default:
                 group.add_argument(_flag(f.name), dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                    help=help_text)
             elif tp is bool:
                 group.add_argument(_flag(f.name), dest=dest, action="store_const", const=True, default=None,
-                                   help=f.metadata["help"])
+                                   help=help_text)
             else:
-                group.add_argument(_flag(f.name), dest=dest, type=tp, default=None, help=help_text,
-                                   choices=f.metadata.get("choices"), metavar=f.name.upper())
+                choices = f.metadata.get("choices")
+                group.add_argument(_flag(f.name), dest=dest, type=tp, default=None, help=help_text, choices=choices,
+                                   metavar="{" + ",".join(choices) + "}" if choices else f.name.upper())
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nre_ray")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -93,6 +93,10 @@ def default_artifact_location(tracking_uri: str) -> str | None:
     return None
 
 
+#: The experiment tag MLflow's UI reads to open an experiment as a model-training one.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def start_run(tracking_uri: str, experiment_name: str, run_name: str, tags: dict[str, str]) -> str:
     """Create (or reuse) the experiment and create a run; returns the run id."""
     client = MlflowClient(tracking_uri)
@@ -102,6 +106,9 @@ def start_run(tracking_uri: str, experiment_name: str, run_name: str, tags: dict
                                                  artifact_location=default_artifact_location(tracking_uri))
     else:
         experiment_id = experiment.experiment_id
+    if experiment is None or EXPERIMENT_KIND[0] not in experiment.tags:
+        # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces); this opens its runs
+        client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
     run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     return run.info.run_id
 

@@ -40,3 +40,28 @@ def test_round_trip():
     cfg = Config.from_dict({"model": {"model": "pcnn"}})
     assert Config.from_dict(cfg.to_dict()) == cfg
     assert cfg.flat()["model.model"] == "pcnn"
+
+
+def test_the_parser_knows_every_encoder_and_only_those():
+    from nre_ray.config import MODELS
+    from nre_ray.models import registry
+
+    assert set(MODELS) == set(registry.MODELS)
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--model", "foo"])  # refused before Ray starts
+    assert stopped.value.code == 2
+
+
+def test_help_is_printable_and_says_each_default_once(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "30% slower" in text  # a literal %, not argparse's formatting
+    assert "default: None" not in text and "default: False" not in text
+    assert "--model {cnn,pcnn,bilstm,transformer,bert}" in text and "--tokenizer {regex,jieba}" in text
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--version"])
+    assert capsys.readouterr().out.startswith("nre_ray ")

@@ -96,3 +96,15 @@ def test_check_resume_fits_the_checkpoint_records_changes_and_fills_a_missing_ep
     wider = Config.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "hidden_size": 32}})
     with pytest.raises(CheckpointError, match="--hidden-size 8 \\(this run: 32\\)"):
         train._check_resume(wider, "/s", "r", prepared, resumed, uri)
+
+
+def test_the_experiment_opens_as_a_model_training_one(tmp_path):
+    """MLflow 3.17's UI opens an untagged experiment in its GenAI view (traces); the tag opens its runs."""
+    from mlflow.tracking import MlflowClient
+
+    from nre_ray import tracking
+
+    uri = _uri(tmp_path)
+    tracking.start_run(uri, "kinds", "a", {"nre_ray.run_name": "a", "storage_path": "/s"})
+    experiment = MlflowClient(uri).get_experiment_by_name("kinds")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
