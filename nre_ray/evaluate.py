@@ -146,7 +146,7 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import LoggingConfig
 
-    from nre_ray.session import QUIET_ENV, alive_nodes, plan_resources, start_ray
+    from nre_ray.session import alive_nodes, plan_resources, ray_quiet_env, start_ray
 
     start_ray(address, num_workers)
     resources = plan_resources(num_workers, False, alive_nodes())
@@ -165,7 +165,7 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
                 name=f"evaluate-{uuid.uuid4().hex[:8]}", storage_path=storage,
                 failure_config=ray.train.FailureConfig(controller_failure_limit=0),
                 logging_config=LoggingConfig(log_level="WARNING"),
-                worker_runtime_env={"env_vars": {k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}},
+                worker_runtime_env={"env_vars": ray_quiet_env()},
             ),
         )
         try:

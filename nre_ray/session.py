@@ -103,22 +103,21 @@ def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]
     torch threads as it has whole CPUs (at least 1).
     """
     node_types = node_types or []
-    if any(not t.resources for t in node_types) and not _fits_somewhere(num_workers, use_gpu, nodes, node_types):
+    possible = nodes + [dict(t.resources) for t in node_types if t.resources for _ in range(max(t.max_count, 0))]
+    if any(not t.resources for t in node_types) and not _fits(num_workers, use_gpu, possible):
         # The autoscaler knows these types' resources from their instance types, and did not tell: trust it.
         per = {"CPU": cpus_per_worker or 1.0, **({"GPU": 1} if use_gpu else {})}
         return Resources(per, max(1, int(per["CPU"])), waits=True)
-    possible = nodes + [dict(t.resources) for t in node_types if t.resources for _ in range(max(t.max_count, 0))]
     where = f" (node types it may add: {'; '.join(t.describe() for t in node_types)})" if node_types else ""
     plan = _plan(num_workers, use_gpu, possible, cpus_per_worker, where)
     plan.waits = _holds(nodes, plan.per_worker) < num_workers
     return plan
 
 
-def _fits_somewhere(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]],
-                    node_types: list[NodeType]) -> bool:
+def _fits(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]]) -> bool:
+    """Whether the default sizing places ``num_workers`` on ``nodes``."""
     try:
-        _plan(num_workers, use_gpu, nodes + [dict(t.resources) for t in node_types if t.resources
-                                             for _ in range(t.max_count)], None, "")
+        _plan(num_workers, use_gpu, nodes, None, "")
     except UsageError:
         return False
     return True
@@ -354,7 +353,12 @@ def quiet_env_for_workers() -> dict[str, str]:
     """The Ray part of :data:`QUIET_ENV` plus normal priority, for the training workers' runtime env."""
     # Ray starts workers at nice 15; the training workers are the job, so they run at normal priority (as Ray's
     # own job drivers do): at nice 15 any other process on the machine starves them.
-    return {**{k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}, "RAY_worker_niceness": "0"}
+    return {**ray_quiet_env(), "RAY_worker_niceness": "0"}
+
+
+def ray_quiet_env() -> dict[str, str]:
+    """The Ray part of :data:`QUIET_ENV` (for a runtime env: Ray's own processes read these)."""
+    return {k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}
 
 
 def root_cause(err: BaseException) -> str:
