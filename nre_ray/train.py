@@ -240,27 +240,36 @@ def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
     print(f"data: skipped {prepared.rejected_count} bad rows, listed in {rejected_path}", flush=True)
 
 
+def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """What the loop needs of the preprocessed data (its ``data``): where the splits' files are (``splits``: which
+    of them, default all), the vocabulary, labels, positions and pretrained assets. Small: no arrays."""
+    from nre_ray.checkpoint import pretrained_assets
+
+    # Where the splits are, not their arrays: each worker memory-maps the cache folder's files (or a per-node copy of
+    # the shared cache) and reads only its shard's rows. Only small things go through the object store.
+    return {
+        "cache": {"dir": str(Path(prepared.cache_dir).absolute()), "shared": prepared.shared_cache_dir,
+                  "splits": [s for s in prepared.splits if splits is None or s in splits]},
+        "vocab": prepared.vocab.as_json(), "labels": prepared.labels, "num_positions": prepared.num_positions,
+        "assets": pretrained_assets(prepared.pretrained_dir),  # the tokenizer and config every checkpoint carries
+    }
+
+
 def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resources, run_id: str,
-                  started: float) -> Any:
+                  started: float, extra_callbacks: tuple[Any, ...] = ()) -> Any:
     """The TorchTrainer: the loop, its data, the workers' resources, checkpoints kept by the loop's selection rank,
-    and the per-epoch MLflow logging from the controller."""
+    and the per-epoch MLflow logging from the controller. ``prepared``: the preprocessing result, or the dict of
+    :func:`trainer_data` (a sweep's trial); ``extra_callbacks``: more Ray Train callbacks (a sweep's report to
+    Tune)."""
     import ray
     import ray.train
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import LoggingConfig
 
-    from nre_ray.checkpoint import pretrained_assets
     from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
     from nre_ray.tracking_callback import EpochMetricsLogger
 
-    # Where the splits are, not their arrays: each worker memory-maps the cache folder's files (or a per-node copy of
-    # the shared cache) and reads only its shard's rows. Only small things go through the object store.
-    data_ref = ray.put({
-        "cache": {"dir": str(Path(prepared.cache_dir).absolute()), "shared": prepared.shared_cache_dir,
-                  "splits": list(prepared.splits)},
-        "vocab": prepared.vocab.as_json(), "labels": prepared.labels, "num_positions": prepared.num_positions,
-        "assets": pretrained_assets(prepared.pretrained_dir),  # the tokenizer and config every checkpoint carries
-    })
+    data_ref = ray.put(prepared if isinstance(prepared, dict) else trainer_data(prepared))
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": cfg.to_dict(), "data": data_ref, "tracking_uri": target.tracking_uri,
@@ -277,7 +286,8 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
             # controller_failure_limit=0 instead of Ray's default of retrying forever.
             failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures, controller_failure_limit=0),
             logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=[EpochMetricsLogger(target.tracking_uri, run_id)],  # each epoch once, when its checkpoint is kept
+            # each epoch once, when its checkpoint is kept
+            callbacks=[EpochMetricsLogger(target.tracking_uri, run_id), *extra_callbacks],
             worker_runtime_env={"env_vars": quiet_env_for_workers()},
         ),
     )
