@@ -27,7 +27,7 @@ from torch import nn
 
 from nre_ray.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
 from nre_ray.config import Config, DataConfig
-from nre_ray.data.encode import EncodedDataset, EncodedSplit, encode_batch, tokenize_batch
+from nre_ray.data.encode import EncodedDataset, EncodedSplit, encode_split, tokenize_batch
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.read import check_rows, split_problem
 from nre_ray.data.subword import assets_folder, encode_subword_batch
@@ -74,8 +74,8 @@ def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: lis
         return encoded["problem"].reset_index(drop=True), EncodedSplit.from_frame(encoded[ok])
     tokenized = tokenize_batch(checked, data.tokenizer, data.lowercase)
     ok = (tokenized["problem"] == "").to_numpy()
-    encoded = encode_batch(tokenized[ok], vocab.tokens, labels, data.max_length, data.position_window)
-    return tokenized["problem"].reset_index(drop=True), EncodedSplit.from_frame(encoded)
+    split = encode_split(tokenized[ok], vocab.tokens, labels, data.max_length, data.position_window)
+    return tokenized["problem"].reset_index(drop=True), split
 
 
 def _mark_unknown_labels(frame: pd.DataFrame, labels: list[str]) -> pd.DataFrame:

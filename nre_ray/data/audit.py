@@ -56,13 +56,84 @@ def row_stats(tokenized: pd.DataFrame) -> dict[str, np.ndarray]:
 
 
 def _summary(values: np.ndarray) -> dict[str, float]:
-    if not len(values):
+    return _histogram_summary(np.bincount(np.asarray(values, dtype=np.int64))) if len(values) else {}
+
+
+def _histogram_summary(counts: np.ndarray) -> dict[str, float]:
+    """Mean, percentiles (``numpy.percentile(method="higher")``, exactly) and max of the non-negative integers whose
+    histogram is ``counts`` (``counts[v]`` values equal ``v``)."""
+    total = int(counts.sum())
+    if not total:
         return {}
-    out = {"mean": round(float(values.mean()), 1)}
-    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES, method="higher"), strict=True):
-        out[f"p{p}"] = int(v)
-    out["max"] = int(values.max())
+    values = np.arange(len(counts))
+    cumulative = np.cumsum(counts)
+    out = {"mean": round(float((values * counts).sum() / total), 1)}
+    for p in PERCENTILES:
+        rank = int(np.ceil(p / 100 * (total - 1)))  # "higher": the sorted value at the rounded-up position
+        out[f"p{p}"] = int(np.searchsorted(cumulative, rank, side="right"))
+    out["max"] = int(values[counts > 0][-1])
     return out
+
+
+class SplitNumbers:
+    """The audit numbers of one split, added a block of rows at a time (a split too large for one process's memory
+    streams through it, keeping per row only the duplicate key and the label).
+
+    :meth:`add` takes arrays of the :data:`ROW_STATS` columns and ``label``; :meth:`info` gives the split's part of
+    the audit (see :func:`build_audit`)."""
+
+    def __init__(self, num_labels: int, max_length: int) -> None:
+        self.max_length = max_length
+        self.labels = np.zeros(num_labels, dtype=np.int64)
+        self.length = np.zeros(1, dtype=np.int64)  # histogram of ntok
+        self.distance = np.zeros(1, dtype=np.int64)  # histogram of gap
+        self.truncated = self.entity_cut = self.overlapping = 0
+        self.keys: list[np.ndarray] = []
+        self.label_parts: list[np.ndarray] = []
+
+    @staticmethod
+    def _grow(histogram: np.ndarray, values: np.ndarray) -> np.ndarray:
+        counts = np.bincount(values.astype(np.int64))
+        if len(counts) > len(histogram):
+            histogram = np.pad(histogram, (0, len(counts) - len(histogram)))
+        histogram[:len(counts)] += counts
+        return histogram
+
+    def add(self, rows: Mapping[str, Any]) -> None:
+        """Add a block of rows (a DataFrame or dict of arrays with ``label`` and the :data:`ROW_STATS` columns)."""
+        label = _column(rows, "label").astype(np.int64)
+        self.labels += np.bincount(label[label >= 0], minlength=len(self.labels))[:len(self.labels)]
+        ntok = _column(rows, "ntok")
+        self.length = self._grow(self.length, ntok)
+        self.distance = self._grow(self.distance, _column(rows, "gap"))
+        self.truncated += int((ntok > self.max_length).sum())
+        self.entity_cut += int((_column(rows, "reach") > self.max_length).sum())
+        self.overlapping += int(_column(rows, "overlap").astype(bool).sum())
+        self.keys.append(_column(rows, "key").astype(np.uint64))
+        self.label_parts.append(label)
+
+    def unique_keys(self) -> np.ndarray:
+        """The split's distinct duplicate keys, sorted."""
+        return np.unique(np.concatenate(self.keys)) if self.keys else np.zeros(0, dtype=np.uint64)
+
+    def info(self, label_names: Sequence[str], train_keys: np.ndarray | None = None) -> dict[str, Any]:
+        """The split's numbers (``shared_with_train`` when ``train_keys``, the training split's distinct keys)."""
+        key = np.concatenate(self.keys) if self.keys else np.zeros(0, dtype=np.uint64)
+        label = np.concatenate(self.label_parts) if self.label_parts else np.zeros(0, dtype=np.int64)
+        info: dict[str, Any] = {
+            "rows": len(key),
+            "labels": {str(lab): int(c) for lab, c in zip(label_names, self.labels, strict=False)},
+            "duplicates": int(len(key) - len(np.unique(key))),
+            "conflicting_duplicates": _conflicts(key, label),
+        }
+        if train_keys is not None:
+            info["shared_with_train"] = int(np.isin(key, train_keys).sum())
+        info["length"] = _histogram_summary(self.length)
+        info["distance"] = _histogram_summary(self.distance)
+        info["truncated"] = self.truncated
+        info["entity_cut"] = self.entity_cut
+        info["overlapping_entities"] = self.overlapping
+        return info
 
 
 def _column(rows: Any, name: str) -> np.ndarray:
@@ -96,31 +167,26 @@ def build_audit(
         entities), ``truncated`` (rows longer than max_length), ``entity_cut`` (rows whose entities do not fit in
         max_length together), ``overlapping_entities``, ``tokens``, ``oov_tokens``, ``oov_rate``) and ``warnings``.
     """
+    numbers = {}
+    for name, split in rows.items():
+        numbers[name] = SplitNumbers(len(labels), max_length)
+        numbers[name].add(split)
+    train_keys = numbers["train"].unique_keys() if "train" in numbers else np.zeros(0, dtype=np.uint64)
+    infos = {name: n.info(labels, None if name == "train" else train_keys) for name, n in numbers.items()}
+    return assemble_audit(infos, labels, max_length, rejected, oov, valid_from_train)
+
+
+def assemble_audit(infos: Mapping[str, dict[str, Any]], labels: Sequence[str], max_length: int,
+                   rejected: Mapping[str, int] | None = None, oov: Mapping[str, tuple[int, int]] | None = None,
+                   valid_from_train: bool = False) -> dict[str, Any]:
+    """The audit dict (see :func:`build_audit`) from each split's :meth:`SplitNumbers.info`."""
     rejected = dict(rejected or {})
     oov = dict(oov or {})
-    names = [s for s in SPLIT_ORDER if s in rows] + [s for s in rows if s not in SPLIT_ORDER]
-    train_keys = np.unique(_column(rows["train"], "key")) if "train" in rows else np.zeros(0, dtype=np.uint64)
+    names = [s for s in SPLIT_ORDER if s in infos] + [s for s in infos if s not in SPLIT_ORDER]
     splits: dict[str, dict[str, Any]] = {}
     for name in names:
-        split = rows[name]
-        label = _column(split, "label").astype(np.int64)
-        key = _column(split, "key").astype(np.uint64)
-        ntok = _column(split, "ntok")
-        counts = np.bincount(label[label >= 0], minlength=len(labels))
-        info: dict[str, Any] = {
-            "rows": len(label),
-            "rejected": int(rejected.get(name, 0)),
-            "labels": {str(lab): int(c) for lab, c in zip(labels, counts, strict=False)},
-            "duplicates": int(len(key) - len(np.unique(key))),
-            "conflicting_duplicates": _conflicts(key, label),
-        }
-        if name != "train":
-            info["shared_with_train"] = int(np.isin(key, train_keys).sum())
-        info["length"] = _summary(ntok)
-        info["distance"] = _summary(_column(split, "gap"))
-        info["truncated"] = int((ntok > max_length).sum())
-        info["entity_cut"] = int((_column(split, "reach") > max_length).sum())
-        info["overlapping_entities"] = int(_column(split, "overlap").astype(bool).sum())
+        info = dict(infos[name])
+        info = {"rows": info.pop("rows"), "rejected": int(rejected.get(name, 0)), **info}
         if name in oov:
             unknown, total = oov[name]
             info.update(tokens=int(total), oov_tokens=int(unknown),

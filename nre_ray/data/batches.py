@@ -20,14 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nre_ray.data.tokenize import (
-    clip_span,
-    pcnn_segments,
-    relative_positions,
-    tokenize_example,
-    truncation_window,
-)
-from nre_ray.data.vocab import Vocab
+from nre_ray.data.tokenize import tokenize_example
+from nre_ray.special_tokens import UNK_ID
 
 #: The padded arrays of a batch (and of :attr:`EncodedSplit.arrays`); every 2-D one is (B, T) with 0 as padding.
 ARRAY_KEYS = ("tokens", "head_pos", "tail_pos", "segments", "lengths", "labels", "head_span", "tail_span")
@@ -82,36 +76,115 @@ def token_counts_arrow(tokens: pa.Array | pa.ChunkedArray) -> pa.Table:
                      "count": counts.field("counts").cast(pa.int64())})
 
 
+def _window_starts(length: np.ndarray, spans: np.ndarray, max_length: int) -> np.ndarray:
+    """:func:`~nre_ray.data.tokenize.truncation_window`'s start for every row at once: ``length`` (N,) tokens per
+    row, ``spans`` (N, 4) head start/end, tail start/end. The window is ``[start, start + min(length, max_length))``."""
+    lo = np.minimum(spans[:, 0], spans[:, 2])
+    hi = np.maximum(spans[:, 1], spans[:, 3])
+    centred = np.where(hi - lo >= max_length, lo, np.maximum(0, lo - (max_length - (hi - lo)) // 2))
+    return np.where(length <= max_length, 0, np.minimum(centred, length - max_length))
+
+
+def _relative(index: np.ndarray, start: np.ndarray, end: np.ndarray, window: int) -> np.ndarray:
+    """:func:`~nre_ray.data.tokenize.relative_positions` of token ``index`` (flat) to the span ``[start, end)`` (the
+    span of each token's row, repeated per token)."""
+    rel = np.where(index < start, index - start, np.where(index >= end, index - end + 1, 0))
+    return (np.clip(rel, -window, window) + window + 1).astype(np.int32)
+
+
+def encode_flat(tokens: pa.Array | pa.ChunkedArray | list[list[str]], spans: np.ndarray, vocab: list[str] | pa.Array,
+                max_length: int, window: int) -> dict[str, np.ndarray]:
+    """Ids and features of a batch of tokenized rows, computed on whole arrays (no Python per row or token).
+
+    Args:
+        tokens: (N,) rows of tokens, an Arrow ``list<string>`` array (or Python lists).
+        spans: (N, 4) token spans: head start, head end, tail start, tail end (half-open).
+        vocab: the vocabulary's tokens in id order (:attr:`Vocab.tokens`; an Arrow string array spares the
+            conversion); a token not in it gets ``UNK_ID``.
+        max_length: rows longer than this keep a window around both entities
+            (:func:`~nre_ray.data.tokenize.truncation_window`).
+        window: relative positions are clipped to ``+-window`` (:func:`~nre_ray.data.tokenize.relative_positions`).
+
+    Returns:
+        The flat arrays of :class:`EncodedSplit` but ``labels``: ``tokens``, ``head_pos``, ``tail_pos``,
+        ``segments`` (T_total,) int32, every row's values at its (truncated) length one after another; ``offsets``
+        (N + 1,) int64; ``lengths`` (N,) int32; ``head_span``, ``tail_span`` (N, 2) int32, after truncation.
+    """
+    if not isinstance(tokens, pa.Array | pa.ChunkedArray):
+        tokens = pa.array(tokens, pa.list_(pa.string()))
+    if isinstance(tokens, pa.ChunkedArray):
+        tokens = tokens.combine_chunks() if tokens.num_chunks else pa.array([], pa.list_(pa.string()))
+    spans = np.asarray(spans, dtype=np.int64).reshape(-1, 4)
+    n = len(tokens)
+    full = pc.list_value_length(tokens).to_numpy(zero_copy_only=False).astype(np.int64)  # (N,)
+    start = _window_starts(full, spans, max_length)
+    length = np.minimum(full, max_length)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(length, out=offsets[1:])
+    row = np.repeat(np.arange(n), length)  # (T_total,) the row of each kept token
+    index = np.arange(int(offsets[-1]), dtype=np.int64) - offsets[row]  # its place in the window
+    source = np.asarray(tokens.offsets)[:-1].astype(np.int64)[row] + start[row] + index  # its place in the row
+    values = tokens.values.take(pa.array(source)) if len(source) else pa.array([], pa.string())
+    value_set = vocab if isinstance(vocab, pa.Array) else pa.array(vocab, pa.string())
+    ids = pc.fill_null(pc.index_in(values, value_set=value_set), UNK_ID).to_numpy(zero_copy_only=False)
+    clipped = np.clip(spans - start[:, None], 0, length[:, None])  # clip_span, every row: (N, 4)
+    head_start, head_end, tail_start, tail_end = (clipped[:, i][row] for i in range(4))
+    head_first = (clipped[:, 0] < clipped[:, 2]) | ((clipped[:, 0] == clipped[:, 2]) & (clipped[:, 1] <= clipped[:, 3]))
+    first_end = np.where(head_first, clipped[:, 1], clipped[:, 3])
+    second_end = np.where(head_first, clipped[:, 3], clipped[:, 1])
+    cut1 = np.minimum(first_end, length)
+    cut2 = np.maximum(cut1, np.minimum(second_end, length))
+    segments = np.where(index < cut1[row], 1, np.where(index < cut2[row], 2, 3)).astype(np.int32)
+    return {
+        "tokens": ids.astype(np.int32),
+        "head_pos": _relative(index, head_start, head_end, window),
+        "tail_pos": _relative(index, tail_start, tail_end, window),
+        "segments": segments,
+        "offsets": offsets,
+        "lengths": length.astype(np.int32),
+        "head_span": clipped[:, 0:2].astype(np.int32),
+        "tail_span": clipped[:, 2:4].astype(np.int32),
+    }
+
+
+def label_ids(relations: pd.Series | np.ndarray, labels: list[str]) -> np.ndarray:
+    """Class ids of ``relations`` (-1 where a relation is not in ``labels``)."""
+    index = {name: i for i, name in enumerate(labels)}
+    return np.fromiter((index.get(r, -1) for r in relations), dtype=np.int64, count=len(relations))
+
+
+def encode_split(batch: pd.DataFrame, vocab: list[str], labels: list[str] | None, max_length: int,
+                 window: int) -> EncodedSplit:
+    """The tokenized rows of ``batch`` encoded (:func:`encode_flat`) as an :class:`EncodedSplit`; labels are class
+    ids into ``labels`` (-1 without labels or a ``relation`` column)."""
+    spans = batch[["head_start", "head_end", "tail_start", "tail_end"]].to_numpy(dtype=np.int64).reshape(-1, 4)
+    flat = encode_flat([list(t) for t in batch["tokens"]], spans, vocab, max_length, window)
+    flat["labels"] = label_ids(batch["relation"], labels) if labels is not None and "relation" in batch.columns \
+        else np.full(len(batch), -1, dtype=np.int64)
+    return EncodedSplit(flat)
+
+
 def encode_batch(batch: pd.DataFrame, vocab: list[str], labels: list[str] | None, max_length: int,
                  window: int) -> pd.DataFrame:
-    """Ids and features per row (lists), truncated to ``max_length`` tokens around the entities.
+    """Ids and features per row (lists), truncated to ``max_length`` tokens around the entities
+    (:func:`encode_flat` does the work).
 
     Adds ``token_ids, head_pos, tail_pos, segments`` (lists of int), ``length``, ``head_span``/``tail_span`` (token
     spans after truncation) and ``label`` (class id, or -1 without a ``relation`` column / labels).
     """
-    v = Vocab(vocab)
-    label_index = {name: i for i, name in enumerate(labels or [])}
-    cols: dict[str, list] = {k: [] for k in ("token_ids", "head_pos", "tail_pos", "segments", "length",
-                                             "head_span", "tail_span")}
-    for tokens, hs, he, ts, te in zip(batch["tokens"], batch["head_start"], batch["head_end"], batch["tail_start"],
-                                      batch["tail_end"], strict=True):
-        win = truncation_window(len(tokens), (int(hs), int(he)), (int(ts), int(te)), max_length)
-        head, tail = clip_span((int(hs), int(he)), win), clip_span((int(ts), int(te)), win)
-        n = win[1] - win[0]
-        cols["token_ids"].append(v.encode(list(tokens)[win[0]:win[1]]))
-        cols["head_pos"].append(relative_positions(n, head, window))
-        cols["tail_pos"].append(relative_positions(n, tail, window))
-        cols["segments"].append(pcnn_segments(n, head, tail))
-        cols["length"].append(n)
-        cols["head_span"].append(list(head))
-        cols["tail_span"].append(list(tail))
+    spans = np.stack([batch[c].to_numpy(dtype=np.int64) for c in ("head_start", "head_end", "tail_start",
+                                                                    "tail_end")], axis=1) if len(batch) else \
+        np.zeros((0, 4), dtype=np.int64)
+    flat = encode_flat([list(t) for t in batch["tokens"]], spans, vocab, max_length, window)
+    cut = flat["offsets"][1:-1]
     out = batch.drop(columns=["tokens"]).copy()
-    for key, values in cols.items():
-        out[key] = values
-    if labels is not None and "relation" in out.columns:
-        out["label"] = [label_index.get(r, -1) for r in out["relation"]]
-    else:
-        out["label"] = -1
+    for key, column in (("tokens", "token_ids"), ("head_pos", "head_pos"), ("tail_pos", "tail_pos"),
+                        ("segments", "segments")):
+        out[column] = [part.tolist() for part in np.split(flat[key], cut)] if len(batch) else []
+    out["length"] = flat["lengths"].astype(np.int64)
+    out["head_span"] = flat["head_span"].tolist()
+    out["tail_span"] = flat["tail_span"].tolist()
+    out["label"] = label_ids(out["relation"], labels) if labels is not None and "relation" in out.columns else -1
     return out
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from nre_ray.data.batches import ARRAY_KEYS, EncodedSplit, encode_batch, token_counts, tokenize_batch
+from nre_ray.data.batches import ARRAY_KEYS, EncodedSplit, encode_batch, encode_split, token_counts, tokenize_batch
 
-__all__ = ["ARRAY_KEYS", "EncodedDataset", "EncodedSplit", "encode_batch", "identity_collate", "token_counts",
-           "tokenize_batch"]
+__all__ = ["ARRAY_KEYS", "EncodedDataset", "EncodedSplit", "encode_batch", "encode_split", "identity_collate",
+           "token_counts", "tokenize_batch"]
 
 
 class EncodedDataset(torch.utils.data.Dataset):

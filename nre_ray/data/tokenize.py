@@ -65,37 +65,36 @@ def tokenize_example(sentence: str, head_offset: int, head_len: int, tail_offset
     cuts = sorted({0, len(sentence), *head_chars, *tail_chars})
     nested = _overlaps(head_chars, tail_chars)
     tokens: list[str] = []
-    starts: list[int] = []
-    ends: list[int] = []
+    head = [-1, -1]  # token span, grown over the pieces that lie inside the entity (they are contiguous)
+    tail = [-1, -1]
     for lo, hi in itertools.pairwise(cuts):
         piece = sentence[lo:hi]
-        is_entity = (lo, hi) in (head_chars, tail_chars)
-        if tokenizer == "jieba" and is_entity and not nested and piece.strip():
-            piece_tokens = [piece.strip().lower() if lowercase else piece.strip()]
-        elif tokenizer == "jieba":
-            piece_tokens = jieba_tokens(piece, lowercase)
+        if tokenizer == "jieba":
+            is_entity = (lo, hi) == head_chars or (lo, hi) == tail_chars
+            if is_entity and not nested and piece.strip():
+                piece_tokens = [piece.strip().lower() if lowercase else piece.strip()]
+            else:
+                piece_tokens = jieba_tokens(piece, lowercase)
         else:
             piece_tokens = regex_tokens(piece, lowercase)
+        if not piece_tokens:
+            continue
+        first = len(tokens)
         tokens.extend(piece_tokens)
-        starts.extend([lo] * len(piece_tokens))
-        ends.extend([hi] * len(piece_tokens))
-    head = _span(starts, ends, head_chars)
-    tail = _span(starts, ends, tail_chars)
-    if head[0] == head[1]:
+        for chars, span in ((head_chars, head), (tail_chars, tail)):
+            if lo >= chars[0] and hi <= chars[1]:
+                if span[0] < 0:
+                    span[0] = first
+                span[1] = len(tokens)
+    if head[0] < 0:
         raise ValueError("head: the entity contains no token (only spaces?)")
-    if tail[0] == tail[1]:
+    if tail[0] < 0:
         raise ValueError("tail: the entity contains no token (only spaces?)")
-    return Tokenized(tokens, head, tail)
+    return Tokenized(tokens, (head[0], head[1]), (tail[0], tail[1]))
 
 
 def _overlaps(a: Span, b: Span) -> bool:
     return a[0] < b[1] and b[0] < a[1]
-
-
-def _span(starts: list[int], ends: list[int], chars: Span) -> Span:
-    """Token span of the pieces that lie inside ``chars`` (pieces never straddle an entity boundary)."""
-    inside = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if s >= chars[0] and e <= chars[1]]
-    return (inside[0], inside[-1] + 1) if inside else (0, 0)
 
 
 def truncation_window(length: int, head: Span, tail: Span, max_length: int) -> Span:
