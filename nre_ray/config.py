@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 import tomllib
 import types
 import typing
@@ -20,6 +21,11 @@ from typing import Any
 #: The encoders of nre_ray.models.registry (kept here so that --help and the parser need not import torch;
 #: tests/unit/test_config.py checks that the two agree).
 MODELS = ("cnn", "pcnn", "bilstm", "transformer", "bert")
+#: The validation scores of nre_ray.metrics.scores, any of which can select the best checkpoint (--select-metric).
+#: The pos_* scores need --negative-label; semeval_macro_f1 also needs directed labels such as Cause-Effect(e1,e2).
+#: tests/unit/test_config.py checks them against nre_ray.metrics.
+METRICS = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "micro_f1", "micro_precision", "micro_recall",
+           "pos_macro_f1", "pos_micro_f1", "pos_micro_precision", "pos_micro_recall", "semeval_macro_f1")
 
 
 class ConfigError(ValueError):
@@ -108,7 +114,9 @@ class TrainConfig:
     lr_patience: int = _f(5, "ReduceLROnPlateau patience in epochs.")
     patience: int = _f(0, "Stop early after this many epochs without improvement of the selection metric (0: off).")
     select_metric: str | None = _f(None, "Validation metric that selects the best checkpoint (default: macro_f1, or "
-                                         "pos_macro_f1 with --negative-label).")
+                                         "pos_macro_f1 with --negative-label). The pos_* scores need "
+                                         "--negative-label; semeval_macro_f1 also needs directed labels such as "
+                                         "Cause-Effect(e1,e2).", choices=METRICS)
     seed: int = _f(1, "Random seed for initialisation, shuffling and the validation split.")
     num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu.")
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
@@ -218,6 +226,10 @@ class Config:
             (self.model.model == "bert" or not self.model.pretrained,
              f"--pretrained is for --model bert (this run trains --model {self.model.model}); for word vectors "
              "use --embeddings"),
+            (not (self.train.select_metric or "").startswith(("pos_", "semeval_")) or bool(self.data.negative_label),
+             f"--select-metric {self.train.select_metric} needs --negative-label (the 'no relation' label these "
+             "scores leave out), e.g. --negative-label Other; without it choose one of "
+             f"{', '.join(m for m in METRICS if not m.startswith(('pos_', 'semeval_')))}"),
             (self.model.model != "transformer" or self.model.max_positions >= self.data.max_length,
              f"--max-positions {self.model.max_positions} must be >= --max-length {self.data.max_length}"),
         ]
@@ -231,6 +243,18 @@ class Config:
         if self.train.select_metric:
             return self.train.select_metric
         return "pos_macro_f1" if self.data.negative_label else "macro_f1"
+
+
+_DIRECTED = re.compile(r"^.+?\s*\((e1\s*,\s*e2|e2\s*,\s*e1)\)\s*$")  # as nre_ray.metrics tells directed labels
+
+
+def metric_names(labels: list[str], negative_label: str | None) -> list[str]:
+    """The validation scores a run on these labels reports (the keys of ``nre_ray.metrics.scores``), in METRICS
+    order: pos_* with a ``negative_label`` among the labels, semeval_macro_f1 with directed labels too."""
+    has_negative = negative_label is not None and negative_label in labels
+    directed = any(_DIRECTED.match(label) for label in labels)
+    return [m for m in METRICS if not m.startswith(("pos_", "semeval_"))
+            or (has_negative and (m.startswith("pos_") or directed))]
 
 
 _SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}

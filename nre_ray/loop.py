@@ -279,14 +279,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             SELECTION_RANK: epoch if improved else 0,
         }
         _report(rank, metrics, model, optimizer, scheduler, scaler, state, epoch, cfg, vocab, labels, spec, assets)
-        # The epoch's metrics reach MLflow from the controller once Ray registers this checkpoint (tracking_callback)
-        if rank == 0:
-            print(f"epoch {epoch:3d}/{cfg.train.epochs}  train_loss {train_loss:.4f}  valid_loss {valid_loss:.4f}  "
-                  f"valid_{select} {score:.4f}  valid_acc {valid['accuracy']:.4f}  lr {metrics['lr']:.2g}  "
-                  f"{metrics['examples_per_sec']:.0f} ex/s" + ("  *" if improved else ""), flush=True)
+        # The epoch's metrics reach MLflow and the driver's console from the controller once Ray registers this
+        # checkpoint (tracking_callback): the epoch line and an early stop are printed there, not here.
         if cfg.train.patience and stale >= cfg.train.patience:
-            if rank == 0:
-                print(f"early stop: no improvement of valid_{select} for {stale} epochs", flush=True)
             break
 
     _final(model, state, splits, labels, cfg, rank, world_size, tracker, vocab, spec, assets)
@@ -389,8 +384,4 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
                 "best_epoch": state["best_epoch"], "metrics": final}
         save_checkpoint(Path(tmp), best, cfg, vocab, labels, _meta(cfg, spec, state["best_epoch"]), assets)
         tracker.log_artifacts(Path(tmp), "best_checkpoint")
-    if "test" in results:
-        test = results["test"][1]
-        print(f"test (best epoch {state['best_epoch']}): " + "  ".join(
-            f"{k} {test[k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1", "pos_macro_f1", "pos_micro_f1",
-                                          "semeval_macro_f1") if k in test), flush=True)
+    # The test scores are printed by the driver's summary (train.print_summary), from MLflow.

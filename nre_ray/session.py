@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -195,7 +196,8 @@ def start_ray(address: str | None, num_workers: int, log_to_driver: bool = True)
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, reachable from this host only
         try:
-            ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver)
+            ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver,
+                     **pin_state_api())
         except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
             if "timed out during startup" not in str(err):
                 raise
@@ -203,6 +205,26 @@ def start_ray(address: str | None, num_workers: int, log_to_driver: bool = True)
                              f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
                              "machine is too busy; try again when it is quieter, or start Ray once with "
                              "`ray start --head` and pass --address auto.") from None
+
+
+def pin_state_api() -> dict[str, int]:
+    """Point Ray's State API at the dashboard of the local Ray about to start, for every process of it.
+
+    Ray Train's placement-group cleaner (an actor) asks the State API whether the run's controller is alive. Without
+    an address it looks for a Ray on this machine, and with another Ray instance running here (another user's, a
+    test's) it fails with ``ConnectionError: Found multiple active Ray instances`` and a traceback in the middle of
+    a good run, or asks the other cluster and removes a live run's workers. Choosing the dashboard's port now and
+    setting ``RAY_API_SERVER_ADDRESS`` before ``ray.init`` (Ray's processes inherit the environment) pins every
+    query to this run's own cluster. A user's own ``RAY_API_SERVER_ADDRESS`` is left as it is. Returns the
+    ``ray.init`` arguments to pass.
+    """
+    if os.environ.get("RAY_API_SERVER_ADDRESS"):
+        return {}
+    with socket.socket() as sock:  # a free port (the dashboard binds it a moment later)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    return {"dashboard_port": port}
 
 
 def alive_nodes() -> list[dict[str, float]]:

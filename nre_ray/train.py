@@ -6,6 +6,8 @@ The driver holds no tensor code: preprocessing runs in Ray Data (``nre_ray.data.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nre_ray import console
 from nre_ray.config import Config, ConfigError, build_parser, config_from_args
 from nre_ray.session import (
     PLACEMENT_TIMEOUT_ENV,
@@ -108,17 +111,38 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     """
     started = started or time.time()
     imported = time.time() - started  # imports and config
+    out = console.get()
     target = resolve_target(cfg)
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
-    resources = connect(cfg, target)
+    joining = cfg.run.address or os.environ.get("RAY_ADDRESS")
+    with out.phase("ray", f"joining the Ray cluster at {joining}" if joining else "starting a local Ray") as step:
+        resources = connect(cfg, target, step)
     marks.append(time.perf_counter())
-    prepared = prepare_data(cfg, target)
+    with out.phase("preprocess", "reading, checking and encoding the data (Ray Data)") as step:
+        prepared = prepare_data(cfg, target, step)
     marks.append(time.perf_counter())
-    run_id, tracker = open_tracking(cfg, target, prepared)
-    tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
-                         "startup_preprocess_s": marks[2] - marks[1]}, step=0)
-    trainer = build_trainer(cfg, target, prepared, resources, run_id, started)
-    return fit(trainer, cfg, target, run_id)
+    with out.phase("mlflow", f"creating the run in {target.tracking_uri}") as step:
+        run_id, tracker = open_tracking(cfg, target, prepared)
+        tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
+                             "startup_preprocess_s": marks[2] - marks[1]}, step=0)
+        step.done(f"run {run_id} in experiment {cfg.run.experiment_name!r}")
+    events = _events_file(cfg)
+    try:
+        trainer = build_trainer(cfg, target, prepared, resources, run_id, started, events=events)
+        return fit(trainer, cfg, target, run_id, events, resources)
+    finally:
+        if events:
+            Path(events).unlink(missing_ok=True)
+
+
+def _events_file(cfg: Config) -> str | None:
+    """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking_callback`), or None
+    under a Ray Client address (``ray://``: the controller's node is not this machine)."""
+    if (cfg.run.address or os.environ.get("RAY_ADDRESS") or "").startswith("ray://"):
+        return None
+    handle, path = tempfile.mkstemp(prefix="nre_ray_events_", suffix=".jsonl")
+    os.close(handle)
+    return path
 
 
 def resolve_target(cfg: Config) -> Target:
@@ -154,41 +178,62 @@ def resolve_target(cfg: Config) -> Target:
     return Target(run_name, storage, tracking_uri, resumed)
 
 
-def connect(cfg: Config, target: Target) -> Resources:
+def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> Resources:
     """Start or join Ray and size the workers from what the cluster has or its autoscaler can add; check that the
-    storage path and tracking URI reach every node; set how long the worker group may wait to be placed."""
+    storage path and tracking URI reach every node; set how long the worker group may wait to be placed.
+    ``step``: the console phase that says so."""
+    step = step or console.Phase(console.get(), "ray", "connecting")
     start_ray(cfg.run.address, cfg.train.num_workers)
     info = cluster()
     resources = plan_resources(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
                                info.node_types)
     for warning in check_shared_paths(info, target.storage, target.tracking_uri, cfg.run.allow_local_storage):
-        print(f"warning: {warning}", flush=True)
+        step.note(f"warning: {warning}")
     wait = placement_timeout(cfg.train.placement_timeout, info)
     os.environ[PLACEMENT_TIMEOUT_ENV] = str(wait)  # Ray Train passes it on to its controller
-    print(f"nre_ray: {cfg.train.num_workers} worker(s), {resources.per_worker} each", flush=True)
+    cpus = sum(n.get("CPU", 0) for n in info.nodes)
+    step.done(f"{len(info.nodes)} node(s), {cpus:g} CPUs; {cfg.train.num_workers} worker(s), "
+              f"{resources.per_worker} each")
     if resources.waits:
-        print(f"nre_ray: the alive nodes cannot hold them yet; waiting up to {wait:g} s (--placement-timeout) for "
-              f"the autoscaler to add nodes ({info.describe_types()})", flush=True)
+        step.note(f"the alive nodes cannot hold the workers yet; waiting up to {wait:g} s (--placement-timeout) "
+                  f"for the autoscaler to add nodes ({info.describe_types()})")
     return resources
 
 
-def prepare_data(cfg: Config, target: Target) -> Any:
-    """Preprocess with Ray Data (cached; under the storage path too when that is remote) and say what came out."""
+def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None) -> Any:
+    """Preprocess with Ray Data (cached; under the storage path too when that is remote) and say what came out
+    (``step``: the console phase that says so). Checks that ``--select-metric`` exists for these labels."""
     from nre_ray import storage as fs
     from nre_ray.data.pipeline import prepare
 
+    step = step or console.Phase(console.get(), "preprocess", "preprocessing")
     pretrained = cfg.model.pretrained if cfg.model.model == "bert" else None
     shared = fs.join(target.storage, ".nre_ray_cache") if fs.is_uri(target.storage) else None
     prepared = prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared)
     rows = ", ".join(f"{name} {len(split)}" for name, split in prepared.splits.items())
-    print(f"data: {rows} rows; {len(prepared.labels)} labels; vocabulary {len(prepared.vocab)}"
-          + ("; preprocessing reused from the cache" if prepared.cache_hit else "")
-          + ("; valid split drawn from train" if prepared.valid_from_train else ""), flush=True)
+    step.done(f"{rows} rows; {len(prepared.labels)} labels; vocabulary {len(prepared.vocab)}"
+              + ("; reused from the cache" if prepared.cache_hit else "")
+              + ("; valid split drawn from train" if prepared.valid_from_train else ""))
     for warning in prepared.audit.get("warnings", []):
-        print(f"data warning: {warning}", flush=True)
+        step.note(f"data warning: {warning}")
     if "valid" not in prepared.splits:
         raise UsageError("no validation rows: add a valid file or more training rows per class.")
+    check_select_metric(cfg, prepared.labels)
     return prepared
+
+
+def check_select_metric(cfg: Config, labels: list[str]) -> None:
+    """UsageError unless the selection metric is one these labels give (``semeval_macro_f1`` needs directed labels
+    such as ``Cause-Effect(e1,e2)``; the ``pos_*`` scores need ``--negative-label`` to be one of the labels)."""
+    from nre_ray.config import metric_names
+
+    available = metric_names(labels, cfg.data.negative_label)
+    if cfg.select_metric not in available:
+        why = (f"--negative-label {cfg.data.negative_label!r} is not one of the labels"
+               if cfg.data.negative_label and cfg.data.negative_label not in labels
+               else "it needs directed labels such as Cause-Effect(e1,e2) and --negative-label")
+        raise UsageError(f"--select-metric {cfg.select_metric}: this data has no such score ({why}); choose one "
+                         f"of {', '.join(available)}")
 
 
 def open_tracking(cfg: Config, target: Target, prepared: Any) -> tuple[str, Any]:
@@ -217,6 +262,7 @@ def open_tracking(cfg: Config, target: Target, prepared: Any) -> tuple[str, Any]
         if missing_metrics:
             tracker.log_metrics(missing_metrics, step=int(missing_metrics["epoch"]))
     tracker.log_params({f"data.source.{k}": v for k, v in prepared.sources.items()})
+    tracking.log_datasets(target.tracking_uri, run_id, prepared)  # the UI's Dataset column
     with tempfile.TemporaryDirectory() as folder:  # the data audit: data/audit.md, data/audit.json
         for path in write_audit(prepared.audit, Path(folder)):
             tracker.log_artifact(path, "data")
@@ -237,7 +283,7 @@ def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
         prepared.rejected.to_csv(rejected_path, index=False)
     tracker.log_artifact(rejected_path, "data")
     tracker.log_metrics({"rejected_rows": prepared.rejected_count}, step=0)
-    print(f"data: skipped {prepared.rejected_count} bad rows, listed in {rejected_path}", flush=True)
+    console.get().line(f"data: skipped {prepared.rejected_count} bad rows, listed in {rejected_path}")
 
 
 def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -256,18 +302,19 @@ def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[s
 
 
 def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resources, run_id: str,
-                  started: float, extra_callbacks: tuple[Any, ...] = ()) -> Any:
+                  started: float, extra_callbacks: tuple[Any, ...] = (), events: str | None = None) -> Any:
     """The TorchTrainer: the loop, its data, the workers' resources, checkpoints kept by the loop's selection rank,
     and the per-epoch MLflow logging from the controller. ``prepared``: the preprocessing result, or the dict of
     :func:`trainer_data` (a sweep's trial); ``extra_callbacks``: more Ray Train callbacks (a sweep's report to
-    Tune)."""
+    Tune); ``events``: the file the controller tells the driver's console about the workers and epochs in (None:
+    the controller prints the epoch lines itself)."""
     import ray
     import ray.train
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import LoggingConfig
 
     from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
-    from nre_ray.tracking_callback import EpochMetricsLogger
+    from nre_ray.tracking_callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
 
     data_ref = ray.put(prepared if isinstance(prepared, dict) else trainer_data(prepared))
     return TorchTrainer(
@@ -287,27 +334,41 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
             failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures, controller_failure_limit=0),
             logging_config=LoggingConfig(log_level="WARNING"),
             # each epoch once, when its checkpoint is kept
-            callbacks=[EpochMetricsLogger(target.tracking_uri, run_id), *extra_callbacks],
+            callbacks=[EpochMetricsLogger(target.tracking_uri, run_id, events, cfg.train.epochs, cfg.select_metric),
+                       *([ConsoleEvents(events)] if events and HAS_WORKER_GROUP_HOOKS else []),
+                       *extra_callbacks],
             worker_runtime_env={"env_vars": quiet_env_for_workers()},
         ),
     )
 
 
-def fit(trainer: Any, cfg: Config, target: Target, run_id: str) -> dict[str, Any]:
-    """Run the trainer, log the selected checkpoint as the MLflow model, close the MLflow run with its status, and
-    return the summary."""
+def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | None = None,
+        resources: Resources | None = None) -> dict[str, Any]:
+    """Run the trainer (showing the workers and epochs on the console from the controller's ``events``), log the
+    selected checkpoint as the MLflow model, close the MLflow run with its status, and return the summary."""
     import ray.train
 
     from nre_ray import tracking
     from nre_ray.loop import SELECTION_RANK
 
+    out = console.get()
+    workers = f"{cfg.train.num_workers} worker(s)" + (f", {resources.per_worker} each" if resources else "")
+    view = console.TrainingView(out, workers, cfg.train.epochs, cfg.select_metric, cfg.train.patience) \
+        if events else None
     status, cwd = "FAILED", os.getcwd()
     try:
-        result = trainer.fit()
+        with console.EventFollower(events, view.handle) if view else contextlib.nullcontext():
+            result = trainer.fit()
         restore_cwd(cwd)
+        if view:
+            view.close()
         # the loop's own choice: the first epoch with the best validation score (see loop.SELECTION_RANK)
         best = result.get_best_checkpoint(metric=SELECTION_RANK, mode="max") if result.best_checkpoints else None
-        model = _log_model(best, cfg, target.tracking_uri, run_id) if best is not None and cfg.run.log_model else {}
+        model = {}
+        if best is not None and cfg.run.log_model:
+            with out.phase("model", "logging the best checkpoint as the run's MLflow model") as step:
+                model = _log_model(best, cfg, target.tracking_uri, run_id)
+                step.done(model["model_uri"] or "done")
         status = "FINISHED"
     except (KeyboardInterrupt, SystemExit):
         # fit() installs Ray Train's SIGINT handler: it aborts the controller (which stops the workers) and leaves
@@ -323,6 +384,8 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str) -> dict[str, Any
                              "--placement-timeout, or ask for fewer workers.") from None
         raise UsageError(f"training failed: {root_cause(err)}") from None
     finally:
+        if view:
+            view.close(failed=True)  # (nothing if closed above)
         tracking.end_run(target.tracking_uri, run_id, status)
 
     metric = f"valid_{cfg.select_metric}"
@@ -399,14 +462,34 @@ def print_summary(summary: dict[str, Any]) -> None:
           else f"look at it: mlflow ui --backend-store-uri {uri}", flush=True)
 
 
+EXAMPLES = """\
+output: a line as each phase starts and ends ([seconds since the start] ray, preprocess, mlflow, workers,
+training, model), one line per epoch (* marks an epoch that improved the selection metric: the best so far), and
+a summary; on a terminal a bar shows the running phase.
+
+examples:
+  python -m nre_ray.train                                  # the bundled sample, 2 local workers, 10 epochs
+  python -m nre_ray.train --data-dir DATA --model pcnn --epochs 20 --patience 5
+  python -m nre_ray.train --data-dir DATA --negative-label Other --select-metric semeval_macro_f1
+  python -m nre_ray.train --config run.toml --num-workers 4 --use-gpu
+  python -m nre_ray.train --run-name r1 --resume           # continue the interrupted run r1
+  python -m nre_ray.train --address ray://HEAD:10001 --storage-path s3://BUCKET/runs \\
+      --tracking-uri http://HEAD:5000                      # an existing cluster
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     started = time.time()
     parser = build_parser(description="Train a sentence-level relation classifier with Ray Train, Ray Data and "
                                       "MLflow. Without --data-dir it trains on the bundled English sample.")
+    parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     args = parser.parse_args(argv)
     for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
         os.environ.setdefault(key, value)
+    console.use(console.Console(started=started))
+    if not sys.stdout.isatty():  # lines Ray forwards from its processes: no colour codes in a log file
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("nre_ray").setLevel(logging.INFO)
     for noisy in ("ray.data", "mlflow"):

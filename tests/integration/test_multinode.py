@@ -136,7 +136,7 @@ def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
             stop_tree(proc)
         kill_all(mentioning(str(workdir)))  # anything of this test's Ray that outlived its parent
     text = log.read_text()
-    assert "nre_ray: 2 worker(s), {'CPU': 1.0} each" in text  # sized from both nodes' CPUs
+    assert "2 worker(s), {'CPU': 1.0} each" in text  # sized from both nodes' CPUs
     assert f"warning: --storage-path {storage} is a folder on this machine" in text  # --allow-local-storage
     assert len(placed[0]) == 1 and len(placed[1]) == 1, placed
     wait_for("every process this test started to end", lambda: not any(alive(p) for p in tree), 30)

@@ -1,0 +1,350 @@
+"""What a person sees while a command runs: each phase as it starts and ends, progress, and the epoch table.
+
+One :class:`Console` per process (:func:`get`). A phase prints one line when it starts and one when it ends, each
+with the seconds since the command started, the same on a terminal and in a log file; on a terminal a tqdm bar
+below shows the phase's progress (or just its running time) in between, and in a log file a progress line is
+printed at most every :data:`FILE_PROGRESS_EVERY_S` seconds instead. No colour codes, no carriage returns in a
+file. Nothing here imports Ray or torch.
+
+Any driver-side code (the preprocessing pipeline included) reports through it::
+
+    from nre_ray import console
+
+    with console.phase("preprocess", "reading and checking 3 files") as step:
+        bar = step.progress(total=rows, unit="rows")  # a tqdm bar on a terminal, a line every ~10 s in a file
+        for chunk in chunks:
+            ...
+            bar.update(len(chunk))
+        step.note("nothing cached yet for these inputs")  # a line of its own, inside the phase
+        step.done("train 3000, valid 500, test 500 rows")  # what the end line says (default: "done")
+
+The training workers run elsewhere: the Ray Train controller (on the driver's node) appends their events (workers
+up, training started, each epoch's metrics) as JSON lines to a file (:func:`append_event`), and the driver follows
+that file (:class:`EventFollower`) and prints them here (:class:`TrainingView`), so epoch lines come from the
+driver, not as ``(RayTrainWorker pid=...)`` lines from a worker's stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+#: In a log file (not a terminal), a running phase's progress line at most this often.
+FILE_PROGRESS_EVERY_S = 10.0
+#: On a terminal, how often a phase's bar is redrawn while nothing else moves it (its running time ticks).
+TICK_S = 0.5
+#: The epoch metric that is > 0 when the epoch improved the selection metric (``nre_ray.loop.SELECTION_RANK``;
+#: kept here so that the console does not import torch; tests/unit/test_console.py checks that the two agree).
+IMPROVED_KEY = "selection_rank"
+
+
+class Progress:
+    """Progress inside a phase: a tqdm bar on a terminal; in a file, a line at most every FILE_PROGRESS_EVERY_S."""
+
+    def __init__(self, console: Console, name: str, total: float | None, unit: str, bar: Any) -> None:
+        self._console, self._name, self.total, self.unit, self._bar = console, name, total, unit, bar
+        self.count = 0.0
+        self._printed = time.monotonic()
+
+    def update(self, n: float = 1) -> None:
+        """Count ``n`` more units done."""
+        self.count += n
+        if self._bar is not None:
+            with self._console.lock:
+                self._bar.update(n)
+        elif time.monotonic() - self._printed >= FILE_PROGRESS_EVERY_S:
+            self._printed = time.monotonic()
+            self._console.line(f"{self._name}: {self.describe()}")
+
+    def set_total(self, total: float | None) -> None:
+        """The total became known (or changed)."""
+        self.total = total
+        if self._bar is not None:
+            with self._console.lock:
+                self._bar.total = total
+                self._bar.refresh()
+
+    def describe(self) -> str:
+        """``1500/3000 rows (50%)``, or ``1500 rows`` without a total."""
+        done = f"{self.count:g}"
+        if not self.total:
+            return f"{done} {self.unit}"
+        return f"{done}/{self.total:g} {self.unit} ({100 * self.count / self.total:.0f}%)"
+
+
+class Phase:
+    """A step of the command between its start line and its end line; see the module docstring."""
+
+    def __init__(self, console: Console, name: str, doing: str) -> None:
+        self.console, self.name, self.doing = console, name, doing
+        self.started = time.monotonic()
+        self.summary: str | None = None
+        self.ended = False
+        self._bar: Any = None
+        self._progress: Progress | None = None
+        console.line(f"{name}: {doing}")
+        if console.tty:
+            self._bar = console.make_bar(name, None, "s", elapsed_only=True)
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def progress(self, total: float | None = None, unit: str = "it") -> Progress:
+        """A progress counter for this phase (one at a time: a second call replaces the first)."""
+        if self.console.tty:
+            self.console.close_bar(self._bar)
+            self._bar = self.console.make_bar(self.name, total, unit)
+        self._progress = Progress(self.console, self.name, total, unit, self._bar)
+        return self._progress
+
+    def note(self, text: str) -> None:
+        """Print a line inside the phase (above its bar on a terminal)."""
+        self.console.line(f"{self.name}: {text}")
+
+    def done(self, summary: str) -> None:
+        """What the end line says instead of ``done``."""
+        self.summary = summary
+
+    def end(self, summary: str | None = None, failed: bool = False) -> None:
+        """Close the bar and print the end line (once)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.console.close_bar(self._bar)
+        self._bar = None
+        if failed:
+            self.console.line(f"{self.name}: stopped after {self.seconds:.1f} s")
+        else:
+            self.console.line(f"{self.name}: {summary or self.summary or 'done'} ({self.seconds:.1f} s)")
+
+
+class Console:
+    """Where a command's own lines go (default: stdout), with the time since ``started`` on each phase line."""
+
+    def __init__(self, stream: TextIO | None = None, tty: bool | None = None, started: float | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = _isatty(self.stream) if tty is None else tty
+        self.started = started if started is not None else time.time()
+        self.lock = threading.RLock()
+        self._bars: list[Any] = []
+        self._ticker: threading.Thread | None = None
+
+    def stamp(self) -> str:
+        return f"[{time.time() - self.started:6.1f}s]"
+
+    def line(self, text: str, stamp: bool = True) -> None:
+        """Print a line (above any bar on a terminal)."""
+        text = f"{self.stamp()} {text}" if stamp else text
+        with self.lock:
+            if self._bars:
+                from tqdm import tqdm
+
+                tqdm.write(text, file=self.stream)
+            else:
+                print(text, file=self.stream, flush=True)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, doing: str) -> Iterator[Phase]:
+        """A phase as a ``with`` block; an exception ends it with ``stopped after N s`` and goes on."""
+        step = Phase(self, name, doing)
+        try:
+            yield step
+        except BaseException:
+            step.end(failed=True)
+            raise
+        step.end()
+
+    def make_bar(self, name: str, total: float | None, unit: str, elapsed_only: bool = False) -> Any:
+        """A tqdm bar on this console's stream (terminal only); redrawn every TICK_S by one ticker thread."""
+        from tqdm import tqdm
+
+        fmt = "{desc}: {elapsed}" if elapsed_only else None
+        with self.lock:
+            bar = tqdm(total=total, unit=unit, desc=name, file=self.stream, leave=False, dynamic_ncols=True,
+                       bar_format=fmt, mininterval=TICK_S)
+            self._bars.append(bar)
+            if self._ticker is None or not self._ticker.is_alive():
+                self._ticker = threading.Thread(target=self._tick, name="nre_ray-console", daemon=True)
+                self._ticker.start()
+        return bar
+
+    def close_bar(self, bar: Any) -> None:
+        if bar is None:
+            return
+        with self.lock:
+            if bar in self._bars:
+                self._bars.remove(bar)
+            bar.close()
+
+    def _tick(self) -> None:
+        while True:
+            time.sleep(TICK_S)
+            with self.lock:
+                if not self._bars:
+                    return
+                for bar in self._bars:
+                    bar.refresh()
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+_current: Console | None = None
+
+
+def get() -> Console:
+    """This process's console (stdout until :func:`use` sets another)."""
+    global _current
+    if _current is None:
+        _current = Console()
+    return _current
+
+
+def use(console: Console) -> Console:
+    """Make ``console`` the one :func:`get` returns (a command's entry point, or a test); returns it."""
+    global _current
+    _current = console
+    return console
+
+
+def phase(name: str, doing: str) -> contextlib.AbstractContextManager[Phase]:
+    """``with console.phase("preprocess", "reading 3 files") as step:`` on this process's console."""
+    return get().phase(name, doing)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# training: events from the Ray Train controller, printed by the driver
+
+
+def append_event(path: str | Path, event: dict[str, Any]) -> None:
+    """Append one event (a JSON object on one line) to ``path``; called by the controller's callbacks."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(event, default=float) + "\n")
+
+
+class EventFollower:
+    """Follows an events file in a thread, handing each complete line's event to ``handle`` (in order, once)."""
+
+    def __init__(self, path: str | Path, handle: Callable[[dict[str, Any]], None], every_s: float = 0.2) -> None:
+        self.path, self.handle, self.every_s = Path(path), handle, every_s
+        self._offset = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nre_ray-events", daemon=True)
+
+    def __enter__(self) -> EventFollower:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.poll()  # what arrived after the last poll
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.poll()
+
+    def poll(self) -> None:
+        """Hand on the events appended since the last call."""
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for the next poll
+        self._offset += len(complete.encode("utf-8"))
+        for line in complete.splitlines():
+            if line.strip():
+                try:
+                    self.handle(json.loads(line))
+                except Exception as err:  # a display problem must never stop training
+                    print(f"console: could not show an event: {err}", file=sys.stderr)
+
+
+def format_epoch(metrics: dict[str, Any], epochs: int, select: str) -> str:
+    """One epoch's line: ``epoch   2/10  train_loss ...  valid_macro_f1 0.9066 ...  10084 ex/s  *``."""
+    def num(key: str, fmt: str) -> str:
+        value = metrics.get(key)
+        return format(float(value), fmt) if isinstance(value, int | float) and math.isfinite(value) else "-"
+
+    improved = float(metrics.get(IMPROVED_KEY, 0) or 0) > 0
+    return (f"epoch {int(metrics.get('epoch', 0)):3d}/{epochs}  train_loss {num('train_loss', '.4f')}  "
+            f"valid_loss {num('valid_loss', '.4f')}  valid_{select} {num(f'valid_{select}', '.4f')}  "
+            f"valid_acc {num('valid_accuracy', '.4f')}  lr {num('lr', '.2g')}  "
+            f"{num('examples_per_sec', '.0f')} ex/s" + ("  *" if improved else ""))
+
+
+def epoch_legend(epochs: int, select: str, first: int = 1) -> str:
+    """The line above the epoch table that says what the columns and the ``*`` mean."""
+    which = f"epochs {first}-{epochs}" if first > 1 else f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    return (f"{which}; valid_{select} selects the best checkpoint; "
+            f"* marks an epoch that improved it (the best so far)")
+
+
+class TrainingView:
+    """Shows a training run from the controller's events: the workers starting, the legend, one line per epoch
+    (a bar over the epochs on a terminal), an early stop. ``handle`` is an :class:`EventFollower` handler."""
+
+    def __init__(self, console: Console, workers: str, epochs: int, select: str, patience: int = 0,
+                 first_epoch: int = 1) -> None:
+        self.console, self.epochs, self.select, self.patience = console, epochs, select, patience
+        self.first_epoch = first_epoch
+        self.last: dict[str, Any] | None = None
+        self.starts = 0
+        self._phase: Phase | None = Phase(console, "workers", f"starting {workers}")
+        self._bar: Progress | None = None
+
+    def handle(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "workers_started":
+            self.starts += 1
+            if self._phase is not None and self._phase.name == "workers":
+                self._phase.end(f"{event.get('count', '?')} up" + (" again" if self.starts > 1 else ""))
+                self._phase = None
+            elif self.starts > 1:
+                self.console.line(f"workers: {event.get('count', '?')} started again (a restart after a failure)")
+        elif kind == "training_started":
+            if self._phase is None:
+                self._phase = Phase(self.console, "training", epoch_legend(self.epochs, self.select,
+                                                                           self.first_epoch))
+                self._bar = self._phase.progress(total=self.epochs - self.first_epoch + 1, unit="epoch")
+        elif kind == "epoch":
+            self.add(event.get("metrics", {}))
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        """Print one epoch's line."""
+        if self._phase is None or self._phase.name != "training":
+            self.handle({"event": "training_started"})
+        self.console.line(format_epoch(metrics, self.epochs, self.select), stamp=False)
+        if self._bar is not None:
+            self._bar.update(1)
+        self.last = metrics
+
+    def close(self, failed: bool = False) -> None:
+        """End the running phase: the run finished (or ``failed``)."""
+        if self._phase is None:
+            return
+        if failed:
+            self._phase.end(failed=True)
+        elif self.last is not None:
+            epoch, best = int(self.last.get("epoch", 0)), int(self.last.get("best_epoch", 0))
+            stop = ""
+            if epoch < self.epochs and self.patience and epoch - best >= self.patience:
+                stop = f"; early stop: no improvement of valid_{self.select} for {epoch - best} epochs"
+            self._phase.end(f"{epoch} epochs, best epoch {best}{stop}")
+        else:
+            self._phase.end()
+        self._phase = None

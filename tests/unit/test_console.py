@@ -1,0 +1,97 @@
+"""The console: phase lines with times, progress on a terminal and in a file, the epoch table from events."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from nre_ray import console
+from nre_ray.console import Console, EventFollower, TrainingView, append_event, format_epoch
+
+
+def _epoch(epoch: int, improved: bool, best: int) -> dict[str, float]:
+    return {"epoch": epoch, "train_loss": 1.0 / epoch, "valid_loss": 0.5, "valid_macro_f1": 0.1 * epoch,
+            "valid_accuracy": 0.2, "lr": 0.001, "examples_per_sec": 1234.0, console.IMPROVED_KEY: epoch * improved,
+            "best_epoch": best}
+
+
+def test_the_improved_key_is_the_loops_selection_rank():
+    from nre_ray.loop import SELECTION_RANK
+
+    assert console.IMPROVED_KEY == SELECTION_RANK
+
+
+def test_a_phase_in_a_file_is_a_start_and_an_end_line_with_times_and_no_control_characters(monkeypatch):
+    out = io.StringIO()
+    con = Console(out, tty=False, started=0.0)
+    monkeypatch.setattr(console, "FILE_PROGRESS_EVERY_S", 0.0)  # every update prints a progress line
+    with con.phase("preprocess", "reading 3 files") as step:
+        bar = step.progress(total=4, unit="rows")
+        bar.update(2)
+        step.note("nothing cached yet")
+        step.done("4 rows")
+    lines = out.getvalue().splitlines()
+    assert re.fullmatch(r"\[ *\d+\.\ds\] preprocess: reading 3 files", lines[0])
+    assert lines[1].endswith("preprocess: 2/4 rows (50%)")
+    assert lines[2].endswith("preprocess: nothing cached yet")
+    assert re.search(r"preprocess: 4 rows \(\d+\.\d s\)$", lines[3])
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_a_failing_phase_says_it_stopped_and_the_error_goes_on():
+    out = io.StringIO()
+    con = Console(out, tty=False)
+    try:
+        with con.phase("ray", "starting"):
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the error was swallowed")
+    assert "ray: stopped after" in out.getvalue()
+
+
+def test_on_a_terminal_a_tqdm_bar_runs_between_the_lines():
+    out = io.StringIO()
+    con = Console(out, tty=True)
+    with con.phase("preprocess", "reading") as step:
+        bar = step.progress(total=10, unit="rows")
+        bar.update(10)
+    text = out.getvalue()
+    assert "/10 [" in text and "\r" in text  # tqdm's bar, redrawn in place
+    assert text.rstrip().splitlines()[-1].split("\r")[-1].startswith("[")  # the end line comes last
+
+
+def test_epoch_lines_come_from_events_with_a_legend_and_an_early_stop(tmp_path):
+    out = io.StringIO()
+    con = Console(out, tty=False)
+    events = tmp_path / "events.jsonl"
+    view = TrainingView(con, "2 worker(s)", epochs=10, select="macro_f1", patience=2)
+    with EventFollower(events, view.handle, every_s=0.01):
+        append_event(events, {"event": "workers_started", "count": 2})
+        append_event(events, {"event": "training_started"})
+        for metrics in (_epoch(1, True, 1), _epoch(2, False, 1), _epoch(3, False, 1)):
+            append_event(events, {"event": "epoch", "metrics": metrics})
+    view.close()
+    text = out.getvalue()
+    assert "workers: starting 2 worker(s)" in text and "workers: 2 up" in text
+    assert "valid_macro_f1 selects the best checkpoint; * marks an epoch that improved it" in text
+    lines = [line for line in text.splitlines() if line.startswith("epoch ")]
+    assert lines == [format_epoch(_epoch(e, e == 1, 1), 10, "macro_f1") for e in (1, 2, 3)]
+    assert lines[0].startswith("epoch   1/10  train_loss 1.0000") and lines[0].endswith("1234 ex/s  *")
+    assert not lines[1].endswith("*")
+    assert "training: 3 epochs, best epoch 1; early stop: no improvement of valid_macro_f1 for 2 epochs" in text
+
+
+def test_the_follower_hands_on_only_complete_lines(tmp_path):
+    events = tmp_path / "events.jsonl"
+    seen: list[dict] = []
+    follower = EventFollower(events, seen.append)
+    follower.poll()  # no file yet: nothing
+    events.write_text('{"event": "a"}\n{"event": "b"')
+    follower.poll()
+    assert seen == [{"event": "a"}]
+    with open(events, "a") as fh:
+        fh.write('}\n')
+    follower.poll()
+    assert seen == [{"event": "a"}, {"event": "b"}]
