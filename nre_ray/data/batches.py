@@ -225,9 +225,11 @@ class EncodedSplit:
     :attr:`arrays` is the whole split padded (small splits: tests, prediction).
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], name: str = "") -> None:
+    def __init__(self, arrays: dict[str, np.ndarray], name: str = "", folder: Path | str | None = None) -> None:
         self.flat = flatten(arrays)
         self.name = name
+        self.folder = folder
+        """The folder the split's files were opened from (:meth:`open`), or None."""
 
     def __len__(self) -> int:
         return len(self.flat["lengths"])
@@ -293,4 +295,4 @@ class EncodedSplit:
         row is asked for) unless ``mmap`` is False."""
         flat = {key: np.load(Path(folder) / file, mmap_mode="r" if mmap else None, allow_pickle=False)
                 for key, file in zip(FLAT_KEYS, cls.files(name), strict=True)}
-        return cls(flat, name)
+        return cls(flat, name, folder)

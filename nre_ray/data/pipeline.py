@@ -1,16 +1,21 @@
-"""The preprocessing pipeline: files -> validated, tokenized, encoded arrays, streamed through Ray Data.
+"""The preprocessing pipeline: files -> validated, tokenized, encoded arrays, built by Ray tasks that write files.
 
-Nothing holds the whole corpus: the files are read in chunks, and every step runs per block.
+Nothing holds the whole corpus, and the data never passes through the driver: it takes small summaries and makes the
+decisions that need the whole picture. The Ray work is in :mod:`nre_ray.data.stages`; the files go to ``work/`` in
+this run's private build folder.
 
 1. Ray Data: one reader task per split file streams :func:`~nre_ray.data.read.read_chunks` -> ``map_batches``: row
-   checks, tokenization and the audit's per-row numbers. The driver takes the blocks as they come and writes them,
-   in file order, as Parquet into a staging folder in this run's private build folder, keeping per row only what
-   the later decisions need (line, relation, problem count, a few audit numbers: no text, no tokens).
+   checks, tokenization and the audit's per-row numbers, each block written as Parquet by the task that made it.
+   The driver gets a summary per block: problem counts and the first problems, the good rows per relation, and
+   (only when the validation split is drawn from train) each good training row's line and relation.
 2. Driver: bad rows (the first :data:`~nre_ray.data.errors.MAX_SHOWN` problems and a count for ``--on-bad-rows
-   error``; all of them into ``rejected.csv`` for ``skip``), labels checked against the label list, the seeded
-   stratified validation split when there is no validation file (from labels and line numbers only).
-3. Ray Data: token counts of the training rows per block -> ``groupby`` -> the vocabulary.
-4. Ray Data: encoding per block; the driver copies each encoded block into the padded int32 arrays of its split.
+   error``), labels checked against the label list, the seeded stratified validation split when there is no
+   validation file (from labels and line numbers only).
+3. Ray Data: token counts of the training rows per block -> ``groupby`` -> the vocabulary (or the pretrained
+   tokenizer with entity markers, ``--model bert``); then encoding per block, each task writing its rows' flat
+   arrays (no padding) and its rejected rows.
+4. Ray tasks, one per split: the blocks concatenated in file order into the split's memory-mappable ``.npy`` files
+   (:class:`~nre_ray.data.batches.EncodedSplit`), audited on the way.
 
 The result (and the audit, see :mod:`nre_ray.data.audit`) is cached under a key made of the input files' content
 hashes and the preprocessing settings: built in a private folder and published with one atomic rename, so runs that
@@ -37,7 +42,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,19 +51,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from nre_ray import storage
 from nre_ray.config import DataConfig
 from nre_ray.data import audit as data_audit
-from nre_ray.data import subword
-from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts_arrow, tokenize_batch
+from nre_ray.data import stages, subword
+from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 from nre_ray.data.read import (
-    CANONICAL,
     Source,
-    check_rows,
     find_data_files,
     parse_column_map,
     read_chunks,
@@ -75,29 +76,10 @@ ROWS_PER_CHUNK = 2_000
 """Records per chunk read from a file (one Ray Data block, more or less)."""
 BLOCK_BYTES = 4 << 20
 """Ray Data's target block size for the preprocessing datasets (its default, 128 MiB, would gather chunks)."""
-ROWS_PER_FILE = 20_000
-"""Rows per staged Parquet file."""
 KEPT_REJECTED = 1_000
 """Rejected rows kept in :attr:`Prepared.rejected`; all of them are in ``rejected.csv`` in the cache folder."""
-REJECTED_COLUMNS = ["file", "line", "problem", "sentence", "head", "tail", "relation"]
+REJECTED_COLUMNS = stages.REJECTED_COLUMNS
 ROWS_HINT = "Fix these rows, or pass --on-bad-rows skip to train on the good rows only."
-ENCODED_LISTS = (("tokens", "token_ids"), ("head_pos", "head_pos"), ("tail_pos", "tail_pos"),
-                 ("segments", "segments"))
-"""(array of :class:`EncodedSplit`, list column of :func:`encode_batch`)."""
-
-STAGED = pa.schema([
-    ("split", pa.string()), ("seq", pa.int64()), ("chunk_rows", pa.int64()), ("fatal", pa.string()),
-    ("file", pa.string()), ("line", pa.int64()), ("problem", pa.string()),
-    ("sentence", pa.string()), ("head", pa.string()), ("tail", pa.string()), ("relation", pa.string()),
-    ("tokens", pa.list_(pa.string())),
-    ("head_start", pa.int32()), ("head_end", pa.int32()), ("tail_start", pa.int32()), ("tail_end", pa.int32()),
-    ("ntok", pa.int32()), ("gap", pa.int32()), ("reach", pa.int32()), ("key", pa.uint64()), ("overlap", pa.bool_()),
-    ("head_offset", pa.int64()), ("tail_offset", pa.int64()), ("head_type", pa.string()), ("tail_type", pa.string()),
-])
-"""A tokenized row as staged: the reader's bookkeeping (split, chunk number and size, a file-level error), the
-record, its problem ("" for good rows), tokens and token spans, the audit's numbers, and what subword encoding
-(``--model bert``) reads: the checked character offsets and the entity types."""
-SCAN_COLUMNS = ("line", "ntok", "gap", "reach", "key", "overlap")
 
 
 def sample_dir() -> Path:
@@ -499,206 +481,101 @@ def _publish_shared(cache: Path, shared: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Ray Data batch functions (run in the workers)
+# the driver: the small decisions between the Ray passes of nre_ray.data.stages
 
 
-def _read_files(specs: pd.DataFrame, fmt: str | None, column_map: dict[str, str] | None,
-                rows_per_chunk: int) -> Iterator[pd.DataFrame]:
-    """Ray Data UDF: each input row names one split file; yields its records in chunks, numbered by ``seq``.
+class _Scan:
+    """What the driver keeps of pass 1 (the :data:`~nre_ray.data.stages.SUMMARY` rows of
+    :func:`~nre_ray.data.stages.stage_block`): per split, the staged blocks, problem counts, the first problems and
+    the good rows per relation; the training split's entity types, and each good training row's line and relation
+    (only when the validation split is drawn from it: 12 bytes a row, the one per-row thing the driver holds)."""
 
-    A problem with the file itself becomes one row whose ``fatal`` holds the error (errors travel as data, so a bad
-    file ends in a clean message rather than a failed Ray task with its traceback)."""
-    for split, path in zip(specs["split"], specs["path"], strict=True):
-        seq = 0
-        try:
-            for chunk in read_chunks(path if storage.is_uri(path) else Path(path), fmt, column_map, rows_per_chunk):
-                yield chunk.assign(split=split, seq=seq, chunk_rows=len(chunk), fatal="")
-                seq += 1
-        except DataError as err:
-            payload = {"problems": [[p.file, p.line, p.field, p.message] for p in err.problems],
-                       "hint": err.hint, "total": err.total}
-            row: dict[str, Any] = dict.fromkeys(CANONICAL, "")
-            row.update(file=path, line=0, problem="row: the file cannot be read", split=split, seq=seq, chunk_rows=1,
-                       fatal=json.dumps(payload, ensure_ascii=False))
-            yield pd.DataFrame([row])
-
-
-def _check_and_tokenize(batch: pd.DataFrame, tokenizer: str, lowercase: bool) -> pa.Table:
-    """Ray Data UDF: row checks, tokenization and the audit's per-row numbers, as a :data:`STAGED` table."""
-    tokenized = tokenize_batch(check_rows(batch), tokenizer, lowercase)
-    stats = data_audit.row_stats(tokenized)
-    columns: dict[str, Any] = {}
-    for name in STAGED.names:
-        if name in stats:
-            columns[name] = stats[name]
-        elif name == "tokens":
-            columns[name] = list(tokenized["tokens"])
-        else:
-            values = tokenized[name].fillna("") if name in ("head_type", "tail_type") else tokenized[name]
-            columns[name] = values.to_numpy() if STAGED.field(name).type != pa.string() else values.astype(str)
-    return pa.Table.from_pydict(columns, schema=STAGED)
-
-
-def _kept(batch: pd.DataFrame, labels: list[str]) -> np.ndarray:
-    """Rows that are trained on: no problem and a known label."""
-    return ((batch["problem"] == "") & batch["relation"].isin(labels)).to_numpy()
-
-
-def _staged_files(paths: pd.DataFrame, columns: list[str]) -> Iterator[pd.DataFrame]:
-    """The rows of the staged files named in ``paths["path"]`` (only ``columns``)."""
-    for path in paths["path"]:
-        yield pq.read_table(path, columns=columns).to_pandas()
-
-
-def _train_token_counts(paths: pd.DataFrame, labels: list[str], moved: np.ndarray) -> Iterator[pa.Table]:
-    """Ray Data UDF: token counts of the kept training rows of staged files (rows moved to valid left out), counted
-    in Arrow (:func:`~nre_ray.data.batches.token_counts_arrow`: the tokens never become Python objects)."""
-    for path in paths["path"]:
-        table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
-        keep = pc.and_(pc.and_(pc.equal(table.column("problem"), ""),
-                               pc.is_in(table.column("relation"), value_set=pa.array(labels, pa.string()))),
-                       pc.invert(pc.is_in(table.column("line"), value_set=pa.array(moved, pa.int64()))))
-        yield token_counts_arrow(table.filter(keep).column("tokens"))
-
-
-def _encode_files(paths: pd.DataFrame, vocab: list[str], labels: list[str], max_length: int, window: int,
-                  moved: np.ndarray) -> Iterator[pa.Table]:
-    """Ray Data UDF: encode the kept rows of staged files."""
-    columns = ["split", "line", "problem", "relation", "tokens", "head_start", "head_end", "tail_start", "tail_end"]
-    for batch in _staged_files(paths, columns):
-        yield _encode_block(batch, vocab, labels, max_length, window, moved)
-
-
-def _encode_block(batch: pd.DataFrame, vocab: list[str], labels: list[str], max_length: int, window: int,
-                  moved: np.ndarray) -> pa.Table:
-    """Encode the kept rows of a staged block. Lists become Arrow ``list<int32>`` columns; ``split`` is the final
-    split (training rows moved to valid say so)."""
-    batch = batch[_kept(batch, labels)]
-    lines = batch["line"].to_numpy(dtype=np.int64)
-    split = np.where((batch["split"] == "train").to_numpy() & np.isin(lines, moved), "valid",
-                     batch["split"].to_numpy(dtype=object))
-    return _encoded_table(split, lines, encode_batch(batch, vocab, labels, max_length, window))
-
-
-def _encode_subword_files(paths: pd.DataFrame, tokenizer_dir: str, labels: list[str], max_length: int, typed: bool,
-                          window: int, moved: np.ndarray) -> Iterator[pa.Table]:
-    """Ray Data UDF, ``--model bert``: :func:`_encode_files` with the pretrained tokenizer and entity markers (the
-    tokenizer is loaded once per worker process)."""
-    columns = ["split", "line", "problem", "relation", "sentence", "head", "head_offset", "tail", "tail_offset",
-               "head_type", "tail_type"]
-    for batch in _staged_files(paths, columns):
-        yield _encode_subword_block(batch, tokenizer_dir, labels, max_length, typed, window, moved)
-
-
-def _encode_subword_block(batch: pd.DataFrame, tokenizer_dir: str, labels: list[str], max_length: int, typed: bool,
-                          window: int, moved: np.ndarray) -> pa.Table:
-    """:func:`_encode_block` with the pretrained tokenizer and entity markers."""
-    batch = batch[_kept(batch, labels)]
-    lines = batch["line"].to_numpy(dtype=np.int64)
-    split = np.where((batch["split"] == "train").to_numpy() & np.isin(lines, moved), "valid",
-                     batch["split"].to_numpy(dtype=object))
-    encoded = subword.encode_subword_batch(batch, tokenizer_dir, max_length, typed, labels, window)
-    lost = (encoded["problem"] != "").to_numpy()
-    if lost.any():  # not expected: the row checks passed
-        raise ValueError(f"line {lines[lost][0]}: {encoded['problem'].to_numpy()[lost][0]}")
-    return _encoded_table(split, lines, encoded)
-
-
-def _encoded_table(split: np.ndarray, lines: np.ndarray, encoded: pd.DataFrame) -> pa.Table:
-    """The encoded rows as Arrow: ``list<int32>`` id/feature columns, span starts and ends, length, label."""
-    ints = pa.list_(pa.int32())
-    columns = {"split": pa.array(split, pa.string()), "line": pa.array(lines, pa.int64()),
-               "label": pa.array(encoded["label"].to_numpy(dtype=np.int64)),
-               "length": pa.array(encoded["length"].to_numpy(dtype=np.int32))}
-    for _, column in ENCODED_LISTS:
-        columns[column] = pa.array(list(encoded[column]), ints)
-    for key in ("head_span", "tail_span"):
-        spans = np.asarray([list(s) for s in encoded[key]], dtype=np.int32).reshape(-1, 2)
-        columns[f"{key}_start"], columns[f"{key}_end"] = pa.array(spans[:, 0]), pa.array(spans[:, 1])
-    return pa.table(columns)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# the driver
-
-
-class _Stage:
-    """Takes pass 1's blocks as they come and writes them to ``folder`` in file order (one file per
-    :data:`ROWS_PER_FILE` rows or so, per split); keeps the per-row numbers the later decisions need."""
-
-    def __init__(self, folder: Path, splits: list[str]) -> None:
-        self.folder = folder
+    def __init__(self, splits: list[str], keep_train_rows: bool) -> None:
         self.splits = splits
-        self.pending: dict[str, dict[int, list[pa.Table]]] = {s: {} for s in splits}
-        self.next_seq = dict.fromkeys(splits, 0)
-        self.buffer: dict[str, list[pa.Table]] = {s: [] for s in splits}
-        self.files: dict[str, list[Path]] = {s: [] for s in splits}
-        self.scan: dict[str, dict[str, list[np.ndarray]]] = {s: {} for s in splits}
-        self.relations: dict[str, int] = {}
+        self.keep_train_rows = keep_train_rows
+        self.blocks: dict[str, list[tuple[int, str]]] = {s: [] for s in splits}
         self.fatal: dict[str, str] = {}
+        self.problem_rows = dict.fromkeys(splits, 0)
+        self.problem_count = dict.fromkeys(splits, 0)
+        self.problems: dict[str, list[tuple[int, str, str]]] = {s: [] for s in splits}
+        self.relations: dict[str, dict[str, list]] = {s: {} for s in splits}
+        self.codes: dict[str, int] = {}
+        self.types: tuple[set[str], set[str]] = (set(), set())
+        self.train_rows: list[tuple[int, np.ndarray, np.ndarray]] = []
 
     def add(self, table: pa.Table) -> None:
-        split_column = table.column("split")
-        for split in pc.unique(split_column).to_pylist():
-            part = table.filter(pc.equal(split_column, split))
-            seqs = part.column("seq").to_numpy()
-            for seq in np.unique(seqs).tolist():
-                self.pending[split].setdefault(seq, []).append(part.filter(pa.array(seqs == seq)))
-            self._advance(split)
+        lines = table.column("train_lines").combine_chunks()
+        codes = table.column("train_codes").combine_chunks()
+        for i, row in enumerate(table.drop_columns(["train_lines", "train_codes"]).to_pylist()):
+            split = row["split"]
+            if row["fatal"]:
+                self.fatal.setdefault(split, row["fatal"])
+                continue
+            self.blocks[split].append((row["first_line"], row["path"]))
+            self.problem_rows[split] += row["problem_rows"]
+            self.problem_count[split] += row["problem_count"]
+            self.problems[split].extend((line, file, text) for file, line, text in json.loads(row["problems"]))
+            relations = json.loads(row["relations"])
+            for relation, (count, first) in relations.items():
+                entry = self.relations[split].setdefault(relation, [0, []])
+                entry[0] += count
+                entry[1] = sorted(entry[1] + first)[:MAX_SHOWN]
+            if split == "train":
+                for kept, found in zip(self.types, json.loads(row["types"]), strict=True):
+                    kept.update(found)
+                if self.keep_train_rows:
+                    mapping = np.asarray([self.codes.setdefault(r, len(self.codes)) for r in relations] or [0],
+                                         dtype=np.int32)
+                    self.train_rows.append((row["first_line"], lines[i].values.to_numpy().astype(np.int64),
+                                            mapping[codes[i].values.to_numpy()]))
 
-    def _advance(self, split: str) -> None:
-        pending = self.pending[split]
-        while self.next_seq[split] in pending:
-            pieces = pending[self.next_seq[split]]
-            rows = sum(p.num_rows for p in pieces)
-            if rows < pieces[0].column("chunk_rows")[0].as_py():
-                return
-            chunk = pa.concat_tables(pieces)
-            chunk = chunk.take(pc.sort_indices(chunk.column("line")))
-            del pending[self.next_seq[split]]
-            self.next_seq[split] += 1
-            self._keep(split, chunk)
-            self.buffer[split].append(chunk)
-            if sum(t.num_rows for t in self.buffer[split]) >= ROWS_PER_FILE:
-                self._flush(split)
+    def train_lines_and_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The good training rows' lines (file order) and relation codes (into :attr:`codes`)."""
+        parts = sorted(self.train_rows, key=lambda part: part[0])
+        self.train_rows = []
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
 
-    def _keep(self, split: str, chunk: pa.Table) -> None:
-        fatal = pc.not_equal(chunk.column("fatal"), "")
-        if pc.any(fatal).as_py() and split not in self.fatal:
-            self.fatal[split] = chunk.filter(fatal).column("fatal")[0].as_py()
-        scan = self.scan[split]
-        for name in SCAN_COLUMNS:
-            scan.setdefault(name, []).append(chunk.column(name).to_numpy())
-        problems = chunk.column("problem").to_pylist()
-        scan.setdefault("problems", []).append(np.fromiter((len(split_problem(p)) if p else 0 for p in problems),
-                                                           dtype=np.int32, count=len(problems)))
-        relation = pc.dictionary_encode(chunk.column("relation").combine_chunks())
-        codes = np.asarray([self.relations.setdefault(r, len(self.relations))
-                            for r in relation.dictionary.to_pylist()], dtype=np.int32)
-        scan.setdefault("relation", []).append(codes[relation.indices.to_numpy(zero_copy_only=False)]
-                                               if len(codes) else np.zeros(0, dtype=np.int32))
+    def good_rows(self, split: str, labels: set[str]) -> tuple[int, int]:
+        """(good rows with a known label, good rows with an unknown one) of ``split``."""
+        known = sum(n for r, (n, _) in self.relations[split].items() if r in labels)
+        unknown = sum(n for r, (n, _) in self.relations[split].items() if r not in labels)
+        return known, unknown
 
-    def _flush(self, split: str) -> None:
-        if not self.buffer[split]:
-            return
-        path = self.folder / f"{self.splits.index(split)}-{split}-{len(self.files[split]):06d}.parquet"
-        pq.write_table(pa.concat_tables(self.buffer[split]), path)
-        self.files[split].append(path)
-        self.buffer[split] = []
-
-    def finish(self) -> dict[str, dict[str, np.ndarray]]:
-        """Write what is left; per split, the kept numbers of every row in file order."""
+    def first_problems(self, files: dict[str, Source], labels: set[str],
+                       label_problem: Callable[[str], str]) -> list[Problem]:
+        """The first :data:`MAX_SHOWN` problems in file order, split by split (an unknown label is a problem)."""
+        problems: list[Problem] = []
         for split in self.splits:
-            if self.pending[split]:
-                raise RuntimeError(f"preprocessing lost rows of the {split} file (chunks {sorted(self.pending[split])} "
-                                   "incomplete)")
-            self._flush(split)
-        return {split: {name: np.concatenate(parts) for name, parts in scan.items()}
-                for split, scan in self.scan.items()}
+            found = list(self.problems[split])
+            found += [(line, str(files[split]), label_problem(r)) for r, (_, lines) in self.relations[split].items()
+                      if r not in labels for line in lines]
+            for line, file, text in sorted(found, key=lambda p: p[0]):
+                problems.extend(Problem(str(file), int(line), f, m) for f, m in split_problem(text))
+                if len(problems) >= MAX_SHOWN:
+                    return problems[:MAX_SHOWN]
+        return problems
+
+
+def _split_valid(train: dict[str, np.ndarray], kept: np.ndarray, relations: list[str], fraction: float,
+                 seed: int) -> np.ndarray:
+    """Lines of the training rows that move to valid: a seeded, stratified share per class (classes with fewer than
+    2 rows stay in train). Classes in sorted order, rows in file order: the same draw for the same data."""
+    rng = np.random.default_rng(seed)
+    lines, codes = train["line"][kept], train["relation"][kept]
+    chosen = []
+    for _, code in sorted((relations[c], c) for c in np.unique(codes).tolist()):
+        group = lines[codes == code]
+        if len(group) < 2:
+            continue
+        take = max(1, round(len(group) * fraction))
+        chosen.append(rng.choice(group, size=min(take, len(group) - 1), replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
 def _driver_node_args() -> dict[str, Any]:
-    """Ray remote args that keep tasks on the driver's node when the cluster has more than one (the staging files,
+    """Ray remote args that keep tasks on the driver's node when the cluster has more than one (the build folder,
     and local input files, are there); none on a single machine."""
     import ray
 
@@ -734,11 +611,12 @@ def quiet_ray_data() -> None:
             handler.addFilter(_NoProgressNotice())
 
 
-def _file_dataset(paths: list[Path]) -> Any:
-    """A Ray Dataset of one row per staged file (``path``), one block each."""
+def _block_dataset(items: list[dict[str, str]]) -> Any:
+    """A Ray Dataset of one row per staged block (``split``, ``path``), a few blocks per CPU (each task encodes the
+    staged files of its block one after another)."""
     import ray.data
 
-    dataset = ray.data.from_items([{"path": str(p)} for p in paths], override_num_blocks=max(1, len(paths)))
+    dataset = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * _num_cpus())))
     dataset.context.target_max_block_size = BLOCK_BYTES
     return dataset
 
@@ -781,291 +659,158 @@ def check_inputs(cfg: DataConfig, files: dict[str, Source] | None = None) -> tup
 
 def _prepare(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path,
              pretrained: str | None = None) -> Prepared:
+    """Build the result in ``folder`` (a private build folder): the Ray passes write their files under
+    ``folder/work/``, removed at the end; the encoded splits end up in ``folder`` itself."""
     column_map, label_list = check_inputs(cfg, files)
-    inputs = [split for split in SPLITS if split in files]
-    staging = folder / "staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    work = folder / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     try:
-        return _prepare_staged(cfg, files, seed, folder, staging, inputs, column_map, label_list, pretrained)
+        return _prepare_in(cfg, files, seed, folder, work, column_map, label_list, pretrained)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def _prepare_staged(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path, staging: Path,
-                    inputs: list[str], column_map: dict[str, str] | None, label_list: list[str] | None,
-                    pretrained: str | None = None) -> Prepared:
+def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path, work: Path,
+                column_map: dict[str, str] | None, label_list: list[str] | None,
+                pretrained: str | None = None) -> Prepared:
+    import ray
     import ray.data
 
     quiet_ray_data()
-
+    inputs = [split for split in SPLITS if split in files]
     on_driver = _driver_node_args()
-    read_where = _reader_args(files, inputs, on_driver)
+    valid_from_train = "valid" not in files
 
-    # 1. read, check, tokenize (Ray Data) -> staged Parquet in file order + per-row numbers (driver)
+    # 1. read, check, tokenize, stage (Ray Data): the driver takes the blocks' summaries only
     specs = [{"split": split, "path": str(files[split])} for split in inputs]
-    tokenized = ray.data.from_items(specs, override_num_blocks=len(specs))
-    tokenized.context.target_max_block_size = BLOCK_BYTES
-    tokenized = (
-        tokenized
-        .map_batches(_read_files, batch_size=1, batch_format="pandas", num_cpus=0, **read_where,
+    dataset = ray.data.from_items(specs, override_num_blocks=len(specs))
+    dataset.context.target_max_block_size = BLOCK_BYTES
+    summaries = (
+        dataset
+        .map_batches(stages.read_files, batch_size=1, batch_format="pandas", num_cpus=0,
+                     **_reader_args(files, inputs, on_driver),
                      fn_kwargs={"fmt": cfg.format, "column_map": column_map, "rows_per_chunk": ROWS_PER_CHUNK})
-        .map_batches(_check_and_tokenize, batch_size=None, batch_format="pandas",
-                     fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase})
+        .map_batches(stages.stage_block, batch_size=None, batch_format="pandas", **on_driver,
+                     fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "folder": str(work)})
     )
-    stage = _Stage(staging, inputs)
-    for table in tokenized.iter_batches(batch_format="pyarrow", batch_size=None):
-        stage.add(table)
-    rows = stage.finish()
+    scan = _Scan(inputs, keep_train_rows=valid_from_train)
+    for table in summaries.iter_batches(batch_format="pyarrow", batch_size=None):
+        scan.add(table)
     for split in inputs:
-        if split in stage.fatal:
-            raise _fatal_error(stage.fatal[split])
+        if split in scan.fatal:
+            raise _fatal_error(scan.fatal[split])
 
-    # 2. bad rows, labels, validation split (driver, from the per-row numbers)
-    relations = list(stage.relations)
-    good = {s: rows[s]["problems"] == 0 for s in inputs}
+    # 2. labels, bad rows, the validation split (driver, from the summaries)
     if label_list is None:
-        train_codes = np.unique(rows["train"]["relation"][good["train"]])
-        labels = sorted(relations[c] for c in train_codes.tolist())
+        labels = sorted(r for r, (n, _) in scan.relations["train"].items() if n)
         where = "the training split"
     else:
         labels = label_list
         where = "the label file"
-    class_of = np.asarray([{name: i for i, name in enumerate(labels)}.get(r, -1) for r in relations] or [-1],
-                          dtype=np.int64)
-    for split in inputs:
-        rows[split]["label"] = class_of[rows[split]["relation"]] if len(rows[split]["relation"]) else \
-            np.zeros(0, dtype=np.int64)
-    unknown = {s: good[s] & (rows[s]["label"] < 0) for s in inputs}
-    kept = {s: good[s] & ~unknown[s] for s in inputs}
-    rejected_per_split = {s: int((~kept[s]).sum()) for s in inputs}
-    problem_count = sum(int(rows[s]["problems"].sum() + unknown[s].sum()) for s in inputs)
-    label_problem = functools.partial(_label_problem, labels=sorted(labels), where=where)
+    known = set(labels)
+    good = {s: scan.good_rows(s, known) for s in inputs}
+    rejected_per_split = {s: scan.problem_rows[s] + good[s][1] for s in inputs}
+    problem_count = sum(scan.problem_count[s] + good[s][1] for s in inputs)
+    rejected_problem = {"labels": sorted(labels), "where": where}
     if problem_count and cfg.on_bad_rows == "error":
-        first = _first_problems(stage, rows, unknown, relations, label_problem)
+        first = scan.first_problems(files, known, functools.partial(stages.label_problem, **rejected_problem))
         raise DataError(first, hint=ROWS_HINT, total=problem_count)
-
-    valid_from_train = "valid" not in files
-    moved = _split_valid(rows["train"], kept["train"], relations, cfg.valid_fraction, seed) if valid_from_train \
-        else np.zeros(0, dtype=np.int64)
-    final = _final_rows(rows, kept, moved, inputs)
-    if not len(final.get("train", {}).get("line", [])):
+    moved = np.zeros(0, dtype=np.int64)
+    if valid_from_train:
+        lines, codes = scan.train_lines_and_codes()
+        relations = list(scan.codes)
+        kept = np.isin(codes, [i for i, r in enumerate(relations) if r in known]) if len(codes) else \
+            np.zeros(0, dtype=bool)
+        moved = _split_valid({"line": lines, "relation": codes}, kept, relations, cfg.valid_fraction, seed)
+        del lines, codes, kept
+    expected = {s: good[s][0] for s in inputs}
+    expected["train"] -= len(moved)
+    expected["valid"] = expected.get("valid", 0) + len(moved)
+    if expected["train"] <= 0:
         raise DataError([Problem(str(files["train"]), None, None, "no usable training rows")])
+
+    # 3. vocabulary (words) or tokenizer (subwords), then encoding (Ray Data): each task writes its parts
+    blocks = [{"split": s, "path": path} for s in inputs for _, path in sorted(scan.blocks[s])]
+    if pretrained:
+        vocab, tokenizer_dir, unk = _subword_vocab(cfg, pretrained, folder, scan)
+        encoder = {"tokenizer_dir": tokenizer_dir, "typed": cfg.typed_markers}
+    else:
+        counts = (
+            _block_dataset([b for b in blocks if b["split"] == "train"])
+            .map_batches(stages.train_token_counts, batch_size=None, batch_format="pandas", **on_driver,
+                         fn_kwargs={"labels": labels, "moved": moved})
+            .groupby("token", num_partitions=min(_num_cpus(), 8)).sum("count")
+            .to_pandas()
+        )
+        vocab = Vocab.build(dict(zip(counts["token"], counts["sum(count)"], strict=True)), cfg.min_freq)
+        del counts
+        tokenizer_dir, unk = None, UNK_ID
+        encoder = {"vocab": vocab.tokens}
+    encoded = dict.fromkeys(SPLITS, 0)
+    written = (
+        _block_dataset(blocks)
+        .map_batches(stages.encode_files, batch_size=None, batch_format="pandas", **on_driver,
+                     fn_kwargs={"folder": str(work), "labels": labels, "moved": moved, "max_length": cfg.max_length,
+                                "window": cfg.position_window, "rejected_problem": rejected_problem, **encoder})
+    )
+    for table in written.iter_batches(batch_format="pandas", batch_size=None):
+        for split, rows in zip(table["split"], table["rows"], strict=True):
+            encoded[split] += int(rows)
+    for split in SPLITS:
+        if encoded[split] != expected.get(split, 0):
+            raise RuntimeError(f"preprocessing encoded {encoded[split]} of the {expected.get(split, 0)} {split} rows")
+
+    # 4. each split's parts concatenated into its .npy files, and audited (Ray tasks, not the driver)
+    final = [s for s in SPLITS if encoded[s]]
+    assemble = ray.remote(num_cpus=1)(stages.assemble_split).options(**on_driver)
+    args = (labels, cfg.max_length, unk)
+    results = {"train": ray.get(assemble.remote(str(work), "train", *args))}
+    pending = {s: assemble.remote(str(work), s, *args, train_keys=str(work / "train_keys.npy"))
+               for s in final if s != "train"}
+    results.update({s: ray.get(ref) for s, ref in pending.items()})
+    for split in final:
+        for file in EncodedSplit.files(split):
+            os.replace(work / file, folder / file)
+    splits = {s: EncodedSplit.open(folder, s) for s in final}
 
     rejected, rejected_csv = pd.DataFrame(columns=REJECTED_COLUMNS), None
     if sum(rejected_per_split.values()):
-        rejected, rejected_csv = _write_rejected(stage, labels, label_problem, folder / "rejected.csv")
-
-    if pretrained:  # 3-4 with the pretrained model's tokenizer (--model bert)
-        splits, vocab, tokenizer_dir, oov = _encode_subword(cfg, pretrained, folder, stage, inputs, labels, moved,
-                                                            final, on_driver)
-    else:
-        splits, vocab, oov = _encode_words(cfg, stage, inputs, labels, moved, final, on_driver)
-        tokenizer_dir = None
-
-    audit = data_audit.build_audit(final, labels, cfg.max_length, rejected=rejected_per_split, oov=oov,
-                                   valid_from_train=valid_from_train)
+        rejected, rejected_csv = _gather_rejected(work / "rejected", folder / "rejected.csv")
+    audit = data_audit.assemble_audit({s: results[s]["info"] for s in final}, labels, cfg.max_length,
+                                      rejected=rejected_per_split, oov={s: results[s]["oov"] for s in final},
+                                      valid_from_train=valid_from_train)
     sources = {k: str(v) for k, v in files.items()}
     return Prepared(splits, vocab, labels, sources, rejected=rejected, valid_from_train=valid_from_train, audit=audit,
                     rejected_count=sum(rejected_per_split.values()), rejected_csv=rejected_csv,
                     cache_dir=str(folder), pretrained_dir=tokenizer_dir, position_window=cfg.position_window)
 
 
-def _encode_words(cfg: DataConfig, stage: _Stage, inputs: list[str], labels: list[str], moved: np.ndarray,
-                  final: dict[str, dict[str, np.ndarray]], on_driver: dict[str, Any]) -> tuple:
-    """Steps 3-4 for the encoders trained from scratch: vocabulary, then word ids. Returns (splits, vocab, oov)."""
-    # 3. vocabulary (Ray Data groupby over the training rows' token counts)
-    counts = (
-        _file_dataset(stage.files["train"])
-        .map_batches(_train_token_counts, batch_size=1, batch_format="pandas", **on_driver,
-                     fn_kwargs={"labels": labels, "moved": moved})
-        .groupby("token", num_partitions=min(_num_cpus(), 8)).sum("count")
-        .to_pandas()
-    )
-    vocab = Vocab.build(dict(zip(counts["token"], counts["sum(count)"], strict=True)), cfg.min_freq)
-
-    # 4. encoding (Ray Data) into the padded arrays of each split (driver)
-    encoded = (
-        _file_dataset([p for s in inputs for p in stage.files[s]])
-        .map_batches(_encode_files, batch_size=1, batch_format="pandas", **on_driver,
-                     fn_kwargs={"vocab": vocab.tokens, "labels": labels, "max_length": cfg.max_length,
-                                "window": cfg.position_window, "moved": moved})
-    )
-    splits, oov = _assemble(encoded, final)
-    return splits, vocab, oov
-
-
-def _encode_subword(cfg: DataConfig, pretrained: str, folder: Path, stage: _Stage, inputs: list[str],
-                    labels: list[str], moved: np.ndarray, final: dict[str, dict[str, np.ndarray]],
-                    on_driver: dict[str, Any]) -> tuple:
-    """Steps 3-4 for ``--model bert``: the tokenizer with the entity markers (the training rows' entity types with
-    ``--typed-markers``) saved once into ``folder/pretrained``, then subword ids (Ray Data; the tokenizer is loaded once
-    per worker). Returns (splits, vocab, tokenizer folder, oov)."""
+def _subword_vocab(cfg: DataConfig, pretrained: str, folder: Path, scan: _Scan) -> tuple[Vocab, str, int]:
+    """``--model bert``: the tokenizer with the entity markers (the training rows' entity types with
+    ``--typed-markers``) saved once into ``folder/pretrained``. Returns (vocabulary, tokenizer folder, unknown id)."""
     head_types: list[str] = []
     tail_types: list[str] = []
     if cfg.typed_markers:
-        staged = pq.read_table([str(p) for p in stage.files["train"]], columns=["problem", "head_type", "tail_type"])
-        types = subword.entity_types(staged.filter(pc.equal(staged.column("problem"), "")).to_pandas())
-        head_types, tail_types = types
+        head_types, tail_types = (sorted({t for t in map(subword.clean_type, found) if t}) for found in scan.types)
     tokenizer_dir = folder / "pretrained"
     shutil.rmtree(tokenizer_dir, ignore_errors=True)
     subword.build_tokenizer(pretrained, tokenizer_dir, subword.marker_vocabulary(head_types, tail_types),
                             cfg.max_length)
     tok = subword.MarkerTokenizer.load(tokenizer_dir)
-    vocab = Vocab(tok.vocabulary(), subword=True)
-    encoded = (
-        _file_dataset([p for s in inputs for p in stage.files[s]])
-        .map_batches(_encode_subword_files, batch_size=1, batch_format="pandas", **on_driver,
-                     fn_kwargs={"tokenizer_dir": str(tokenizer_dir), "labels": labels, "max_length": cfg.max_length,
-                                "typed": cfg.typed_markers, "window": cfg.position_window, "moved": moved})
-    )
     unk = tok.tokenizer.unk_token_id
-    splits, oov = _assemble(encoded, final, unk_id=-1 if unk is None else unk)
-    return splits, vocab, str(tokenizer_dir), oov
+    return Vocab(tok.vocabulary(), subword=True), str(tokenizer_dir), -1 if unk is None else unk
 
 
-def _label_problem(relation: str, labels: list[str], where: str) -> str:
-    """The problem of a row whose relation is not among the (sorted) labels."""
-    return (f"relation: label {relation!r} is not in {where} (expected one of {len(labels)} labels, e.g. "
-            f"{', '.join(labels[:5])})")
-
-
-def _first_problems(stage: _Stage, rows: dict[str, dict[str, np.ndarray]], unknown: dict[str, np.ndarray],
-                    relations: list[str], label_problem: Callable[[str], str]) -> list[Problem]:
-    """The first :data:`MAX_SHOWN` problems in file order (split by split)."""
-    wanted: dict[str, np.ndarray] = {}
-    left = MAX_SHOWN
-    for split in stage.splits:
-        if left <= 0:
-            break
-        counts = rows[split]["problems"] + unknown[split]
-        bad = np.flatnonzero(counts > 0)
-        take = bad[: int(np.searchsorted(np.cumsum(counts[bad]), left)) + 1]
-        wanted[split] = rows[split]["line"][take]
-        left -= int(counts[take].sum())
-    problems: list[Problem] = []
-    for split, lines in wanted.items():
-        found = []
-        for path in stage.files[split]:
-            table = pq.read_table(path, columns=["file", "line", "problem", "relation"],
-                                  filters=[("line", "in", lines.tolist())]) if len(lines) else None
-            if table is not None and table.num_rows:
-                found.append(table.to_pandas())
-        for row in (pd.concat(found).sort_values("line").itertuples() if found else []):
-            text = row.problem or label_problem(row.relation)
-            problems.extend(Problem(str(row.file), int(row.line), f, m) for f, m in split_problem(text))
-    return problems[:MAX_SHOWN]
-
-
-def _split_valid(train: dict[str, np.ndarray], kept: np.ndarray, relations: list[str], fraction: float,
-                 seed: int) -> np.ndarray:
-    """Lines of the training rows that move to valid: a seeded, stratified share per class (classes with fewer than
-    2 rows stay in train). Classes in sorted order, rows in file order: the same draw for the same data."""
-    rng = np.random.default_rng(seed)
-    lines, codes = train["line"][kept], train["relation"][kept]
-    chosen = []
-    for _, code in sorted((relations[c], c) for c in np.unique(codes).tolist()):
-        group = lines[codes == code]
-        if len(group) < 2:
-            continue
-        take = max(1, round(len(group) * fraction))
-        chosen.append(rng.choice(group, size=min(take, len(group) - 1), replace=False))
-    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
-
-
-def _final_rows(rows: dict[str, dict[str, np.ndarray]], kept: dict[str, np.ndarray], moved: np.ndarray,
-                inputs: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Per final split, the numbers of the rows trained on, in file order (moved training rows form valid)."""
-    columns = ("line", "label", "ntok", "gap", "reach", "key", "overlap")
-    final: dict[str, dict[str, np.ndarray]] = {}
-    for split in inputs:
-        take = kept[split]
-        if split == "train" and len(moved):
-            to_valid = take & np.isin(rows[split]["line"], moved)
-            final["valid"] = {c: rows[split][c][to_valid] for c in columns}
-            take = take & ~to_valid
-        final[split] = {c: rows[split][c][take] for c in columns}
-    return {s: final[s] for s in SPLITS if s in final and len(final[s]["line"])}
-
-
-def _assemble(encoded: Any, final: dict[str, dict[str, np.ndarray]], unk_id: int = UNK_ID
-              ) -> tuple[dict[str, EncodedSplit], dict[str, tuple[int, int]]]:
-    """Copy the encoded blocks into each split's flat arrays (no padding), row ``i`` = the ``i``-th kept line of the
-    split. ``unk_id``: the id that counts as out of vocabulary.
-
-    Blocks come in any order: the per-row arrays are filled first (which gives the offsets), then each block's
-    values are scattered to their rows' places in the flat arrays."""
-    rows: dict[str, dict[str, np.ndarray]] = {}
-    for split, info in final.items():
-        n = len(info["line"])
-        rows[split] = {"lengths": np.zeros(n, dtype=np.int32), "labels": np.zeros(n, dtype=np.int64),
-                       "head_span": np.zeros((n, 2), dtype=np.int32), "tail_span": np.zeros((n, 2), dtype=np.int32)}
-    parts: dict[str, list[tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]]] = {s: [] for s in final}
-    filled = dict.fromkeys(final, 0)
-    oov = {split: [0, 0] for split in final}
-    for table in encoded.iter_batches(batch_format="pyarrow", batch_size=None):
-        table = table.combine_chunks()
-        split_column = table.column("split")
-        for split in pc.unique(split_column).to_pylist():
-            part = table.filter(pc.equal(split_column, split))
-            dest = np.searchsorted(final[split]["line"], part.column("line").to_numpy())
-            out = rows[split]
-            out["lengths"][dest] = part.column("length").to_numpy()
-            out["labels"][dest] = part.column("label").to_numpy()
-            for key in ("head_span", "tail_span"):
-                out[key][dest, 0] = part.column(f"{key}_start").to_numpy()
-                out[key][dest, 1] = part.column(f"{key}_end").to_numpy()
-            lists = {}
-            for key, column in ENCODED_LISTS:
-                values = part.column(column).combine_chunks()
-                lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
-                flat = pc.list_flatten(values).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-                lists[key] = (lengths, flat)
-                if key == "tokens":
-                    oov[split][0] += int((flat == unk_id).sum())
-                    oov[split][1] += len(flat)
-            parts[split].append((dest, lists))
-            filled[split] += part.num_rows
-    for split, info in final.items():
-        if filled[split] != len(info["line"]):
-            raise RuntimeError(f"preprocessing encoded {filled[split]} of the {len(info['line'])} {split} rows")
-    splits = {}
-    for split, out in rows.items():
-        offsets = np.zeros(len(out["lengths"]) + 1, dtype=np.int64)
-        np.cumsum(out["lengths"], out=offsets[1:])
-        flat = {key: np.zeros(int(offsets[-1]), dtype=np.int32) for key, _ in ENCODED_LISTS}
-        for dest, lists in parts[split]:
-            for key, (lengths, values) in lists.items():
-                if not np.array_equal(lengths, out["lengths"][dest]):
-                    raise RuntimeError(f"preprocessing: {key} does not have one value per token in {split}")
-                starts = np.repeat(np.cumsum(lengths) - lengths, lengths)  # each value's row start in the block
-                flat[key][np.repeat(offsets[dest], lengths) + np.arange(len(values)) - starts] = values
-        splits[split] = EncodedSplit({**flat, "offsets": offsets, **out}, split)
-    return splits, {s: (u, t) for s, (u, t) in oov.items()}
-
-
-def _write_rejected(stage: _Stage, labels: list[str], label_problem: Callable[[str], str],
-                    path: Path) -> tuple[pd.DataFrame, str]:
-    """Write every rejected row (with its problem) to ``path`` in file order; returns the first
+def _gather_rejected(parts: Path, path: Path) -> tuple[pd.DataFrame, str]:
+    """Every rejected row, in file order, from the blocks' parts into ``path`` (CSV with a header); returns the first
     :data:`KEPT_REJECTED` rows and the path."""
-    known = pa.array(labels, pa.string())
-    kept: list[pd.DataFrame] = []
-    header = True
-    for split in stage.splits:
-        for staged in stage.files[split]:
-            table = pq.read_table(staged, columns=REJECTED_COLUMNS)
-            good = pc.equal(table.column("problem"), "")
-            rejected = pc.invert(pc.and_(good, pc.is_in(table.column("relation"), value_set=known)))
-            frame = table.filter(rejected).to_pandas()
-            if frame.empty:
-                continue
-            unknown = frame["problem"] == ""
-            frame.loc[unknown, "problem"] = [label_problem(r) for r in frame.loc[unknown, "relation"]]
-            frame.to_csv(path, mode="w" if header else "a", header=header, index=False)
-            header = False
-            if sum(map(len, kept)) < KEPT_REJECTED:
-                kept.append(frame)
-    first = pd.concat(kept, ignore_index=True).head(KEPT_REJECTED) if kept else pd.DataFrame(columns=REJECTED_COLUMNS)
+    with open(path, "w", encoding="utf-8", newline="") as out:
+        out.write(",".join(REJECTED_COLUMNS) + "\n")
+        for part in sorted(parts.glob("*.csv")):
+            with open(part, encoding="utf-8", newline="") as fh:
+                shutil.copyfileobj(fh, out)
+    first = pd.read_csv(path, keep_default_na=False, nrows=KEPT_REJECTED)
     return first, str(path)
 
 
@@ -1081,7 +826,8 @@ def save_prepared(prepared: Prepared, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MARKER).unlink(missing_ok=True)
     for name, split in prepared.splits.items():
-        split.save(folder, name)
+        if split.folder is None or Path(split.folder).resolve() != folder.resolve():  # else the build wrote it there
+            split.save(folder, name)
     prepared.vocab.save(folder / "vocab.json")
     (folder / "labels.json").write_text(json.dumps(prepared.labels, ensure_ascii=False), encoding="utf-8")
     (folder / "audit.json").write_text(json.dumps(prepared.audit, ensure_ascii=False), encoding="utf-8")

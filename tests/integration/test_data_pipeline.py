@@ -46,7 +46,6 @@ def test_streamed_preprocessing_equals_the_single_process_steps(ray_cluster, tmp
     # Tiny chunks, blocks and staged files: many out-of-order pieces to put back together.
     monkeypatch.setattr(pipeline, "ROWS_PER_CHUNK", 97)
     monkeypatch.setattr(pipeline, "BLOCK_BYTES", 30_000)
-    monkeypatch.setattr(pipeline, "ROWS_PER_FILE", 400)
     cache = tmp_path / "cache"
     audit_json = tmp_path / "audit.json"
     assert data_main(["inspect", "--cache-dir", str(cache), "--max-length", "24", "--json", str(audit_json)]) == 0

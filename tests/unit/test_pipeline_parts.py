@@ -1,5 +1,5 @@
-"""The driver-side parts of the streaming pipeline, without Ray: the staging of out-of-order blocks, the validation
-split, and the cache key."""
+"""The parts of the streaming pipeline, without Ray: blocks staged, encoded and assembled out of order, the
+validation split, and the cache key."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from nre_ray.config import DataConfig
-from nre_ray.data import pipeline
-from nre_ray.data.batches import token_counts, token_counts_arrow
+from nre_ray.data import pipeline, stages
+from nre_ray.data.batches import EncodedSplit, encode_split, token_counts, token_counts_arrow, tokenize_batch
 from nre_ray.data.errors import DataError
-from nre_ray.data.read import read_chunks
+from nre_ray.data.read import check_rows, read_chunks
 
 
 def old_split_valid(good: pd.DataFrame, fraction: float, seed: int) -> pd.DataFrame:
@@ -47,48 +46,45 @@ def test_valid_split_draws_the_same_rows_as_before_from_labels_and_lines_only(se
     assert moved.tolist() == sorted(expected.loc[expected["split"] == "valid", "line"].tolist())
 
 
-def staged_tables(path: Path, rows_per_chunk: int) -> list[pa.Table]:
-    """What pass 1 yields for one train file: one STAGED table per chunk."""
-    tables = []
-    for seq, chunk in enumerate(read_chunks(path, rows_per_chunk=rows_per_chunk)):
-        tables.append(pipeline._check_and_tokenize(chunk.assign(split="train", seq=seq, chunk_rows=len(chunk),
-                                                                fatal=""), "regex", True))
-    return tables
-
-
-def test_stage_writes_blocks_that_arrive_out_of_order_and_sliced_in_file_order(tmp_path: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocks_staged_encoded_and_assembled_in_any_order_come_back_in_file_order(tmp_path: Path) -> None:
+    """Passes 1, 3 and 4 without Ray: blocks sliced and handled in a shuffled order, as Ray may, give the arrays of
+    the rows in file order, the driver sees only summaries, and the moved rows form valid."""
     source = pipeline.sample_dir() / "train.csv"
-    tables = staged_tables(source, rows_per_chunk=37)
     pieces = []
-    for table in tables:  # Ray may slice a block and deliver the slices in any order
-        cut = random.Random(len(pieces)).randint(0, table.num_rows)
-        pieces += [table.slice(0, cut), table.slice(cut)]
+    for chunk in read_chunks(source, rows_per_chunk=37):  # Ray may slice a block and run the slices in any order
+        cut = random.Random(len(pieces)).randint(1, len(chunk))
+        pieces += [chunk.iloc[:cut], chunk.iloc[cut:]]
     random.Random(3).shuffle(pieces)
-    monkeypatch.setattr(pipeline, "ROWS_PER_FILE", 100)
-    (tmp_path / "st").mkdir()
-    stage = pipeline._Stage(tmp_path / "st", ["train"])
+    work = tmp_path / "work"
+    scan = pipeline._Scan(["train"], keep_train_rows=True)
     for piece in pieces:
-        stage.add(piece)
-    rows = stage.finish()
-    expected = pa.concat_tables(tables)
-    assert len(stage.files["train"]) > 1
-    written = pa.concat_tables(pq.read_table(p) for p in stage.files["train"])
-    assert written.column("line").to_pylist() == expected.column("line").to_pylist()
-    assert written.column("tokens").to_pylist() == expected.column("tokens").to_pylist()
-    assert rows["train"]["line"].tolist() == expected.column("line").to_pylist()
-    assert rows["train"]["ntok"].tolist() == expected.column("ntok").to_pylist()
-    relations = list(stage.relations)
-    assert [relations[c] for c in rows["train"]["relation"]] == expected.column("relation").to_pylist()
-    assert not stage.fatal
+        if len(piece):
+            scan.add(stages.stage_block(piece.assign(split="train", fatal=""), "regex", True, str(work)))
+    whole = tokenize_batch(check_rows(pd.concat(list(read_chunks(source)), ignore_index=True)), "regex", True)
+    good = whole[whole["problem"] == ""]
+    lines, codes = scan.train_lines_and_codes()
+    assert lines.tolist() == good["line"].tolist()
+    assert [list(scan.codes)[c] for c in codes] == good["relation"].tolist()
+    assert scan.problem_rows["train"] == len(whole) - len(good) and not scan.fatal
 
-
-def test_stage_notices_a_missing_piece(tmp_path: Path) -> None:
-    tables = staged_tables(pipeline.sample_dir() / "train.csv", rows_per_chunk=50)
-    stage = pipeline._Stage(tmp_path, ["train"])
-    stage.add(tables[0].slice(0, 10))
-    with pytest.raises(RuntimeError, match="lost rows"):
-        stage.finish()
+    labels = sorted(set(good["relation"]))
+    moved = np.sort(good["line"].to_numpy()[::7])
+    paths = pd.DataFrame({"split": "train", "path": [p for _, p in sorted(scan.blocks["train"])]})
+    counts = pd.concat([t.to_pandas() for t in stages.train_token_counts(paths, labels, moved)])
+    vocab = ["<pad>", "<unk>", *sorted(set(counts["token"]))]
+    written = pa.concat_tables(stages.encode_files(paths, str(work), labels, moved, 24, 5,
+                                                   {"labels": labels, "where": "x"}, vocab=vocab))
+    assert sum(written.column("rows").to_pylist()) == len(good)
+    result = stages.assemble_split(str(work), "train", labels, 24, 1)
+    valid = stages.assemble_split(str(work), "valid", labels, 24, 1, train_keys=str(work / "train_keys.npy"))
+    to_valid = good["line"].isin(moved)
+    for name, rows, info in (("train", good[~to_valid], result), ("valid", good[to_valid], valid)):
+        expected = encode_split(rows, vocab, labels, 24, 5).flat
+        got = EncodedSplit.open(work, name).flat
+        for key, array in expected.items():
+            assert np.array_equal(got[key], array), (name, key)
+        assert info["rows"] == len(rows) and info["info"]["rows"] == len(rows)
+    assert "shared_with_train" in valid["info"] and "shared_with_train" not in result["info"]
 
 
 def test_cache_key_follows_content_and_settings(tmp_path: Path) -> None:

@@ -1,0 +1,327 @@
+"""The preprocessing work that runs in Ray tasks, file in, file out: the driver sees only small summaries.
+
+Each function reads its input from files, writes its output as files under the run's private build folder, and
+returns a few numbers per block (see :mod:`nre_ray.data.pipeline` for the order):
+
+1. :func:`read_files` streams records out of a split file in chunks; :func:`stage_block` checks and tokenizes a
+   block, writes it as Parquet to ``staged/<split>/<first line>.parquet`` and returns what the driver decides from:
+   problem counts and the first problems, the relations of the good rows (with their first lines), the entity types
+   and, for the training split, each good row's line and relation (the seeded validation split is drawn from them).
+2. :func:`train_token_counts` counts the tokens of the rows trained on (the vocabulary).
+3. :func:`encode_files` encodes the rows trained on, block by block, into ``parts/<final split>/<block>.npz`` (flat
+   arrays, no padding, with the audit's per-row numbers) and writes the rejected rows next to them.
+4. :func:`assemble_split` (a plain Ray task per split) concatenates a split's parts, in file order, into the
+   memory-mappable ``<split>.<array>.npy`` files of :class:`~nre_ray.data.batches.EncodedSplit`, and audits it on the
+   way.
+
+Blocks are named by their split and first line: line numbers rise through a file, so sorting the names restores file
+order whatever order Ray ran the tasks in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from nre_ray import storage
+from nre_ray.data import audit as data_audit
+from nre_ray.data.batches import (
+    FLAT_KEYS,
+    LIST_KEYS,
+    EncodedSplit,
+    encode_flat,
+    label_ids,
+    token_counts_arrow,
+    tokenize_batch,
+)
+from nre_ray.data.errors import MAX_SHOWN, DataError
+from nre_ray.data.read import CANONICAL, check_rows, read_chunks, split_problem
+
+SPLITS = ("train", "valid", "test")
+STAGED = pa.schema([
+    ("file", pa.string()), ("line", pa.int64()), ("problem", pa.string()),
+    ("sentence", pa.string()), ("head", pa.string()), ("tail", pa.string()), ("relation", pa.string()),
+    ("tokens", pa.list_(pa.string())),
+    ("head_start", pa.int32()), ("head_end", pa.int32()), ("tail_start", pa.int32()), ("tail_end", pa.int32()),
+    ("ntok", pa.int32()), ("gap", pa.int32()), ("reach", pa.int32()), ("key", pa.uint64()), ("overlap", pa.bool_()),
+    ("head_offset", pa.int64()), ("tail_offset", pa.int64()), ("head_type", pa.string()), ("tail_type", pa.string()),
+])
+"""A tokenized row as staged: the record and where it came from, its problem ("" for good rows), tokens and token
+spans, the audit's numbers (:data:`~nre_ray.data.audit.ROW_STATS`), and what subword encoding (``--model bert``)
+reads: the checked character offsets and the entity types."""
+SUMMARY = pa.schema([
+    ("split", pa.string()), ("path", pa.string()), ("first_line", pa.int64()), ("rows", pa.int64()),
+    ("fatal", pa.string()), ("problem_rows", pa.int64()), ("problem_count", pa.int64()), ("problems", pa.string()),
+    ("relations", pa.string()), ("types", pa.string()), ("train_lines", pa.list_(pa.int64())),
+    ("train_codes", pa.list_(pa.int32())),
+])
+"""One row per staged block (:func:`stage_block`): see there."""
+AUDIT_COLUMNS = ("ntok", "gap", "reach", "overlap", "key")
+REJECTED_COLUMNS = ["file", "line", "problem", "sentence", "head", "tail", "relation"]
+
+
+def block_name(split: str, first_line: int) -> str:
+    """A block's file name stem: sorts in file order, splits in :data:`SPLITS` order."""
+    return f"{SPLITS.index(split)}-{first_line:012d}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# 1. read, check, tokenize, stage
+
+
+def read_files(specs: pd.DataFrame, fmt: str | None, column_map: dict[str, str] | None,
+               rows_per_chunk: int) -> Iterator[pd.DataFrame]:
+    """Ray Data UDF: each input row names one split file (``split``, ``path``); yields its records in chunks.
+
+    A problem with the file itself becomes one row whose ``fatal`` holds the error (errors travel as data, so a bad
+    file ends in a clean message rather than a failed Ray task with its traceback)."""
+    for split, path in zip(specs["split"], specs["path"], strict=True):
+        try:
+            for chunk in read_chunks(path if storage.is_uri(path) else Path(path), fmt, column_map, rows_per_chunk):
+                yield chunk.assign(split=split, fatal="")
+        except DataError as err:
+            payload = {"problems": [[p.file, p.line, p.field, p.message] for p in err.problems],
+                       "hint": err.hint, "total": err.total}
+            row: dict[str, Any] = dict.fromkeys(CANONICAL, "")
+            row.update(file=path, line=0, problem="row: the file cannot be read", split=split,
+                       fatal=json.dumps(payload, ensure_ascii=False))
+            yield pd.DataFrame([row])
+
+
+def stage_block(batch: pd.DataFrame, tokenizer: str, lowercase: bool, folder: str) -> pa.Table:
+    """Ray Data UDF: check and tokenize a block of records, write it to ``folder/staged/<split>/`` (:data:`STAGED`)
+    and return one :data:`SUMMARY` row per split in it:
+
+    * ``path``, ``first_line``, ``rows``: the staged file, and ``fatal``: a file-level error (then nothing is staged);
+    * ``problem_rows``, ``problem_count`` (a row may have several), ``problems``: JSON ``[[file, line, problem],
+      ...]`` of the first :data:`MAX_SHOWN` rows with a problem;
+    * ``relations``: JSON ``{relation: [good rows, [their first MAX_SHOWN lines]]}``; ``types``: JSON
+      ``[head types, tail types]`` of the good rows;
+    * training split only: ``train_lines`` and ``train_codes`` (index into ``relations``' keys) of each good row.
+    """
+    out = []
+    for split in pd.unique(batch["split"]).tolist():
+        part = batch[batch["split"] == split]
+        fatal = part["fatal"][part["fatal"] != ""]
+        if len(fatal):
+            out.append(_summary(split, "", int(part["line"].min()), 0, fatal=str(fatal.iloc[0])))
+            continue
+        out.append(_stage(part.sort_values("line", kind="stable").drop(columns=["split", "fatal"]), split, tokenizer,
+                          lowercase, Path(folder)))
+    return pa.Table.from_pylist(out, schema=SUMMARY) if out else SUMMARY.empty_table()
+
+
+def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, folder: Path) -> dict[str, Any]:
+    tokenized = tokenize_batch(check_rows(part), tokenizer, lowercase)
+    stats = data_audit.row_stats(tokenized)
+    columns: dict[str, Any] = {}
+    for name in STAGED.names:
+        if name in stats:
+            columns[name] = stats[name]
+        elif name == "tokens":
+            columns[name] = list(tokenized["tokens"])
+        else:
+            values = tokenized[name].fillna("") if name in ("head_type", "tail_type") else tokenized[name]
+            columns[name] = values.to_numpy() if STAGED.field(name).type != pa.string() else values.astype(str)
+    table = pa.Table.from_pydict(columns, schema=STAGED)
+    first_line = int(tokenized["line"].iloc[0])
+    path = folder / "staged" / split / f"{block_name(split, first_line)}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+    problem = tokenized["problem"].to_numpy(dtype=object)
+    bad = problem != ""
+    lines = tokenized["line"].to_numpy(dtype=np.int64)
+    files = tokenized["file"].astype(str).to_numpy()
+    shown = np.flatnonzero(bad)[:MAX_SHOWN]
+    good = tokenized[~bad]
+    relations: dict[str, list] = {}
+    codes = np.zeros(len(good), dtype=np.int32)
+    for i, (relation, line) in enumerate(zip(good["relation"].astype(str), good["line"], strict=True)):
+        entry = relations.setdefault(relation, [0, [], len(relations)])
+        entry[0] += 1
+        if len(entry[1]) < MAX_SHOWN:
+            entry[1].append(int(line))
+        codes[i] = entry[2]
+    types = [sorted({str(t) for t in good[c].dropna()} - {""}) if c in good.columns else []
+             for c in ("head_type", "tail_type")]
+    return _summary(
+        split, str(path), first_line, len(tokenized),
+        problem_rows=int(bad.sum()),
+        problem_count=sum(len(split_problem(p)) for p in problem[bad]),
+        problems=json.dumps([[files[i], int(lines[i]), problem[i]] for i in shown], ensure_ascii=False),
+        relations=json.dumps({r: e[:2] for r, e in relations.items()}, ensure_ascii=False),
+        types=json.dumps(types, ensure_ascii=False),
+        train_lines=good["line"].to_numpy(dtype=np.int64) if split == "train" else [],
+        train_codes=codes if split == "train" else [])
+
+
+def _summary(split: str, path: str, first_line: int, rows: int, fatal: str = "", problem_rows: int = 0,
+             problem_count: int = 0, problems: str = "[]", relations: str = "{}", types: str = "[[], []]",
+             train_lines: Any = (), train_codes: Any = ()) -> dict[str, Any]:
+    return {"split": split, "path": path, "first_line": first_line, "rows": rows, "fatal": fatal,
+            "problem_rows": problem_rows, "problem_count": problem_count, "problems": problems,
+            "relations": relations, "types": types, "train_lines": train_lines, "train_codes": train_codes}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# 2. token counts
+
+
+def _kept(table: pa.Table, labels: list[str]) -> pa.Array:
+    """Rows that are trained on: no problem and a known label."""
+    return pc.and_(pc.equal(table.column("problem"), ""),
+                   pc.is_in(table.column("relation"), value_set=pa.array(labels, pa.string())))
+
+
+def _moved(table: pa.Table, split: str, moved: np.ndarray) -> np.ndarray:
+    """Rows of a staged block that the validation split takes (training rows whose line was drawn)."""
+    if split != "train" or not len(moved):
+        return np.zeros(table.num_rows, dtype=bool)
+    return np.isin(table.column("line").to_numpy(), moved)
+
+
+def train_token_counts(paths: pd.DataFrame, labels: list[str], moved: np.ndarray) -> Iterator[pa.Table]:
+    """Ray Data UDF: token counts of the kept training rows of staged files (rows moved to valid left out), counted
+    in Arrow (:func:`~nre_ray.data.batches.token_counts_arrow`: the tokens never become Python objects)."""
+    for path in paths["path"]:
+        table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
+        keep = pc.and_(_kept(table, labels), pa.array(~_moved(table, "train", moved)))
+        yield token_counts_arrow(table.filter(keep).column("tokens"))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# 3. encode
+
+
+def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], moved: np.ndarray, max_length: int,
+                 window: int, rejected_problem: dict[str, Any], vocab: list[str] | None = None,
+                 tokenizer_dir: str | None = None, typed: bool = False) -> Iterator[pa.Table]:
+    """Ray Data UDF: encode the kept rows of staged files (``paths``: ``split``, ``path``) into
+    ``folder/parts/<final split>/<block>.npz`` and write their rejected rows to ``folder/rejected/<block>.csv``.
+
+    Words with ``vocab`` (:func:`~nre_ray.data.batches.encode_flat`), or subwords with the pretrained tokenizer in
+    ``tokenizer_dir`` and entity markers (``--model bert``). ``rejected_problem`` (``labels``: the sorted labels,
+    ``where``: where they come from) words the problem of a row with an unknown label. Yields a row per part:
+    ``split``, ``rows``."""
+    value_set = pa.array(vocab, pa.string()) if vocab is not None else None
+    for split, path in zip(paths["split"], paths["path"], strict=True):
+        table = pq.read_table(path)
+        name = Path(path).stem
+        keep = _kept(table, labels).to_numpy(zero_copy_only=False)
+        _write_rejected(table.filter(pa.array(~keep)), labels, rejected_problem,
+                        Path(folder) / "rejected" / f"{name}.csv")
+        kept = table.filter(pa.array(keep))
+        to_valid = _moved(kept, split, moved)
+        written = []
+        for final, rows in ((split, ~to_valid), ("valid", to_valid)):
+            if not rows.any():
+                continue
+            part = kept.filter(pa.array(rows))
+            if value_set is not None:
+                flat = _encode_words(part, value_set, max_length, window)
+            else:
+                flat = _encode_subwords(part, str(tokenizer_dir), labels, max_length, typed, window)
+            flat["labels"] = label_ids(part.column("relation").to_numpy(zero_copy_only=False), labels)
+            for column in AUDIT_COLUMNS:
+                flat[column] = part.column(column).to_numpy(zero_copy_only=False)
+            out = Path(folder) / "parts" / final / f"{name}.npz"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(out, **flat)
+            written.append({"split": final, "rows": part.num_rows})
+        yield pa.Table.from_pylist(written, schema=pa.schema([("split", pa.string()), ("rows", pa.int64())]))
+
+
+def _encode_words(part: pa.Table, value_set: pa.Array, max_length: int, window: int) -> dict[str, np.ndarray]:
+    spans = np.stack([part.column(c).to_numpy() for c in ("head_start", "head_end", "tail_start", "tail_end")],
+                     axis=1) if part.num_rows else np.zeros((0, 4), dtype=np.int64)
+    return encode_flat(part.column("tokens"), spans, value_set, max_length, window)
+
+
+def _encode_subwords(part: pa.Table, tokenizer_dir: str, labels: list[str], max_length: int, typed: bool,
+                     window: int) -> dict[str, np.ndarray]:
+    from nre_ray.data import subword
+
+    frame = part.select(["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type",
+                         "relation", "problem", "line"]).to_pandas()
+    encoded = subword.encode_subword_batch(frame, tokenizer_dir, max_length, typed, labels, window)
+    lost = (encoded["problem"] != "").to_numpy()
+    if lost.any():  # not expected: the row checks passed
+        raise ValueError(f"line {frame['line'].to_numpy()[lost][0]}: {encoded['problem'].to_numpy()[lost][0]}")
+    return EncodedSplit.from_frame(encoded).flat
+
+
+def _write_rejected(table: pa.Table, labels: list[str], rejected_problem: dict[str, Any], path: Path) -> None:
+    """The rejected rows of a block as CSV rows without a header (:data:`REJECTED_COLUMNS`), their problem filled
+    in for rows whose only fault is an unknown label."""
+    if not table.num_rows:
+        return
+    frame = table.select(REJECTED_COLUMNS).to_pandas()
+    unknown = frame["problem"] == ""
+    frame.loc[unknown, "problem"] = [label_problem(r, **rejected_problem) for r in frame.loc[unknown, "relation"]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, header=False, index=False)
+
+
+def label_problem(relation: str, labels: list[str], where: str) -> str:
+    """The problem of a row whose relation is not among the (sorted) labels."""
+    return (f"relation: label {relation!r} is not in {where} (expected one of {len(labels)} labels, e.g. "
+            f"{', '.join(labels[:5])})")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# 4. assemble
+
+
+def assemble_split(folder: str, split: str, labels: list[str], max_length: int, unk_id: int,
+                   train_keys: str | None = None) -> dict[str, Any]:
+    """Ray task: concatenate ``folder/parts/<split>/*.npz`` in file order into ``folder/<split>.<array>.npy``
+    (:meth:`EncodedSplit.files`; flat, no padding), streaming one part at a time, and audit the split on the way.
+
+    ``train_keys``: a ``.npy`` file with the training split's distinct duplicate keys (the valid and test splits
+    count their rows also in train); the training split writes it (``folder/train_keys.npy``).
+
+    Returns ``{"rows", "info": SplitNumbers.info, "oov": (unknown tokens, tokens)}``.
+    """
+    root = Path(folder)
+    parts = sorted((root / "parts" / split).glob("*.npz"))
+    sizes = []
+    for path in parts:
+        with np.load(path) as part:
+            sizes.append((len(part["lengths"]), len(part["tokens"])))
+    rows, values = sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+    shapes = {**{k: (values,) for k in LIST_KEYS}, "offsets": (rows + 1,), "lengths": (rows,), "labels": (rows,),
+              "head_span": (rows, 2), "tail_span": (rows, 2)}
+    dtypes = {**{k: np.int32 for k in LIST_KEYS}, "offsets": np.int64, "lengths": np.int32, "labels": np.int64,
+              "head_span": np.int32, "tail_span": np.int32}
+    out = {key: np.lib.format.open_memmap(root / file, mode="w+", dtype=dtypes[key], shape=shapes[key])
+           for key, file in zip(FLAT_KEYS, EncodedSplit.files(split), strict=True)}
+    numbers = data_audit.SplitNumbers(len(labels), max_length)
+    row = value = unknown = 0
+    out["offsets"][0] = 0
+    for path, (n, v) in zip(parts, sizes, strict=True):
+        with np.load(path) as part:
+            for key in LIST_KEYS:
+                out[key][value:value + v] = part[key]
+            out["offsets"][row + 1:row + n + 1] = part["offsets"][1:] + value
+            for key in ("lengths", "labels", "head_span", "tail_span"):
+                out[key][row:row + n] = part[key]
+            unknown += int((part["tokens"] == unk_id).sum())
+            numbers.add({"label": part["labels"], **{c: part[c] for c in AUDIT_COLUMNS}})
+        row, value = row + n, value + v
+    for array in out.values():
+        array.flush()
+    del out
+    if split == "train":
+        np.save(root / "train_keys.npy", numbers.unique_keys())
+    keys = np.load(train_keys) if train_keys and os.path.exists(train_keys) else None
+    return {"rows": rows, "info": numbers.info(labels, keys), "oov": (unknown, values)}
