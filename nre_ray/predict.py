@@ -1,10 +1,13 @@
-"""``python -m nre_ray.predict``: label a file of raw rows with a trained model, streaming it through Ray Data.
+"""``python -m nre_ray.predict``: label a file of raw rows with a trained model; a large file streams through Ray Data.
 
-The input is read in chunks (:mod:`nre_ray.data.chunks`) by Ray tasks; an actor pool of ``--num-workers`` actors,
-each holding the model once, labels each chunk with :class:`nre_ray.inference.Predictor` (the preprocessing of
-training); the driver writes the chunks in input order as they come back. Memory stays bounded by a few chunks
-whatever the size of the input. The output keeps the input's columns, in order, and adds ``predicted_relation`` and
-``score`` (and ``top_k_labels`` / ``top_k_scores`` with ``--top-k``).
+The input is read in chunks (:mod:`nre_ray.data.chunks`). A small input (at most ``--local-max-rows`` rows, default
+:data:`LOCAL_MAX_ROWS`) is labelled chunk by chunk in this process, without starting Ray: starting Ray and an actor
+would take longer than the whole job. A larger one is read by Ray tasks and labelled by an actor pool of
+``--num-workers`` actors, each holding the model once; the driver writes the chunks in input order as they come back,
+and memory stays bounded by a few chunks whatever the size of the input. Both ways label each chunk with
+:class:`nre_ray.inference.Predictor` (the preprocessing of training) and :func:`_with_predictions`, so they write the
+same file. The output keeps the input's columns, in order, and adds ``predicted_relation`` and ``score`` (and
+``top_k_labels`` / ``top_k_scores`` with ``--top-k``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "j
                   ".parquet": "parquet", ".pq": "parquet"}
 MAX_PROBLEMS = 1000
 """With ``--on-bad-rows error``, reading stops after this many bad rows."""
+LOCAL_MAX_ROWS = 5000
+"""Inputs of at most this many rows are labelled in this process, without Ray (``--local-max-rows``)."""
 
 
 @dataclasses.dataclass
@@ -47,6 +52,7 @@ class PredictSummary:
     output: str
     rejected: str | None
     workers: int
+    in_process: bool = False
 
     @property
     def rows_per_second(self) -> float:
@@ -201,10 +207,13 @@ def output_format(path: str | Path) -> str:
 def predict_file(model: str, input_path: str, output: str, batch_size: int = 256, num_workers: int = 1,
                  top_k: int = 0, fmt: str | None = None, columns: str | None = None, on_bad_rows: str = "error",
                  tracking_uri: str | None = None, address: str | None = None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_gpu: bool = False, progress: bool = True) -> PredictSummary:
-    """Label ``input_path`` with ``model`` and write ``output``; see the module docstring and ``--help``."""
-    if num_workers < 1 or batch_size < 1 or top_k < 0 or chunk_rows < 1:
-        raise UsageError("--num-workers, --batch-size and --chunk-rows must be >= 1, --top-k >= 0")
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_gpu: bool = False, progress: bool = True,
+                 local_max_rows: int = LOCAL_MAX_ROWS) -> PredictSummary:
+    """Label ``input_path`` with ``model`` and write ``output``; see the module docstring and ``--help``.
+    ``local_max_rows``: inputs of at most this many rows are labelled in this process, without Ray (0: always Ray)."""
+    if num_workers < 1 or batch_size < 1 or top_k < 0 or chunk_rows < 1 or local_max_rows < 0:
+        raise UsageError("--num-workers, --batch-size and --chunk-rows must be >= 1, --top-k and --local-max-rows "
+                         ">= 0")
     if on_bad_rows not in ON_BAD_ROWS:
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
     out_fmt = output_format(output)
@@ -220,17 +229,31 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
     finally:
         resolved.cleanup()
     loaded.state = {"model": loaded.state["model"]}  # the optimizer's state is not needed to predict
-    Predictor.from_loaded(loaded)  # fails here, clearly, if the weights do not fit the model
+    device = "cuda" if use_gpu else "cpu"
+    predictor = Predictor.from_loaded(loaded, device, batch_size)  # fails here, clearly, if the weights do not fit
 
-    from nre_ray.session import start_ray
+    in_process = plan.total_rows <= local_max_rows
+    if in_process:
+        start = time.perf_counter()
+        batches = _run_here(plan, predictor, top_k)
+    else:
+        from nre_ray.session import start_ray
 
-    start_ray(address, num_workers)
-    start = time.perf_counter()
-    batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu)
+        start_ray(address, num_workers)
+        start = time.perf_counter()
+        batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu)
     summary = _write(batches, plan, out_path, out_fmt, on_bad_rows, progress)
     summary.seconds = time.perf_counter() - start
-    summary.workers = num_workers
+    summary.workers = 0 if in_process else num_workers
+    summary.in_process = in_process
     return summary
+
+
+def _run_here(plan: InputPlan, predictor: Predictor, top_k: int) -> Iterator[pd.DataFrame]:
+    """The chunks labelled one after another in this process (a small input: no Ray)."""
+    for index in range(len(plan.chunks)):
+        frame = plan.read(index)
+        yield _with_predictions(frame, predictor.predict_rows(canonical_part(frame), top_k))
 
 
 def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, top_k: int,
@@ -256,7 +279,7 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     ds = ds.map_batches(read_chunks, batch_size=1, batch_format="pandas", fn_kwargs={"plan": shipped}, num_cpus=cpu)
     ds = ds.map_batches(
         PredictChunks, batch_size=None, batch_format="pandas",
-        compute=ray.data.ActorPoolStrategy(size=num_workers),
+        compute=ray.data.ActorPoolStrategy(size=min(num_workers, len(items))),  # no idle actor (and no warning)
         fn_constructor_kwargs={"checkpoint": [ray.put(loaded)], "batch_size": batch_size, "top_k": top_k,
                                "threads": resources.threads, "device": "cuda" if use_gpu else "cpu"},
         num_cpus=cpu, num_gpus=1 if use_gpu else 0,
@@ -272,7 +295,7 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: Path, out_f
            progress: bool) -> PredictSummary:
     """Write the good rows (in order) to a temporary file renamed to ``output`` at the end; bad rows are collected
     (error) or written to ``<output>.rejected.csv`` (skip)."""
-    from tqdm import tqdm
+    from nre_ray import console
 
     partial = output.with_name(output.name + ".partial")
     rejected_path = _rejected_path(output)
@@ -283,8 +306,10 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: Path, out_f
     internal = [PREFIX + c for c in ("file", "line", "problem")]
     done = False
     try:
-        with tqdm(total=plan.total_rows, unit="rows", desc="predict", disable=not progress, file=sys.stderr,
-                  mininterval=1.0) as bar:
+        # a tqdm bar on a terminal, a line every few seconds in a log file (on stderr: stdout may be piped on)
+        out = console.Console(sys.stderr) if progress else console.Console(_Discard(), tty=False)
+        with out.phase("predict", f"labelling {plan.total_rows} rows of {plan.path}") as step:
+            bar = step.progress(total=plan.total_rows, unit="rows")
             for batch in batches:
                 rows += len(batch)
                 bar.update(len(batch))
@@ -320,6 +345,16 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: Path, out_f
                           rejected=str(rejected_path) if rejected is not None else None, workers=0)
 
 
+class _Discard:
+    """A stream that drops what is written (``--no-progress``)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 def _rejected_frame(flagged: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"file": flagged[PREFIX + "file"].to_numpy(), "line": flagged[PREFIX + "line"].to_numpy(),
                         "problem": flagged[PREFIX + "problem"].to_numpy()})
@@ -344,12 +379,23 @@ def _data_error(err: BaseException) -> DataError | None:
 # command line
 
 
+EXAMPLES = """\
+examples:
+  python -m nre_ray.predict --model runs:/RUN_ID/model --input new.csv --output labelled.csv
+  python -m nre_ray.predict --model models:/NAME/1 --input big.parquet --output labelled.parquet --num-workers 4
+  python -m nre_ray.predict --model ray_results/RUN/checkpoint_DIR --input rows.jsonl --output out.jsonl --top-k 3
+  python -m nre_ray.predict --model runs:/RUN_ID/model --input messy.csv --output out.csv --on-bad-rows skip
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.predict`` options."""
     parser = argparse.ArgumentParser(
         prog="python -m nre_ray.predict",
         description="Label the rows of a file with a trained relation classifier. The output keeps the input's "
-                    "columns, in order, and adds predicted_relation and score.")
+                    "columns, in order, and adds predicted_relation and score. A small file is labelled in this "
+                    "process; a large one streams through Ray Data.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     parser.add_argument("--model", required=True, help="A checkpoint folder, an MLflow model URI runs:/<run_id>/model, "
                         "or a registered model models:/<name>/<version> (or models:/<name>@<alias>).")
     parser.add_argument("--input", required=True, help="Rows to label: any format training reads (CSV, TSV, JSON "
@@ -371,8 +417,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
                         help=f"Rows read at a time (memory per chunk in flight; default {DEFAULT_CHUNK_ROWS}).")
+    parser.add_argument("--local-max-rows", type=int, default=LOCAL_MAX_ROWS,
+                        help=f"Inputs of at most this many rows are labelled in this process, without starting Ray "
+                             f"(faster for small files; --num-workers and --address then do not apply); larger ones "
+                             f"stream through Ray Data. 0: always Ray (default: {LOCAL_MAX_ROWS}).")
     parser.add_argument("--use-gpu", action="store_true", help="One GPU per worker.")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress lines.")
     return parser
 
 
@@ -383,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = predict_file(args.model, args.input, args.output, batch_size=args.batch_size,
                                num_workers=args.num_workers, top_k=args.top_k, fmt=args.format, columns=args.columns,
                                on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address,
-                               chunk_rows=args.chunk_rows, use_gpu=args.use_gpu, progress=not args.no_progress)
+                               chunk_rows=args.chunk_rows, use_gpu=args.use_gpu, progress=not args.no_progress,
+                               local_max_rows=args.local_max_rows)
     except (UsageError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -396,8 +447,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: bad input data\n{data_error}", file=sys.stderr)
         return 2
+    where = "in this process" if summary.in_process else f"{summary.workers} Ray worker(s)"
     print(f"predicted {summary.rows} rows in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} rows/s, "
-          f"{summary.workers} worker(s)) -> {summary.output}", flush=True)
+          f"{where}) -> {summary.output}", flush=True)
     if summary.skipped:
         print(f"skipped {summary.skipped} bad rows, listed in {summary.rejected}", flush=True)
     return 0

@@ -11,6 +11,10 @@ scratch store). Three numbers per worker count:
 * ``pyfunc``: ``mlflow.pyfunc.load_model(...).predict(frame)`` on the whole frame in this process (model already
   loaded; torch's default threads).
 
+And the small-input case: the CLI on the first ``--small-rows`` rows (500), which runs in the calling process without
+Ray, against the time a bare Python takes to ``import torch, pandas, pyarrow, mlflow`` (the floor of any command that
+loads an MLflow model): the ratio of the two, median of ``--small-repeats`` runs each (target: at most 2).
+
 Usage: ``python scripts/bench_predict.py [--model CHECKPOINT_OR_URI] [--workers 1,2] [--json bench_predict.json]``
 """
 
@@ -62,11 +66,28 @@ def pyfunc_uri(model: str, work: Path, tracking_uri: str | None) -> tuple[str, s
     return log_model(model, uri, run_id).model_uri, uri
 
 
+IMPORTS = "import torch, pandas, pyarrow, mlflow"
+
+
+def time_imports(timeout: int) -> float:
+    """Seconds a fresh Python takes to import torch, pandas, pyarrow and mlflow (process start included)."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", IMPORTS], check=True, timeout=timeout, env={**os.environ, **QUIET})
+    return time.perf_counter() - start
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def time_cli(model: str, data: Path, out: Path, workers: int, args: argparse.Namespace,
-             tracking_uri: str | None) -> float:
+             tracking_uri: str | None, extra: tuple[str, ...] = ("--local-max-rows", "0")) -> float:
+    """Seconds of ``python -m nre_ray.predict`` end to end (through Ray Data unless ``extra`` says otherwise)."""
     cmd = [sys.executable, "-m", "nre_ray.predict", "--model", model, "--input", str(data), "--output", str(out),
            "--num-workers", str(workers), "--batch-size", str(args.batch_size), "--chunk-rows",
-           str(args.chunk_rows), "--no-progress"]
+           str(args.chunk_rows), "--no-progress", *extra]
     if tracking_uri:
         cmd += ["--tracking-uri", tracking_uri]
     start = time.perf_counter()
@@ -95,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="Label the data this many times over (one file; a "
                         "bigger input shows the steady rate behind the fixed start-up costs).")
     parser.add_argument("--timeout", type=int, default=900, help="Seconds allowed per CLI run.")
+    parser.add_argument("--small-rows", type=int, default=500, help="Rows of the small-input case (default: 500).")
+    parser.add_argument("--small-repeats", type=int, default=3, help="Runs of the small-input case and of the bare "
+                        "imports, alternating; medians reported (default: 3).")
     args = parser.parse_args(argv)
     for key, value in QUIET.items():
         os.environ.setdefault(key, value)
@@ -124,6 +148,19 @@ def main(argv: list[str] | None = None) -> int:
             args.data = bigger
         rows = len(pd.read_csv(args.data, keep_default_na=False))
         results = []
+
+        small_file = work / f"small_{args.small_rows}.csv"
+        pd.read_csv(source, keep_default_na=False).head(args.small_rows).to_csv(small_file, index=False)
+        imports, small = [], []
+        for _ in range(args.small_repeats):  # alternating, so that the machine's load hits both alike
+            imports.append(time_imports(args.timeout))
+            small.append(time_cli(model, small_file, work / "small_out.csv", 1, args, tracking_uri, extra=()))
+        small_case = {"rows": args.small_rows, "cli_seconds": small, "imports_seconds": imports,
+                      "median_cli_seconds": median(small), "median_imports_seconds": median(imports),
+                      "ratio": median(small) / median(imports)}
+        print(f"small input ({args.small_rows} rows, in process): CLI {small_case['median_cli_seconds']:.2f} s; "
+              f"'{IMPORTS}' {small_case['median_imports_seconds']:.2f} s; ratio {small_case['ratio']:.2f} "
+              "(target <= 2)", flush=True)
 
         for n in workers:
             seconds = time_cli(model, args.data, work / f"cli{n}.csv", n, args, tracking_uri)
@@ -173,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
               "model": args.model or "trained 1 epoch (cnn) on " + str(args.train),
               "train_seconds": train_seconds, "batch_size": args.batch_size, "chunk_rows": args.chunk_rows,
               "results": results, "cli_outputs_identical": same, "pyfunc_agrees_with_cli": agree,
+              "small_input": small_case,
               "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
                           "loadavg": os.getloadavg()}, "table": table}
     args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")

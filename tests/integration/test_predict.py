@@ -138,13 +138,16 @@ def test_cli_gives_the_same_file_with_1_and_2_workers_and_any_model_uri(trained,
     source = tmp_path / "in.csv"
     rows.to_csv(source, index=False)
     outputs = []
-    for workers, model in ((1, trained["best_checkpoint"]), (2, trained["model_uri"]),
-                           (2, trained["registered_model_uri"])):
+    # Ray Data with 1 and 2 actors (--local-max-rows 0), then in this process without Ray (a small input's default)
+    for workers, model, local in ((1, trained["best_checkpoint"], "0"), (2, trained["model_uri"], "0"),
+                                  (2, trained["registered_model_uri"], "0"), (1, trained["model_uri"], "5000")):
         out = tmp_path / f"out{len(outputs)}.csv"
         code = predict_main(["--model", model, "--input", str(source), "--output", str(out), "--num-workers",
                              str(workers), "--chunk-rows", "32", "--batch-size", "16", "--tracking-uri",
-                             trained["tracking_uri"], "--no-progress"])
+                             trained["tracking_uri"], "--no-progress", "--local-max-rows", local])
         assert code == 0, capsys.readouterr().err
+        said = capsys.readouterr().out
+        assert ("in this process" in said) == (local != "0") and ("Ray worker(s)" in said) == (local == "0")
         outputs.append(pd.read_csv(out, dtype=str, keep_default_na=False))
     first = outputs[0]
     assert list(first.columns) == [*rows.columns, "predicted_relation", "score"]
@@ -162,11 +165,12 @@ def test_cli_bad_row_exits_2_with_file_line_and_field(trained, tmp_path, capsys)
     rows.to_csv(source, index=False)
     out = tmp_path / "out.jsonl"
     args = ["--model", trained["best_checkpoint"], "--input", str(source), "--output", str(out), "--num-workers",
-            "2", "--chunk-rows", "8", "--no-progress"]
-    assert predict_main(args) == 2
-    err = capsys.readouterr().err
-    assert f"{source}:4: head_offset: head runs past the end of the sentence" in err and "Traceback" not in err
-    assert not out.exists()
+            "2", "--chunk-rows", "8", "--no-progress", "--local-max-rows", "0"]
+    for extra in ([], ["--local-max-rows", "100"]):  # through Ray, then in this process: the same message
+        assert predict_main([*args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"{source}:4: head_offset: head runs past the end of the sentence" in err and "Traceback" not in err
+        assert not out.exists()
     assert predict_main([*args, "--on-bad-rows", "skip"]) == 0
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in written] == [i for k, i in enumerate(rows["id"]) if k != 2]

@@ -101,3 +101,29 @@ def test_output_format_and_usage_errors(checkpoint, tmp_path, capsys):
     assert main(["--model", str(checkpoint), "--input", str(tmp_path / "missing.csv"),
                  "--output", str(tmp_path / "o.csv")]) == 2
     assert "missing.csv: file not found" in capsys.readouterr().err
+
+
+def test_a_small_input_is_labelled_in_this_process_without_ray(checkpoint, tmp_path):
+    """The default path for a small file: no Ray imported, the same file as the actors' stages write, and the
+    progress as plain lines (no carriage returns) when stderr is not a terminal."""
+    import subprocess
+    import sys
+
+    rows = raw_rows()
+    source = tmp_path / "in.csv"
+    rows.to_csv(source, index=False)
+    script = ("import sys; from nre_ray.predict import main; code = main(sys.argv[1:]); "
+              "assert 'ray' not in sys.modules, 'Ray was imported'; sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", script, "--model", str(checkpoint), "--input", str(source),
+                           "--output", str(tmp_path / "here.csv"), "--chunk-rows", "4", "--num-workers", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"predicted {len(rows)} rows" in done.stdout and "in this process" in done.stdout
+    assert "predict: labelling" in done.stderr and "\r" not in done.stderr and "core_worker" not in done.stderr
+    plan, batches = labelled_batches(checkpoint, source)
+    _write(batches, plan, tmp_path / "stages.csv", "csv", "error", progress=False)
+    here, stages = (pd.read_csv(tmp_path / name, dtype=str, keep_default_na=False) for name in ("here.csv",
+                                                                                              "stages.csv"))
+    assert list(here.columns) == list(stages.columns)
+    pd.testing.assert_frame_equal(here.drop(columns="score"), stages.drop(columns="score"))
+    assert here["score"].astype(float).tolist() == pytest.approx(stages["score"].astype(float).tolist(), abs=1e-6)
