@@ -198,7 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m nre_ray.evaluate",
         description="Evaluate a trained checkpoint on a labelled file with the evaluation code of training "
-                    "(every row counted once, whatever the number of workers).")
+                    "(every row counted once, whatever the number of workers).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m nre_ray.evaluate --model runs:/RUN_ID/model --data test.csv\n"
+               "  python -m nre_ray.evaluate --model ray_results/RUN/checkpoint_DIR --data test.jsonl "
+               "--negative-label Other --output scores.json\n"
+               "  python -m nre_ray.evaluate --model models:/NAME/1 --data big.parquet --num-workers 4\n")
     parser.add_argument("--model", required=True, help="A checkpoint folder (or runs:/<run_id>/model, "
                         "models:/<name>/<version>).")
     parser.add_argument("--data", required=True, help="A labelled file in any format training reads.")

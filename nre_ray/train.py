@@ -478,13 +478,18 @@ examples:
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    started = time.time()
+def cli_parser() -> argparse.ArgumentParser:
+    """The ``python -m nre_ray.train`` parser: one flag per config field, then the examples."""
     parser = build_parser(description="Train a sentence-level relation classifier with Ray Train, Ray Data and "
                                       "MLflow. Without --data-dir it trains on the bundled English sample.")
     parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    started = time.time()
+    args = cli_parser().parse_args(argv)
     for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
         os.environ.setdefault(key, value)
     console.use(console.Console(started=started))

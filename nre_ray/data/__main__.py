@@ -177,13 +177,26 @@ def convert(args: argparse.Namespace) -> int:
 def build_cli() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.data`` parser."""
     parser = argparse.ArgumentParser(prog="python -m nre_ray.data",
-                                     description="Inspect a relation-classification dataset, or convert it.")
+                                     description="Inspect a relation-classification dataset, or convert it.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n"
+                                            "  python -m nre_ray.data inspect --data-dir DATA\n"
+                                            "  python -m nre_ray.data inspect --train train.jsonl --format jsonl "
+                                            "--report audit.md\n"
+                                            "  python -m nre_ray.data convert semeval_train.txt train.csv\n")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{inspect,convert}")
     inspect_parser = commands.add_parser(
         "inspect", help="preprocess as training would and print the data audit",
         description="Read, check, tokenize and encode the data exactly as `python -m nre_ray.train` with the same "
                     "flags would (and cache it for that run), then print the data audit: rows and labels per split, "
-                    "duplicates, rows shared with train, lengths, truncation, out-of-vocabulary rate, warnings.")
+                    "duplicates, rows shared with train, lengths, truncation, out-of-vocabulary rate, warnings.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m nre_ray.data inspect                          # the bundled sample\n"
+               "  python -m nre_ray.data inspect --data-dir DATA --json audit.json --report audit.md\n"
+               "  python -m nre_ray.data inspect --train train.tsv --format tsv --columns "
+               "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'\n"
+               "  python -m nre_ray.data inspect --data-dir DATA --on-bad-rows skip --tokenizer jieba\n")
     build_parser(only={"data": None, "train": ("seed",), "run": ("address",)}, parser=inspect_parser)
     inspect_parser.add_argument("--json", metavar="FILE", help="Also write the audit as JSON.")
     inspect_parser.add_argument("--report", metavar="FILE.md", help="Also write the audit as Markdown.")
@@ -192,7 +205,12 @@ def build_cli() -> argparse.ArgumentParser:
         description="Read INPUT in any supported format and write its rows in the canonical schema "
                     "(sentence, head, head_offset, tail, tail_offset, relation, and id, head_type, tail_type when "
                     "the input has them) to OUTPUT; the format follows OUTPUT's extension "
-                    f"({', '.join(OUTPUT_FORMATS)}).")
+                    f"({', '.join(OUTPUT_FORMATS)}).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m nre_ray.data convert semeval_train.txt train.csv       # SemEval-2010 Task 8 -> CSV\n"
+               "  python -m nre_ray.data convert train.json train.parquet --format opennre\n"
+               "  python -m nre_ray.data convert raw.csv clean.jsonl --on-bad-rows skip --force\n")
     convert_parser.add_argument("input", metavar="INPUT", help="The file to read.")
     convert_parser.add_argument("output", metavar="OUTPUT", help="The file to write (must not exist, unless --force).")
     convert_parser.add_argument("--format", choices=FORMATS, help="INPUT's format (default: detected).")
