@@ -10,6 +10,7 @@ itself (``code_paths``), an explicit signature, an input example and pinned requ
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from typing import Any
 import mlflow
 import mlflow.pyfunc
 import pandas as pd
+from mlflow.entities import LoggedModelOutput
+
+from nre_ray.tracking import link_model_metrics
 
 MODEL_NAME = "model"
 #: Distributions the pyfunc model imports (pinned to the versions installed when it was logged).
@@ -125,7 +129,8 @@ def _weights_only_copy(checkpoint: Path, folder: Path) -> Path:
 def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
               registered_model_name: str | None = None) -> LoggedModel:
     """Log ``checkpoint`` (a folder; the optimizer state is left out) as the pyfunc model ``model`` of run ``run_id``
-    and register it under ``registered_model_name``. The run's status is left as it was."""
+    and register it under ``registered_model_name``; its test and validation scores are linked to it
+    (:func:`nre_ray.tracking.link_model_metrics`). The run's status is left as it was."""
     import nre_ray
     from nre_ray.inference import mlflow_settings
 
@@ -137,19 +142,23 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
         slim = _weights_only_copy(Path(checkpoint), Path(tmp) / "checkpoint")
         script = Path(tmp) / "relation_model.py"  # "models from code": the model is built by code, not unpickled
         script.write_text(MODEL_SCRIPT, encoding="utf-8")
+        epoch = int(json.loads((slim / "meta.json").read_text(encoding="utf-8")).get("epoch", 0))
         with mlflow_settings(tracking_uri):
             client = mlflow.MlflowClient(tracking_uri)
-            status = client.get_run(run_id).info.status
-            # An active run makes the logged model belong to the run's experiment (runs:/<id>/model finds it).
-            with mlflow.start_run(run_id=run_id):
-                info = mlflow.pyfunc.log_model(
-                    name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)},
-                    code_paths=[str(code)], signature=signature(), input_example=input_example(),
-                    pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
-                    registered_model_name=registered_model_name,
-                )
-            if status != "FINISHED":  # start_run's exit marked it FINISHED: give it back its status
-                client.update_run(run_id, status=status)
+            run = client.get_run(run_id)
+            # The model is created first, in the run's experiment and with the run as its source (runs:/<id>/model
+            # finds it), and logged without an active run: MLflow would otherwise link to it every metric the run
+            # has at the model's step (the start-up timings). link_model_metrics links its scores instead.
+            model = mlflow.initialize_logged_model(name=MODEL_NAME, source_run_id=run_id,
+                                                   experiment_id=run.info.experiment_id, params=run.data.params)
+            info = mlflow.pyfunc.log_model(
+                name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)}, model_id=model.model_id,
+                code_paths=[str(code)], signature=signature(), input_example=input_example(),
+                pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
+                registered_model_name=registered_model_name,
+            )
+            client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=epoch)])  # the runs table's Models
+            link_model_metrics(tracking_uri, run_id, model.model_id, epoch)
     registered = None
     if registered_model_name and info.registered_model_version is not None:
         registered = f"models:/{registered_model_name}/{info.registered_model_version}"

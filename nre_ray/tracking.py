@@ -2,20 +2,89 @@
 
 The driver creates the experiment and the run (:func:`start_run`) before training and closes it afterwards
 (:func:`end_run`); rank 0 writes into that run by id, so a restarted worker group keeps logging into the same run.
+
+Callers speak the training loop's metric names (``train_loss``, ``valid_macro_f1``, ``test_accuracy``,
+``startup_total_s``, ...); this module decides how they are named in MLflow (:func:`mlflow_metrics`), so that the UI's
+charts open with the learning curves:
+
+- per-epoch curves under ``epoch/`` (``epoch/train_loss``, ``epoch/train_lr``, ``epoch/valid_macro_f1``): the first
+  section of the run's "Model metrics" tab (MLflow 3.17 sorts prefixed sections by name, before unprefixed metrics);
+- test scores under ``test/``, at step 0 (one value each: drawn as bars, not as a lone dot), after the curves;
+- timings and throughput under ``system/`` (``system/startup_total_s``, ``system/examples_per_sec``): the UI's
+  "System metrics" tab;
+- bookkeeping that is not a measurement becomes a tag (``best_epoch``, ``rejected_rows``) or is left out
+  (``epoch`` is the step; ``selection_rank`` is Ray Train's checkpoint ranking).
+
+:func:`run_metrics` and :func:`metric_steps` read them back under the loop's names.
 """
 
 from __future__ import annotations
 
+import getpass
+import hashlib
+import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 _MAX_PARAM_LEN = 6000
+
+#: MLflow name prefixes: per-epoch learning curves, test scores, timings (the UI's "System metrics" tab).
+CURVES, TEST, SYSTEM = "epoch/", "test/", "system/"
+#: Per-epoch measurements of the machine, not of the model: under ``system/``.
+SYSTEM_KEYS = frozenset({"examples_per_sec", "epoch_seconds", "epoch_cpu_seconds"})
+#: Bookkeeping kept as run tags (the latest value), not as metrics.
+TAG_KEYS = frozenset({"best_epoch", "rejected_rows"})
+#: Not logged: ``epoch`` is the step itself, ``selection_rank`` Ray Train's checkpoint ranking (loop.SELECTION_RANK).
+DROPPED_KEYS = frozenset({"epoch", "selection_rank"})
+#: The per-epoch learning curves besides the validation scores (``valid_*``): under ``epoch/``.
+CURVE_KEYS = frozenset({"train_loss", "lr"})
+#: Curves renamed so that the charts sort as they read: the learning rate next to the training loss, after it.
+RENAMED = {"lr": "train_lr"}
+
+
+def mlflow_name(key: str) -> str | None:
+    """The MLflow name of the loop's metric ``key`` (None: not a metric in MLflow, see :data:`TAG_KEYS`,
+    :data:`DROPPED_KEYS`)."""
+    if key in DROPPED_KEYS or key in TAG_KEYS:
+        return None
+    if key.startswith("test_"):
+        return TEST + key[len("test_"):]
+    if key.startswith("startup_") or key in SYSTEM_KEYS:
+        return SYSTEM + key
+    if key in CURVE_KEYS or key.startswith("valid_"):
+        return CURVES + RENAMED.get(key, key)
+    return key  # anything else (a sweep's trial counts, ...) as it is
+
+
+def loop_name(name: str) -> str:
+    """The inverse of :func:`mlflow_name`: ``test/accuracy`` -> ``test_accuracy``, ``epoch/train_lr`` -> ``lr``."""
+    if name.startswith(TEST):
+        return "test_" + name[len(TEST):]
+    if name.startswith(CURVES):
+        key = name[len(CURVES):]
+        return next((old for old, new in RENAMED.items() if new == key), key)
+    return name[len(SYSTEM):] if name.startswith(SYSTEM) else name
+
+
+def mlflow_metrics(metrics: dict[str, Any], step: int) -> tuple[list[tuple[str, float, int]], dict[str, str]]:
+    """The loop's ``metrics`` at ``step`` as MLflow ``(name, value, step)`` triples and run tags. Test scores go to
+    step 0: one value each, which MLflow's UI draws as a bar (a lone point at a later step is drawn as a dot)."""
+    logged, tags = [], {}
+    for key, value in metrics.items():
+        if key in TAG_KEYS:
+            tags[key] = str(int(value)) if float(value).is_integer() else str(value)
+            continue
+        name = mlflow_name(key)
+        if name is not None:
+            logged.append((name, float(value), 0 if name.startswith(TEST) else step))
+    return logged, tags
 
 
 class Tracker:
@@ -51,10 +120,14 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=fresh[i:i + 100])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """``metrics`` under the loop's names; logged under their MLflow names (:func:`mlflow_metrics`)."""
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        logged, tags = mlflow_metrics(metrics, step)
+        batch = [Metric(name, value, now, at) for name, value, at in logged]
         for i in range(0, len(batch), 500):
             self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
+        if tags:
+            self.set_tags(tags)
 
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
@@ -109,8 +182,22 @@ def start_run(tracking_uri: str, experiment_name: str, run_name: str, tags: dict
     if experiment is None or EXPERIMENT_KIND[0] not in experiment.tags:
         # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces); this opens its runs
         client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
-    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
+    run = client.create_run(experiment_id, run_name=run_name, tags={**source_tags(), **tags})
     return run.info.run_id
+
+
+def source_tags() -> dict[str, str]:
+    """What the UI shows as a run's "Source" and "Created by": the command (``mlflow.source.name``, as MLflow's own
+    ``start_run`` sets it, with ``mlflow.source.type``) and the user (``mlflow.user``)."""
+    command = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    module = "nre_ray." + command[:-3] if command.endswith(".py") and Path(sys.argv[0]).parent.name == "nre_ray" \
+        else None
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (some containers)
+        user = str(os.getuid())
+    return {"mlflow.source.name": f"python -m {module}" if module else command, "mlflow.source.type": "LOCAL",
+            "mlflow.user": user}
 
 
 def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_path: str) -> Any | None:
@@ -137,8 +224,14 @@ def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_pat
 
 
 def metric_steps(tracking_uri: str, run_id: str, key: str) -> set[int]:
-    """The steps at which ``key`` has been logged in the run."""
-    return {m.step for m in MlflowClient(tracking_uri).get_metric_history(run_id, key)}
+    """The steps at which the loop's metric ``key`` has been logged in the run (``"epoch"``: the epochs of which any
+    learning-curve metric was logged)."""
+    client = MlflowClient(tracking_uri)
+    if key == "epoch":
+        names = [name for name in client.get_run(run_id).data.metrics if name.startswith(CURVES)]
+    else:
+        names = [name] if (name := mlflow_name(key)) else []
+    return {m.step for name in names for m in client.get_metric_history(run_id, name)}
 
 
 def reopen_run(tracking_uri: str, run_id: str) -> None:
@@ -152,9 +245,93 @@ def end_run(tracking_uri: str, run_id: str, status: str) -> None:
 
 
 def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
-    """The latest value of every metric of a run."""
-    return dict(MlflowClient(tracking_uri).get_run(run_id).data.metrics)
+    """The latest value of every metric of a run, under the loop's names (``test_accuracy``, ``valid_macro_f1``)."""
+    return {loop_name(k): v for k, v in MlflowClient(tracking_uri).get_run(run_id).data.metrics.items()}
 
 
-__all__ = ["MlflowTracker", "RunStatus", "Tracker", "end_run", "find_run", "make_tracker", "metric_steps", "mlflow",
-           "reopen_run", "resolve_tracking_uri", "run_metrics", "start_run"]
+def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, Any]:
+    """``cfg.flat()`` with what the run used where the command left a value to be worked out: the run name, storage
+    path, tracking URI, data folder, cache folder, selection metric, CPUs per worker and placement timeout. Logged by
+    the driver before the loop logs the rest (MLflow params are written once)."""
+    params = cfg.flat()
+    params.update({"run.run_name": target.run_name, "run.storage_path": target.storage,
+                   "run.tracking_uri": target.tracking_uri, "train.select_metric": cfg.select_metric,
+                   "data.cache_dir": str(Path(cfg.data.cache_dir or ".nre_ray_cache").absolute())})
+    if not cfg.run.address:
+        params["run.address"] = os.environ.get("RAY_ADDRESS") or "local (a Ray started by the command)"
+    if not cfg.data.data_dir and not cfg.data.train:
+        from nre_ray.data.pipeline import sample_dir
+
+        params["data.data_dir"] = str(sample_dir())
+    if resources is not None and cfg.train.cpus_per_worker is None:
+        params["train.cpus_per_worker"] = resources.per_worker.get("CPU")
+    if cfg.train.placement_timeout is None:
+        from nre_ray.session import PLACEMENT_TIMEOUT_ENV
+
+        if os.environ.get(PLACEMENT_TIMEOUT_ENV):  # set by train.connect from the cluster's kind
+            params["train.placement_timeout"] = os.environ[PLACEMENT_TIMEOUT_ENV]
+    return params
+
+
+def split_datasets(prepared: Any) -> list[DatasetInput]:
+    """The splits as MLflow dataset inputs (what the runs table's Dataset column shows): name ``<folder>/<split>``,
+    source (the file's path or URI), digest and rows. The digest identifies the split as training saw it: the input
+    files' bytes and the preprocessing settings (the cache key) and the split's name."""
+    from mlflow.types import ColSpec, Schema
+
+    schema = Schema([ColSpec("string", "sentence"), ColSpec("string", "head"), ColSpec("long", "head_offset"),
+                     ColSpec("string", "tail"), ColSpec("long", "tail_offset"), ColSpec("string", "relation")])
+    key = Path(prepared.cache_dir).name if prepared.cache_dir else ""
+    inputs = []
+    for split, rows in prepared.splits.items():
+        source = prepared.sources.get(split) or prepared.sources.get("train", "")
+        uri = str(source)
+        folder = uri.rstrip("/").rsplit("/", 2)[-2] if "/" in uri else "data"
+        digest = hashlib.sha256(f"{key}:{split}".encode()).hexdigest()[:8]
+        scheme = uri.split("://", 1)[0] if "://" in uri else "local"
+        dataset = Dataset(name=f"{folder}/{split}", digest=digest, source_type=scheme,
+                          source=json.dumps({"uri": uri}), schema=json.dumps({"mlflow_colspec": schema.to_dict()}),
+                          profile=json.dumps({"num_rows": len(rows)}))
+        inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", split)]))
+    return inputs
+
+
+def log_datasets(tracking_uri: str, run_id: str, prepared: Any) -> None:
+    """Log the splits (:func:`split_datasets`) as the run's dataset inputs, those it does not have yet."""
+    client = MlflowClient(tracking_uri)
+    have = {(d.dataset.name, d.dataset.digest) for d in client.get_run(run_id).inputs.dataset_inputs}
+    fresh = [d for d in split_datasets(prepared) if (d.dataset.name, d.dataset.digest) not in have]
+    if fresh:
+        client.log_inputs(run_id, datasets=fresh)
+
+
+def link_model_metrics(tracking_uri: str, run_id: str, model_id: str, epoch: int) -> int:
+    """Link the scores of the logged model (the checkpoint of ``epoch``) to it, each with the split it was measured
+    on: the test scores and the validation scores of that epoch. MLflow's model page lists them. The run's own
+    metric history is unchanged (the same points, now also linked). Returns how many were linked."""
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(run_id)
+    splits = {next((t.value for t in d.tags if t.key == "mlflow.data.context"), None): d.dataset
+              for d in run.inputs.dataset_inputs}
+    linked = []
+    for name in sorted(run.data.metrics):
+        if name.startswith(TEST):
+            split, step = "test", 0
+        elif name.startswith(CURVES + "valid_"):
+            split, step = "valid", epoch
+        else:
+            continue
+        dataset = splits.get(split)
+        for m in client.get_metric_history(run_id, name):
+            if m.step == step:
+                linked.append(Metric(name, m.value, m.timestamp, m.step, model_id=model_id,
+                                     dataset_name=dataset.name if dataset else None,
+                                     dataset_digest=dataset.digest if dataset else None))
+    if linked:
+        client.log_batch(run_id, metrics=linked)
+    return len(linked)
+
+
+__all__ = ["MlflowTracker", "RunStatus", "Tracker", "end_run", "find_run", "link_model_metrics", "log_datasets",
+           "loop_name", "make_tracker", "metric_steps", "mlflow", "mlflow_metrics", "mlflow_name", "reopen_run",
+           "resolve_tracking_uri", "resolved_params", "run_metrics", "source_tags", "split_datasets", "start_run"]

@@ -123,6 +123,9 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     marks.append(time.perf_counter())
     with out.phase("mlflow", f"creating the run in {target.tracking_uri}") as step:
         run_id, tracker = open_tracking(cfg, target, prepared)
+        from nre_ray.tracking import resolved_params  # (mlflow is imported by now)
+
+        tracker.log_params(resolved_params(cfg, target, resources))  # what was used, not what was typed
         tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
                              "startup_preprocess_s": marks[2] - marks[1]}, step=0)
         step.done(f"run {run_id} in experiment {cfg.run.experiment_name!r}")

@@ -279,8 +279,10 @@ def run_nre_ray(work: Path, flags: list[str], timeout: float, tracking_uri: str 
     summary = json.loads((work / "summary.json").read_text(encoding="utf-8"))
     from mlflow.tracking import MlflowClient
 
+    from nre_ray.tracking import mlflow_name
+
     client = MlflowClient(tracking_uri)
-    history = {key: sorted(client.get_metric_history(summary["run_id"], key), key=lambda m: m.step)
+    history = {key: sorted(client.get_metric_history(summary["run_id"], mlflow_name(key)), key=lambda m: m.step)
                for key in ("examples_per_sec", "epoch_seconds", "epoch_cpu_seconds", "startup_imports_s",
                            "startup_ray_s", "startup_preprocess_s", "startup_workers_s", "startup_loop_setup_s",
                            "startup_total_s")}

@@ -67,7 +67,7 @@ def _the_run(tmp_path: Path):
 
 
 def _epoch_steps(client: MlflowClient, run_id: str) -> list[int]:
-    return sorted(m.step for m in client.get_metric_history(run_id, "epoch"))
+    return sorted(m.step for m in client.get_metric_history(run_id, "epoch/train_loss"))
 
 
 def _check_history(steps: list[int], epochs: int) -> None:
@@ -139,7 +139,7 @@ def test_ctrl_c_then_resume_then_a_killed_worker_all_in_one_mlflow_run(tmp_path,
     assert f"resuming after epoch {restarted_from} from" in text
     assert run.data.params["train.epochs"] == str(epochs) and run.data.params["train.max_failures"] == "0"
     _check_history(_epoch_steps(client, run.info.run_id), epochs)
-    assert "test_macro_f1" in run.data.metrics
+    assert "test/macro_f1" in run.data.metrics
     assert _registered_epoch(run_dir) == epochs
     with capsys.disabled():
         print(f"\nfaults: Ctrl-C exit {stopped_s:.1f} s, all processes gone {gone_s:.1f} s; resumed after epoch "

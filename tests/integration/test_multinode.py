@@ -121,8 +121,8 @@ def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
         client = MlflowClient(tracking_uri)
         run = client.get_run(result["run_id"])
         assert run.info.status == "FINISHED" and run.data.tags["workers"] == "2"
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch")) == [1, 2]
-        assert "test_macro_f1" in run.data.metrics and run.data.params["train.num_workers"] == "2"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch/train_loss")) == [1, 2]
+        assert "test/macro_f1" in run.data.metrics and run.data.params["train.num_workers"] == "2"
         assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # the server decides where artifacts go
         listed = {a.path for a in client.list_artifacts(run.info.run_id, "best_checkpoint")}
         assert {"best_checkpoint/state.pt", "best_checkpoint/meta.json", "best_checkpoint/vocab.json"} <= listed

@@ -68,6 +68,17 @@ def test_training_logs_and_registers_the_model(trained):
     assert run.data.tags["threads_per_worker"] == "2"  # --cpus-per-worker 2: 2 CPUs reserved, 2 torch threads
     version = client.get_model_version(REGISTERED, "1")
     assert version.run_id == run_id
+    # What the MLflow UI shows: the splits as dataset inputs, the model with its scores, the params as used.
+    assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"sample/train", "sample/valid", "sample/test"}
+    (output,) = run.outputs.model_outputs
+    assert output.step == trained["best_epoch"]
+    linked = {m.key: m for m in client.get_logged_model(output.model_id).metrics}
+    assert linked["test/macro_f1"].value == pytest.approx(trained["test"]["macro_f1"])
+    assert linked["test/macro_f1"].dataset_name == "sample/test"
+    assert linked["epoch/valid_macro_f1"].value == pytest.approx(trained["valid"]["macro_f1"])
+    assert not [key for key in linked if not key.startswith(("test/", "epoch/valid_"))]
+    assert run.data.params["run.storage_path"] == str(trained["folder"] / "ray_results")
+    assert run.data.params["train.select_metric"] == "macro_f1" and run.data.tags["mlflow.user"]
 
 
 def test_checkpoint_runs_registered_and_served_models_agree(trained):

@@ -92,8 +92,8 @@ def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucke
 
     client = MlflowClient(cluster.tracking_uri)
     run = _run(client, "standin-job")
-    assert run.info.status == "FINISHED" and "test_macro_f1" in run.data.metrics
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "valid_macro_f1")) == [1, 2]
+    assert run.info.status == "FINISHED" and "test/macro_f1" in run.data.metrics
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch/valid_macro_f1")) == [1, 2]
     assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
     artifacts = _keys(cluster, "mlflow-artifacts")
     assert any(k.endswith("best_checkpoint/state.pt") for k in artifacts)
@@ -116,7 +116,7 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster,
     job = _submit(cluster, "standin-lost-node", "--num-workers", "3", "--epochs", "6", "--batch-size", "4",
                   "--max-failures", "2", log=log)
     run = wait_for("the run's first epoch in MLflow",
-                   lambda: (r := _run(client, "standin-lost-node")) and "valid_macro_f1" in r.data.metrics and r,
+                   lambda: (r := _run(client, "standin-lost-node")) and "epoch/valid_macro_f1" in r.data.metrics and r,
                    300, interval=0.5, proc=job, log=log)
     before = set(standin.worker_nodes(cluster))
     lost = standin.kill_node(cluster, hosting="RayTrainWorker")
@@ -125,7 +125,7 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster,
     text = log.read_text(errors="replace")
     run = client.get_run(run.info.run_id)
     assert run.info.status == "FINISHED" and "nre_ray.resumed_from_epoch" in run.data.tags, text[-3000:]
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "valid_macro_f1")]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch/valid_macro_f1")]
     assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps  # every epoch logged once, in the same run
     assert "resuming after epoch" in text
     # The autoscaler started a node in place of the lost one (3 workers: the head holds one, two need nodes).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,13 @@ def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch
     assert code == 0
     out = capsys.readouterr().out
     assert "best epoch" in out and "test " in out
+    # The console: each phase with its time, the epoch lines from the driver under a legend, no worker prefixes
+    for phase in ("ray: starting a local Ray", "preprocess: ", "mlflow: run ", "workers: 2 up", "model: runs:/"):
+        assert re.search(r"^\[ *\d+\.\ds\] " + re.escape(phase), out, re.M), phase
+    assert "valid_macro_f1 selects the best checkpoint; * marks an epoch that improved it" in out
+    assert re.search(r"^epoch   1/2  train_loss \d\.\d{4}  valid_loss .*  \*$", out, re.M)
+    assert len(re.findall(r"^epoch   \d/2  ", out, re.M)) == 2
+    assert "RayTrainWorker" not in out and "\x1b[" not in out
 
     summary = json.loads(summary_path.read_text())
     assert summary["run_name"] == "sample" and summary["best_epoch"] in (1, 2)

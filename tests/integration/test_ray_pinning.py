@@ -1,0 +1,45 @@
+"""A local Ray started by nre_ray answers Ray's State API itself, even with another Ray instance on the machine.
+
+Ray Train's placement-group cleaner asks the State API (from an actor) whether the run's controller is alive. Without
+a pinned address, Ray looks for a cluster on this machine and, with two of them, fails ("Found multiple active Ray
+instances", a traceback in the middle of a good run) or asks the wrong one. The test session's own Ray (the
+``ray_cluster`` fixture) is the other instance here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.procs import env
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SCRIPT = """
+import os, ray
+from nre_ray.session import start_ray
+start_ray(None, 1)
+
+@ray.remote(num_cpus=0)
+def ask():  # what the placement-group cleaner does, from a process of the cluster
+    from ray.util.state import list_nodes
+    return [n.node_id for n in list_nodes()], os.environ.get("RAY_API_SERVER_ADDRESS")
+
+nodes, address = ray.get(ask.remote())
+assert nodes == [ray.get_runtime_context().get_node_id()], (nodes, address)
+assert address == os.environ["RAY_API_SERVER_ADDRESS"] and address.startswith("http://127.0.0.1:")
+print("pinned", address)
+ray.shutdown()
+"""
+
+
+def test_the_state_api_answers_from_this_runs_own_cluster(ray_cluster, tmp_path):
+    assert ray_cluster.is_initialized()  # another Ray instance on this machine
+    child_env = {k: v for k, v in env().items() if k != "RAY_API_SERVER_ADDRESS"}  # as a user's shell has it
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=child_env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "pinned http://127.0.0.1:" in done.stdout
+    assert "multiple active Ray instances" not in done.stdout + done.stderr

@@ -1,0 +1,113 @@
+"""What a run looks like in MLflow (a real sqlite store): metric names and steps, tags, resolved params, dataset
+inputs, and the logged model with its scores linked to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from nre_ray import tracking
+from nre_ray.config import Config
+from nre_ray.inference import mlflow_settings
+from nre_ray.serving import log_model
+from tests.unit.test_inference import make_checkpoint, raw_rows
+
+EPOCH = {"epoch": 1, "train_loss": 1.5, "valid_loss": 1.2, "valid_macro_f1": 0.5, "valid_accuracy": 0.6, "lr": 1e-3,
+         "examples_per_sec": 900.0, "epoch_seconds": 3.0, "epoch_cpu_seconds": 2.5, "best_epoch": 1,
+         "selection_rank": 1}
+
+
+def test_metric_names_put_curves_first_and_bookkeeping_aside():
+    logged, tags = tracking.mlflow_metrics({**EPOCH, "epoch": 2}, step=2)
+    names = {name: step for name, _, step in logged}
+    assert names == {"epoch/train_loss": 2, "epoch/valid_loss": 2, "epoch/valid_macro_f1": 2,
+                     "epoch/valid_accuracy": 2, "epoch/train_lr": 2, "system/examples_per_sec": 2,
+                     "system/epoch_seconds": 2, "system/epoch_cpu_seconds": 2}
+    assert tags == {"best_epoch": "1"}
+    logged, tags = tracking.mlflow_metrics({"test_macro_f1": 0.7, "best_epoch": 3, "startup_total_s": 9.5}, step=3)
+    assert logged == [("test/macro_f1", 0.7, 0), ("system/startup_total_s", 9.5, 3)] and tags == {"best_epoch": "3"}
+    assert tracking.mlflow_name("trials_completed") == "trials_completed"  # not a curve: as it is
+    for key in ("train_loss", "lr", "valid_pos_macro_f1", "test_accuracy", "startup_ray_s", "examples_per_sec"):
+        assert tracking.loop_name(tracking.mlflow_name(key)) == key
+
+
+@pytest.fixture()
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.start_run(uri, "t", "run-1", {"nre_ray.run_name": "run-1"})
+    return uri, run_id, MlflowClient(uri)
+
+
+def prepared(tmp_path: Path) -> SimpleNamespace:
+    sources = {name: str(tmp_path / "mydata" / f"{name}.csv") for name in ("train", "test")}
+    return SimpleNamespace(splits={"train": [0] * 30, "valid": [0] * 5, "test": [0] * 7}, sources=sources,
+                           cache_dir=str(tmp_path / "cache" / "abc123"))
+
+
+def test_run_has_source_user_datasets_and_resolved_params(store, tmp_path):
+    uri, run_id, client = store
+    tracking.log_datasets(uri, run_id, prepared(tmp_path))
+    tracking.log_datasets(uri, run_id, prepared(tmp_path))  # again (a resume): nothing twice
+    run = client.get_run(run_id)
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.name"]
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert sorted(inputs) == ["mydata/test", "mydata/train", "mydata/valid"]
+    assert '"num_rows": 7' in inputs["mydata/test"].dataset.profile
+    assert str(tmp_path / "mydata" / "train.csv") in inputs["mydata/valid"].dataset.source  # drawn from train
+    assert len({d.dataset.digest for d in inputs.values()}) == 3
+
+    cfg = Config.from_dict({"train": {"num_workers": 2}})
+    target = SimpleNamespace(run_name="run-1", storage="/abs/ray_results", tracking_uri=uri)
+    params = tracking.resolved_params(cfg, target, resources=SimpleNamespace(per_worker={"CPU": 0.5}))
+    assert params["run.storage_path"] == "/abs/ray_results" and params["train.select_metric"] == "macro_f1"
+    assert params["data.cache_dir"].endswith(".nre_ray_cache") and Path(params["data.cache_dir"]).is_absolute()
+    assert params["train.cpus_per_worker"] == 0.5 and params["data.data_dir"].endswith("sample")
+    assert all(value is not None for key, value in params.items() if key.startswith("run.storage"))
+
+
+def test_metrics_read_back_under_the_loop_names(store):
+    uri, run_id, client = store
+    tracker = tracking.MlflowTracker(uri, run_id)
+    tracker.log_metrics({"startup_total_s": 9.0}, step=0)
+    tracker.log_metrics(EPOCH, step=1)
+    tracker.log_metrics({**EPOCH, "epoch": 2, "valid_macro_f1": 0.4, "selection_rank": 0}, step=2)
+    tracker.log_metrics({"best_epoch": 1, "test_macro_f1": 0.55}, step=1)
+    assert tracking.metric_steps(uri, run_id, "epoch") == {1, 2}
+    metrics = tracking.run_metrics(uri, run_id)
+    assert metrics["test_macro_f1"] == 0.55 and metrics["valid_macro_f1"] == 0.4 and metrics["startup_total_s"] == 9
+    run = client.get_run(run_id)
+    assert not {"epoch", "selection_rank", "best_epoch"} & set(run.data.metrics)
+    assert run.data.tags["best_epoch"] == "1"
+    assert [m.step for m in client.get_metric_history(run_id, "test/macro_f1")] == [0]
+
+
+def test_logged_model_carries_the_scores_of_its_epoch(store, tmp_path):
+    uri, run_id, client = store
+    tracking.log_datasets(uri, run_id, prepared(tmp_path))
+    tracker = tracking.MlflowTracker(uri, run_id)
+    tracker.log_metrics({"startup_total_s": 9.0}, step=0)
+    tracker.log_metrics(EPOCH, step=1)  # the checkpoint's epoch (make_checkpoint: epoch 1)
+    tracker.log_metrics({**EPOCH, "epoch": 2, "valid_macro_f1": 0.4}, step=2)
+    tracker.log_metrics({"test_macro_f1": 0.55, "test_accuracy": 0.66}, step=1)
+    logged = log_model(make_checkpoint(tmp_path / "ckpt"), uri, run_id)
+    assert logged.model_uri == f"runs:/{run_id}/model"
+
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING"  # left as it was
+    (output,) = run.outputs.model_outputs
+    assert output.step == 1
+    model = client.get_logged_model(output.model_id)
+    linked = {m.key: (m.value, m.dataset_name, m.step) for m in model.metrics}
+    assert linked == {"test/macro_f1": (0.55, "mydata/test", 0), "test/accuracy": (0.66, "mydata/test", 0),
+                      "epoch/valid_macro_f1": (0.5, "mydata/valid", 1),
+                      "epoch/valid_accuracy": (0.6, "mydata/valid", 1), "epoch/valid_loss": (1.2, "mydata/valid", 1)}
+    assert len(client.get_metric_history(run_id, "test/macro_f1")) == 1  # linking added no point to the run
+    with mlflow_settings(uri):
+        loaded = mlflow.pyfunc.load_model(logged.model_uri)
+    rows = raw_rows().astype({"head_offset": "int64"})
+    assert len(loaded.predict(rows)) == len(rows)
