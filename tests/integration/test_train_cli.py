@@ -49,11 +49,12 @@ def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch
     assert run.info.status == "FINISHED" and run.info.run_name == "sample"
     assert run.data.params["train.epochs"] == "2" and run.data.params["model.model"] == "cnn"
     assert run.data.tags["workers"] == "2"
-    history = client.get_metric_history(run.info.run_id, "valid_macro_f1")
+    history = client.get_metric_history(run.info.run_id, "epoch/valid_macro_f1")
     assert sorted(m.step for m in history) == [1, 2]
-    for name in ("train_loss", "valid_accuracy", "valid_micro_f1", "lr", "examples_per_sec"):
+    for name in ("epoch/train_loss", "epoch/valid_accuracy", "epoch/valid_micro_f1", "epoch/train_lr",
+                 "system/examples_per_sec"):
         assert len(client.get_metric_history(run.info.run_id, name)) == 2, name
-    assert run.data.metrics["test_macro_f1"] == pytest.approx(summary["test"]["macro_f1"])
+    assert run.data.metrics["test/macro_f1"] == pytest.approx(summary["test"]["macro_f1"])
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "best_checkpoint")}
     assert {"best_checkpoint/state.pt", "best_checkpoint/vocab.json", "best_checkpoint/labels.json"} <= artifacts
