@@ -30,8 +30,11 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# make ui [PORT=5001] [HOST=0.0.0.0]: the MLflow UI on this folder's runs (mlflow.db), http://HOST:PORT
+PORT ?= 5000
+HOST ?= 127.0.0.1
 ui: venv
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nre_ray_cache
