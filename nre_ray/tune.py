@@ -1,0 +1,512 @@
+"""``python -m nre_ray.tune``: a hyperparameter sweep, each trial a TorchTrainer run, ASHA stopping the weak ones.
+
+The sweep takes the data, model and train options of ``python -m nre_ray.train`` as fixed values and searches the
+space of ``--search-space`` (see :mod:`nre_ray.tune_space`; a default space per ``--model`` without it). In order:
+
+1. the space is read and checked, and the resources planned (each trial's workers and how many trials fit at once,
+   said up front), before anything runs;
+2. the data is preprocessed once, on this driver (cached like a training run's); every trial reads the same cache;
+3. an MLflow parent run records the sweep; each trial (:mod:`nre_ray.tune_trial`) logs into a child run;
+4. Ray Tune runs the trials, ASHA (or Optuna's TPE sampler where installed, with ASHA) on the validation metric;
+5. the best trial (by its best validation score) has its best checkpoint scored on the test split once
+   (:mod:`nre_ray.evaluate`); that checkpoint is the sweep's MLflow model (registered with ``--register-model``),
+   and the parent run gets the table of all trials and a parallel-coordinates plot.
+
+``--resume`` continues an interrupted sweep (Ctrl-C, a lost node): Tune restores its experiment, finished trials
+are kept, unfinished ones restart from their latest Train checkpoint, all in the same MLflow runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nre_ray.config import Config, ConfigError, build_parser, config_from_args
+from nre_ray.session import QUIET_ENV, NodeType, UsageError, plan_resources
+
+log = logging.getLogger("nre_ray")
+
+#: CPUs each trial's driver (the Tune actor that runs the TorchTrainer and waits on it) holds; the planning leaves
+#: them free so that the trials' workers can always be placed.
+DRIVER_CPU = 0.01
+SEARCHERS = ("auto", "random", "optuna")
+
+
+@dataclass
+class SweepOptions:
+    """The sweep's own options (the rest is the training Config)."""
+
+    search_space: str | None = None
+    num_samples: int = 8
+    max_concurrent_trials: int | None = None
+    grace_period: int = 1
+    reduction_factor: int = 2
+    searcher: str = "auto"
+    search_seed: int | None = None
+
+
+@dataclass
+class TrialPlan:
+    """Each trial's workers (``per_worker`` resources, torch ``threads``) and how many trials run at once."""
+
+    per_worker: dict[str, float]
+    threads: int
+    at_once: int
+    waits: bool = False
+    requested: int | None = None
+
+    def describe(self, num_workers: int) -> str:
+        each = ", ".join(f"{k} {v:g}" for k, v in self.per_worker.items())
+        fewer = (f" (--max-concurrent-trials {self.requested} does not fit)" if self.requested
+                 and self.requested > self.at_once else "")
+        return (f"{self.at_once} trial(s) at once{fewer}, each {num_workers} worker(s) x {{{each}}} and a trial "
+                f"driver of {DRIVER_CPU:g} CPU")
+
+
+def plan_trials(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]], cpus_per_worker: float | None,
+                node_types: list[NodeType] | None, requested: int | None) -> TrialPlan:
+    """Size the trials' workers like a training run's (:func:`nre_ray.session.plan_resources`), for as many trials
+    at once as ``requested`` (``--max-concurrent-trials``), or by default as many as the cluster holds with one CPU
+    (or one GPU) per worker; fewer when they do not fit. UsageError when not even one trial fits."""
+    node_types = node_types or []
+    possible = nodes + [dict(t.resources) for t in node_types if t.resources for _ in range(max(t.max_count, 0))]
+    if requested is None:
+        if use_gpu:
+            requested = max(1, int(sum(n.get("GPU", 0) for n in possible)) // num_workers)
+        else:
+            per = cpus_per_worker or 1.0
+            requested = max(1, int(sum(n.get("CPU", 0) for n in possible) // (per * num_workers)))
+        asked = None
+    else:
+        asked = requested
+    for at_once in range(requested, 0, -1):
+        room = [{**n, "CPU": max(n.get("CPU", 0.0) - DRIVER_CPU * at_once, 0.0)} for n in nodes]
+        try:
+            res = plan_resources(num_workers * at_once, use_gpu, room, cpus_per_worker, node_types)
+        except UsageError as err:
+            if at_once == 1:
+                raise UsageError(f"not even one trial fits: {err}") from None
+            continue
+        return TrialPlan(res.per_worker, res.threads, at_once, res.waits, asked)
+    raise AssertionError("unreachable")
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    """The training options (fixed values for every trial) plus the sweep's own."""
+    parser = build_parser(prog="python -m nre_ray.tune",
+                          description="Search hyperparameters with Ray Tune: each trial trains with Ray Train "
+                                      "(the options below are the fixed values of every trial), ASHA stops weak "
+                                      "trials early on the validation metric, MLflow records a parent run for the "
+                                      "sweep and a child run per trial, and the best trial's checkpoint is scored "
+                                      "on test once and logged as the sweep's model. --run-name names the sweep, "
+                                      "--epochs is the most a trial trains.")
+    group = parser.add_argument_group("sweep options")
+    group.add_argument("--search-space", metavar="SPACE.toml",
+                       help="TOML file: [model]/[train] tables with one distribution per option, e.g. "
+                            "lr = { loguniform = [1e-4, 1e-2] }, batch_size = { choice = [32, 64] }, "
+                            "dropout = { uniform = [0.1, 0.5] }, hidden_size = { int = [128, 320] }. "
+                            "Default: a space for the chosen --model (docs/tune.md lists them).")
+    group.add_argument("--num-samples", type=int, default=8, help="Trials to run (default: 8).")
+    group.add_argument("--max-concurrent-trials", type=int,
+                       help="Trials at once; default: as many as the cluster holds with one CPU (or GPU) per worker. "
+                            "More than that shares the CPUs (fractions), fewer leaves room.")
+    group.add_argument("--grace-period", type=int, default=1,
+                       help="ASHA: epochs every trial trains before it can be stopped (default: 1).")
+    group.add_argument("--reduction-factor", type=int, default=2,
+                       help="ASHA: at each rung only the best 1/N of the trials go on (default: 2).")
+    group.add_argument("--searcher", choices=SEARCHERS, default="auto",
+                       help="How values are drawn: 'random', or 'optuna' (TPE; needs `pip install optuna`); 'auto' "
+                            "(default) uses optuna where installed, else random.")
+    group.add_argument("--search-seed", type=int,
+                       help="Seed of the searcher's draws (default: --seed).")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace, cfg: Config) -> SweepOptions:
+    """The sweep options, checked against the training config."""
+    opts = SweepOptions(args.search_space, args.num_samples, args.max_concurrent_trials, args.grace_period,
+                        args.reduction_factor, args.searcher, args.search_seed)
+    checks = [
+        (opts.num_samples >= 1, "--num-samples must be >= 1"),
+        (opts.max_concurrent_trials is None or opts.max_concurrent_trials >= 1, "--max-concurrent-trials must be >= 1"),
+        (1 <= opts.grace_period <= cfg.train.epochs,
+         f"--grace-period must be between 1 and --epochs ({cfg.train.epochs})"),
+        (opts.reduction_factor >= 2, "--reduction-factor must be >= 2"),
+        (cfg.train.patience == 0, "--patience: ASHA stops weak trials in a sweep; leave --patience out"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return opts
+
+
+def resolve_searcher(name: str) -> str:
+    """``random`` or ``optuna``; UsageError for optuna when it is not installed."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        if name == "optuna":
+            raise UsageError("--searcher optuna needs the optuna package: pip install optuna (or use --searcher "
+                             "random)") from None
+        return "random"
+    return "optuna" if name in ("auto", "optuna") else "random"
+
+
+def _trial_dirname(trial: Any) -> str:
+    return trial.trial_id
+
+
+def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
+    """Run (or with ``--resume`` continue) the sweep; returns the summary."""
+    from ray import tune
+
+    from nre_ray import storage as fs
+    from nre_ray import tracking
+    from nre_ray.train import prepare_data, resolve_target, trainer_data
+    from nre_ray.tune_report import UNFINISHED, ProgressPrinter
+    from nre_ray.tune_space import describe, load_space, to_tune
+    from nre_ray.tune_trial import trial_trainable
+
+    space = load_space(opts.search_space, cfg)  # refused before anything starts
+    searcher = resolve_searcher(opts.searcher)
+    cfg.run.run_name = cfg.run.run_name or f"tune-{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    target = resolve_target(cfg)  # storage, tracking URI; with --resume the parent MLflow run
+    path = fs.join(target.storage, target.run_name)
+    can_restore = tune.Tuner.can_restore(path)
+    if cfg.run.resume and not can_restore:
+        raise UsageError(f"--resume: {path} holds no sweep to continue (no Tune experiment state). Give the "
+                         "--run-name and --storage-path the sweep was started with.")
+    if not cfg.run.resume and (can_restore or (not fs.is_uri(path) and Path(path).exists())):
+        raise UsageError(f"sweep {target.run_name!r} already exists in {path}; nothing was overwritten. Continue it "
+                         "with --resume, or choose another --run-name.")
+    metric = f"valid_{cfg.select_metric}"
+    plan = connect(cfg, target, opts.max_concurrent_trials)
+    print(f"sweep {target.run_name}: {opts.num_samples} trial(s) of up to {cfg.train.epochs} epoch(s), "
+          f"{plan.describe(cfg.train.num_workers)}; ASHA on {metric} (grace {opts.grace_period} epoch(s), "
+          f"reduction {opts.reduction_factor}); {searcher} search over\n{describe(space)}", flush=True)
+    prepared = prepare_data(cfg, target)  # once for the whole sweep: every trial reads this cache
+    parent = open_parent(cfg, opts, target, prepared, space, searcher, metric)
+
+    sweep = {"config": cfg.to_dict(), "data": trainer_data(prepared, ("train", "valid")),
+             "trials_storage": fs.join(path, "trials"), "tracking_uri": target.tracking_uri,
+             "experiment": cfg.run.experiment_name, "parent_run_id": parent, "sweep_name": target.run_name,
+             "per_worker": plan.per_worker, "threads": plan.threads,
+             "placement_timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")}
+    trainable = tune.with_resources(trial_trainable(sweep), {"CPU": DRIVER_CPU})
+    keys = [d.key for d in space]
+    run_config = tune.RunConfig(
+        name=target.run_name, storage_path=target.storage, verbose=0,
+        callbacks=[ProgressPrinter(metric, cfg.train.epochs, keys)],
+        # a trial whose driver died (a lost node) starts again; its Train run continues from its checkpoint
+        failure_config=tune.FailureConfig(max_failures=max(cfg.train.max_failures, 1)))
+    status = "KILLED"
+    try:
+        if cfg.run.resume:
+            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(trainable, param_space=to_tune(space), run_config=run_config,
+                               tune_config=tune_config(cfg, opts, searcher, metric, plan.at_once))
+        grid = tuner.fit()
+        trials = collect(grid, target.tracking_uri, parent, keys, metric, cfg.train.epochs)
+        unfinished = [t for t in trials if t["outcome"] == UNFINISHED]
+        if unfinished:
+            close_children(target.tracking_uri, trials, "KILLED")
+            raise KeyboardInterrupt
+        close_children(target.tracking_uri, trials)
+        summary = finish(cfg, target, prepared, grid, trials, space, parent, metric, path)
+        status = "FINISHED"
+        return summary
+    except KeyboardInterrupt:  # a second Ctrl-C ends Tune at once: no trial closed its child run
+        close_running(target.tracking_uri, parent)
+        raise
+    except Exception:
+        status = "FAILED"
+        raise
+    finally:
+        tracking.end_run(target.tracking_uri, parent, status)
+
+
+def connect(cfg: Config, target: Any, requested: int | None) -> TrialPlan:
+    """Start or join Ray (workers' output stays in Ray's logs: the sweep prints one line per trial epoch), plan the
+    trials, check the storage and tracking reach every node, set the Train placement timeout."""
+    from nre_ray.session import PLACEMENT_TIMEOUT_ENV, check_shared_paths, cluster, placement_timeout, start_ray
+
+    start_ray(cfg.run.address, cfg.train.num_workers, log_to_driver=False)
+    info = cluster()
+    plan = plan_trials(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
+                       info.node_types, requested)
+    for warning in check_shared_paths(info, target.storage, target.tracking_uri, cfg.run.allow_local_storage):
+        print(f"warning: {warning}", flush=True)
+    os.environ[PLACEMENT_TIMEOUT_ENV] = str(placement_timeout(cfg.train.placement_timeout, info))
+    if plan.waits:
+        print(f"nre_ray: the alive nodes cannot hold the trials yet; the autoscaler adds nodes "
+              f"({info.describe_types()})", flush=True)
+    return plan
+
+
+def tune_config(cfg: Config, opts: SweepOptions, searcher: str, metric: str, at_once: int) -> Any:
+    """Tune's TuneConfig: ASHA on ``metric`` by epoch, the searcher, the number of trials and how many at once."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    seed = cfg.train.seed if opts.search_seed is None else opts.search_seed
+    if searcher == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(seed=seed)
+    else:
+        from ray.tune.search import BasicVariantGenerator
+
+        search_alg = BasicVariantGenerator(max_concurrent=at_once, random_state=seed)
+    # time_attr "epoch" (the loop's own count), not Tune's training_iteration: a trial resumed from its checkpoint
+    # reports from its next epoch on, while Tune's count starts again.
+    scheduler = ASHAScheduler(time_attr="epoch", max_t=cfg.train.epochs, grace_period=opts.grace_period,
+                              reduction_factor=opts.reduction_factor)
+    return tune.TuneConfig(metric=metric, mode="max", scheduler=scheduler, search_alg=search_alg,
+                           num_samples=opts.num_samples, max_concurrent_trials=at_once,
+                           trial_dirname_creator=_trial_dirname)
+
+
+def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, space: list, searcher: str,
+                metric: str) -> str:
+    """The sweep's MLflow parent run (reopened with ``--resume``): the fixed settings, the sweep options, the search
+    space (param and ``search_space.json``), the data's sources and audit. Returns its run id."""
+    from nre_ray import tracking
+    from nre_ray.data.audit import write_audit
+
+    space_json = json.dumps([d.as_json() for d in space])
+    if target.resumed is not None:
+        run_id = target.resumed.info.run_id
+        started = target.resumed.data.params.get("tune.search_space")
+        if started is not None and started != space_json[:6000]:
+            raise UsageError(f"--resume: the search space differs from the one sweep {target.run_name!r} started "
+                             f"with ({started}); resume with the same --search-space (or none if it had none).")
+        tracking.reopen_run(target.tracking_uri, run_id)
+        tracker = tracking.MlflowTracker(target.tracking_uri, run_id)
+        resumes = int(target.resumed.data.tags.get("nre_ray.resumes", 0)) + 1
+        tracker.set_tags({"nre_ray.resumes": str(resumes)})
+        print(f"resuming sweep {target.run_name!r} (MLflow run {run_id}): finished trials are kept, unfinished ones "
+              "continue from their checkpoints", flush=True)
+        return run_id
+    tags = {"nre_ray.run_name": target.run_name, "nre_ray.kind": "sweep", "storage_path": target.storage,
+            "workers": str(cfg.train.num_workers), "device": "gpu" if cfg.train.use_gpu else "cpu"}
+    run_id = tracking.start_run(target.tracking_uri, cfg.run.experiment_name, target.run_name, tags)
+    tracker = tracking.MlflowTracker(target.tracking_uri, run_id)
+    tracker.log_params({**cfg.flat(), "tune.search_space": space_json, "tune.num_samples": opts.num_samples,
+                        "tune.searcher": searcher, "tune.metric": metric, "tune.grace_period": opts.grace_period,
+                        "tune.reduction_factor": opts.reduction_factor,
+                        "tune.max_concurrent_trials": opts.max_concurrent_trials or "auto",
+                        **{f"data.source.{k}": v for k, v in prepared.sources.items()}})
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "search_space.json").write_text(json.dumps([d.as_json() for d in space], indent=2),
+                                                        encoding="utf-8")
+        tracker.log_artifact(Path(folder) / "search_space.json")
+        if opts.search_space:
+            tracker.log_artifact(Path(opts.search_space))
+        for audit in write_audit(prepared.audit, Path(folder)):
+            tracker.log_artifact(audit, "data")
+    return run_id
+
+
+def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: str, epochs: int) -> list[dict]:
+    """One dict per trial: id, outcome, epochs reached, best validation score and its epoch, the searched values,
+    the child run id, the Train run's folder and Tune's error if any."""
+    from mlflow.tracking import MlflowClient
+
+    from nre_ray.tune_report import outcome
+    from nre_ray.tune_trial import child_runs
+
+    client = MlflowClient(tracking_uri)
+    children = child_runs(tracking_uri, parent)
+    statuses = {t.trial_id: t.status for t in grid._experiment_analysis.trials}  # Tune's own view of each trial
+    trials = []
+    for result in grid:
+        config = result.config or {}
+        trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
+        best, best_epoch = math.nan, None
+        if children.get(trial_id):  # every epoch of the trial, across resumes: its child run's curve
+            history = sorted((m.step, m.value) for m in client.get_metric_history(children[trial_id], metric))
+            for epoch, value in history:  # the first epoch that reached the best score, as the loop selects
+                if math.isnan(best) or value > best:
+                    best, best_epoch = value, epoch
+        last_epoch = int((result.metrics or {}).get("epoch", 0) or 0)
+        trials.append({"trial_id": trial_id, "outcome": outcome(statuses.get(trial_id, "ERROR" if result.error
+                                                                             else "TERMINATED"), last_epoch, epochs),
+                       "epochs": last_epoch, f"best_{metric}": best, "best_epoch": best_epoch,
+                       **{k: config.get(k) for k in keys}, "mlflow_run_id": children.get(trial_id),
+                       "error": str(result.error).strip().splitlines()[-1] if result.error else None})
+    return trials
+
+
+def close_children(tracking_uri: str, trials: list[dict], unfinished_status: str = "FINISHED") -> None:
+    """Close the child runs the trials could not close themselves (ASHA stops a trial by ending its actor): stopped
+    and completed ones FINISHED, failed ones FAILED, unfinished ones ``unfinished_status``; each gets its outcome as
+    the tag ``nre_ray.tune.outcome``."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    for trial in trials:
+        run_id = trial["mlflow_run_id"]
+        if not run_id:
+            continue
+        client.set_tag(run_id, "nre_ray.tune.outcome", trial["outcome"])
+        status = {"error": "FAILED", "unfinished": unfinished_status}.get(trial["outcome"], "FINISHED")
+        if client.get_run(run_id).info.status == "RUNNING" or status == "FAILED":
+            client.set_terminated(run_id, status=status)
+
+
+def close_running(tracking_uri: str, parent: str) -> None:
+    """Mark the parent's child runs still RUNNING as KILLED (``--resume`` reopens them)."""
+    from mlflow.tracking import MlflowClient
+
+    from nre_ray.tune_trial import child_runs
+
+    client = MlflowClient(tracking_uri)
+    for run_id in child_runs(tracking_uri, parent).values():
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status="KILLED")
+
+
+def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict], space: list, parent: str,
+           metric: str, path: str) -> dict[str, Any]:
+    """Log the trials table and plot to the parent run, score the best trial's best checkpoint on test once, log
+    it as the sweep's model; return the summary."""
+    import ray.train
+
+    from nre_ray import storage as fs
+    from nre_ray import tracking
+    from nre_ray.loop import SELECTION_RANK
+    from nre_ray.tune_report import COMPLETED, ERROR, STOPPED_EARLY, plot_parallel, trials_table, write_table
+
+    keys = [d.key for d in space]
+    tracker = tracking.MlflowTracker(target.tracking_uri, parent)
+    frame = trials_table(trials, keys, metric)
+    with tempfile.TemporaryDirectory() as folder:
+        for file in write_table(frame, Path(folder)):
+            tracker.log_artifact(file)
+        scored = frame[frame[f"best_{metric}"].notna()]
+        if len(scored):
+            tracker.log_artifact(plot_parallel(scored, {d.key: d.kind for d in space}, metric,
+                                               Path(folder) / "trials_parallel.png"))
+    count = {name: sum(t["outcome"] == name for t in trials) for name in (COMPLETED, STOPPED_EARLY, ERROR)}
+    tracker.log_metrics({"trials_completed": count[COMPLETED], "trials_stopped_early": count[STOPPED_EARLY],
+                         "trials_failed": count[ERROR]}, step=0)
+    scored_trials = [t for t in trials if not math.isnan(t[f"best_{metric}"])]
+    if not scored_trials:
+        errors = "; ".join(f"{t['trial_id']}: {t['error']}" for t in trials if t["error"])
+        raise UsageError(f"no trial reported a validation score. {errors}")
+    best = max(scored_trials, key=lambda t: t[f"best_{metric}"])
+    train_run = ray.train.Result.from_path(fs.join(path, "trials", best["trial_id"]))
+    checkpoint = train_run.get_best_checkpoint(metric=SELECTION_RANK, mode="max")
+    tracker.log_params({f"best.{k}": best[k] for k in keys})
+    tracker.set_tags({"nre_ray.best_trial": best["trial_id"], "nre_ray.best_run_id": best["mlflow_run_id"] or ""})
+    tracker.log_metrics({f"best_{metric}": best[f"best_{metric}"], "best_epoch": best["best_epoch"]}, step=0)
+    test, model = score_and_log(cfg, target, prepared, checkpoint, tracker, parent)
+    return {"sweep": target.run_name, "run_id": parent, "experiment": cfg.run.experiment_name,
+            "tracking_uri": target.tracking_uri, "storage_path": path, "select_metric": metric,
+            "trials": trials, "best_trial": best["trial_id"], "best_run_id": best["mlflow_run_id"],
+            "best_params": {k: best[k] for k in keys}, "best_valid": best[f"best_{metric}"],
+            "best_epoch": best["best_epoch"], "best_checkpoint": checkpoint.path, "test": test, **model}
+
+
+def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, tracker: Any,
+                  parent: str) -> tuple[dict[str, float], dict[str, str | None]]:
+    """Score ``checkpoint`` on the test file once (the evaluation code of ``python -m nre_ray.evaluate``), log the
+    scores and per-class report to the parent run, and log the checkpoint as its model."""
+    import numpy as np
+
+    from nre_ray import reports
+    from nre_ray.evaluate import evaluate_file
+    from nre_ray.serving import log_model
+
+    test: dict[str, float] = {}
+    model: dict[str, str | None] = {"model_uri": None, "registered_model_uri": None}
+    with checkpoint.as_directory() as folder:
+        if "test" in prepared.sources:
+            report = evaluate_file(folder, prepared.sources["test"], num_workers=cfg.train.num_workers,
+                                   negative_label=cfg.data.negative_label, fmt=cfg.data.format,
+                                   columns=cfg.data.columns, on_bad_rows=cfg.data.on_bad_rows,
+                                   address=cfg.run.address)
+            test = {k: float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
+            tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=0)
+            with tempfile.TemporaryDirectory() as out:
+                cm = np.asarray(report["confusion_matrix"])
+                reports.write_class_report(cm, report["labels"], Path(out), "test")
+                reports.plot_confusion_matrix(cm, report["labels"], Path(out) / "test_confusion_matrix.png",
+                                              "test (best trial)")
+                tracker.log_artifacts(Path(out), "reports")
+        if cfg.run.log_model:
+            logged = log_model(folder, target.tracking_uri, parent, cfg.run.register_model)
+            model = {"model_uri": logged.model_uri, "registered_model_uri": logged.registered_uri}
+    return test, model
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The trials, best first, then the best trial and its test scores."""
+    metric = summary["select_metric"]
+    print(f"\nsweep {summary['sweep']} (MLflow run {summary['run_id']}, experiment {summary['experiment']})")
+    for t in sorted(summary["trials"], key=lambda t: -t[f"best_{metric}"] if not math.isnan(t[f"best_{metric}"])
+                    else math.inf):
+        shown = ", ".join(f"{k.split('.', 1)[1]}={_short(t[k])}" for k in summary["best_params"])
+        score = "" if math.isnan(t[f"best_{metric}"]) else f"{t[f'best_{metric}']:.4f}"
+        print(f"  {t['trial_id']}  {t['outcome']:<20s} {t['epochs']:>3d} epoch(s)  {metric} {score:>6s}  {shown}")
+    print(f"best trial {summary['best_trial']} (epoch {summary['best_epoch']}): {metric} {summary['best_valid']:.4f}")
+    if summary["test"]:
+        print("  test  " + "  ".join(f"{k} {summary['test'][k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1",
+                                                                               "pos_macro_f1", "pos_micro_f1")
+                                     if k in summary["test"]))
+    if summary.get("model_uri"):
+        print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
+                                                  if summary.get("registered_model_uri") else ""))
+    uri = summary["tracking_uri"]
+    print(f"look at it: open {uri} in a browser" if uri.startswith(("http://", "https://"))
+          else f"look at it: mlflow ui --backend-store-uri {uri}", flush=True)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0, 2 for bad input or usage, 130 when interrupted)."""
+    args = sweep_parser().parse_args(argv)
+    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
+        os.environ.setdefault(key, value)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for noisy in ("ray.data", "mlflow", "ray.tune"):
+        logging.getLogger(noisy).setLevel(logging.ERROR if noisy == "ray.tune" else logging.WARNING)
+    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.data.errors import DataError
+
+    try:
+        cfg = config_from_args(args)
+        opts = options_from_args(args, cfg)
+        summary = run(cfg, opts)
+    except (ConfigError, UsageError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"error: bad input data\n{err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the sweep's MLflow runs are marked KILLED; continue it with the same command and "
+              "--resume", file=sys.stderr)
+        return 130
+    print_summary(summary)
+    if cfg.run.summary_json:
+        Path(cfg.run.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
+                                              encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
