@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import sys
 import threading
@@ -224,6 +225,32 @@ def phase(name: str, doing: str) -> contextlib.AbstractContextManager[Phase]:
     return get().phase(name, doing)
 
 
+class LogHandler(logging.Handler):
+    """Log records as console lines (stamped, above any bar), e.g. the preprocessing's ``log.info`` messages."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            get().line(text if record.levelno < logging.WARNING else f"warning: {text}")
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def logs_on_console(name: str = "nre_ray") -> Iterator[None]:
+    """While the block runs, the ``name`` logger's records are console lines instead of bare stderr lines (so they
+    keep their place among the phase lines, in a log file and above a terminal's bar alike)."""
+    logger = logging.getLogger(name)
+    handler, propagate = LogHandler(), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # training: events from the Ray Train controller, printed by the driver
 
@@ -344,7 +371,7 @@ class TrainingView:
             stop = ""
             if epoch < self.epochs and self.patience and epoch - best >= self.patience:
                 stop = f"; early stop: no improvement of valid_{self.select} for {epoch - best} epochs"
-            self._phase.end(f"{epoch} epochs, best epoch {best}{stop}")
+            self._phase.end(f"{epoch} epoch{'s' if epoch != 1 else ''}, best epoch {best}{stop}")
         else:
             self._phase.end()
         self._phase = None

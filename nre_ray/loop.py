@@ -28,7 +28,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from nre_ray import metrics as M
-from nre_ray import reports
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.config import Config
 from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
@@ -374,6 +373,8 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
                                                                if k.startswith("test_")}}, step=state["best_epoch"])
     with tempfile.TemporaryDirectory(prefix="nre_ray_report_") as tmp:
         folder = Path(tmp)
+        from nre_ray import reports  # matplotlib: imported when the run ends, not while the workers start
+
         for name, (cm, _) in results.items():
             reports.write_class_report(cm, labels, folder, name)
             reports.plot_confusion_matrix(cm, labels, folder / f"{name}_confusion_matrix.png",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import importlib
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +96,27 @@ def _latest_checkpoint(storage: str, run_name: str) -> Any:
     return result.checkpoint if result is not None else None
 
 
+def check_inputs(cfg: Config) -> None:
+    """Before Ray starts: the data folder has a training file, each explicit local input file exists, and the
+    folder of ``--summary-json`` exists (DataError / UsageError naming the path; URIs are checked by the
+    preprocessing, in their store)."""
+    from nre_ray import storage as fs
+    from nre_ray.data.datadir import find_data_files
+    from nre_ray.data.errors import DataError, Problem
+
+    if cfg.data.data_dir:
+        find_data_files(cfg.data.data_dir)
+    missing = [Problem(value, None, None, f"--{key}: file not found")
+               for key in ("train", "valid", "test", "labels")
+               if (value := getattr(cfg.data, key)) and not fs.is_uri(value) and not Path(value).is_file()]
+    if missing:
+        raise DataError(missing, hint="Check the path (relative paths start from the working directory "
+                                      f"{os.getcwd()}).")
+    if cfg.run.summary_json and not Path(cfg.run.summary_json).absolute().parent.is_dir():
+        raise UsageError(f"--summary-json {cfg.run.summary_json}: the folder "
+                         f"{Path(cfg.run.summary_json).absolute().parent} does not exist")
+
+
 @dataclass
 class Target:
     """Where a run goes: its name, checkpoint storage, MLflow store, and the MLflow run ``--resume`` continues."""
@@ -112,7 +135,8 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     started = started or time.time()
     imported = time.time() - started  # imports and config
     out = console.get()
-    target = resolve_target(cfg)
+    target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
+    _import_in_background()
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
     joining = cfg.run.address or os.environ.get("RAY_ADDRESS")
     with out.phase("ray", f"joining the Ray cluster at {joining}" if joining else "starting a local Ray") as step:
@@ -138,6 +162,26 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
             Path(events).unlink(missing_ok=True)
 
 
+#: What the driver needs later (the trainer, the loop it ships, MLflow): imported by a thread while the main one
+#: starts Ray, which mostly waits for Ray's processes.
+BACKGROUND_IMPORTS = ("mlflow", "torch", "ray.train.torch", "nre_ray.loop")
+
+
+def _import_in_background() -> threading.Thread:
+    """Start importing :data:`BACKGROUND_IMPORTS` in a daemon thread (Python's per-module import locks make the
+    main thread wait for a module the thread is still importing, and an import error surfaces there as usual)."""
+    def work() -> None:
+        for name in BACKGROUND_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the main thread's own import of it will raise, with its usual message
+                return
+
+    thread = threading.Thread(target=work, name="nre_ray-imports", daemon=True)
+    thread.start()
+    return thread
+
+
 def _events_file(cfg: Config) -> str | None:
     """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking_callback`), or None
     under a Ray Client address (``ray://``: the controller's node is not this machine)."""
@@ -155,6 +199,7 @@ def resolve_target(cfg: Config) -> Target:
     from nre_ray import storage as fs
     from nre_ray import tracking
 
+    check_inputs(cfg)
     run_name = cfg.run.run_name or f"{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
     storage = fs.absolute(cfg.run.storage_path or "ray_results")
     existing = _existing_checkpoints(storage, run_name)
@@ -489,6 +534,14 @@ def cli_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _checkpoint_error() -> tuple[type[Exception], ...]:
+    """``(CheckpointError,)``, imported only when an error reaches ``main`` (its module imports torch, which the
+    start-up imports in the background instead: see :func:`_import_in_background`)."""
+    from nre_ray.checkpoint import CheckpointError
+
+    return (CheckpointError,)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     started = time.time()
@@ -502,13 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("nre_ray").setLevel(logging.INFO)
     for noisy in ("ray.data", "mlflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from nre_ray.checkpoint import CheckpointError
     from nre_ray.data.errors import DataError
 
     try:
         cfg = config_from_args(args)
-        summary = run(cfg, started)
-    except (ConfigError, UsageError, CheckpointError) as err:
+        with console.logs_on_console("nre_ray"):
+            summary = run(cfg, started)
+    except (ConfigError, UsageError, *_checkpoint_error()) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except DataError as err:

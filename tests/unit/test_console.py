@@ -95,3 +95,21 @@ def test_the_follower_hands_on_only_complete_lines(tmp_path):
         fh.write('}\n')
     follower.poll()
     assert seen == [{"event": "a"}, {"event": "b"}]
+
+
+def test_log_records_become_console_lines_while_a_command_runs(caplog):
+    import logging
+
+    out = io.StringIO()
+    previous = console.get()
+    console.use(Console(out, tty=False))
+    try:
+        with console.logs_on_console("nre_ray"):
+            logging.getLogger("nre_ray.data.pipeline").warning("cannot read the shared cache")
+            logging.getLogger("nre_ray").info("not shown below the logger's level")
+        logging.getLogger("nre_ray").warning("after the block: back to the usual handlers")
+    finally:
+        console.use(previous)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"\[ *\d+\.\ds\] warning: cannot read the shared cache", lines[0])
+    assert "after the block" in caplog.text and "after the block" not in out.getvalue()

@@ -1,0 +1,45 @@
+"""What ``python -m nre_ray.train`` refuses before Ray starts: clear messages, exit status 2, no Ray, no MLflow run."""
+
+from __future__ import annotations
+
+import pytest
+
+from nre_ray.train import main
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _refused(argv: list[str], capsys) -> str:
+    import ray
+
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "ray: starting" not in captured.out
+    assert not ray.is_initialized()
+    return captured.err
+
+
+def test_missing_input_files_are_named_before_ray_starts(in_tmp, capsys):
+    err = _refused(["--train", "nope/train.csv", "--test", "nope/test.csv"], capsys)
+    assert "nope/train.csv: --train: file not found" in err and "nope/test.csv: --test: file not found" in err
+    assert not (in_tmp / "mlflow.db").exists()  # no MLflow run was created
+    err = _refused(["--data-dir", "no_such_folder"], capsys)
+    assert "no_such_folder" in err and "data directory not found" in err
+
+
+def test_select_metric_and_model_are_checked_before_ray_starts(in_tmp, capsys):
+    err = _refused(["--select-metric", "pos_macro_f1"], capsys)
+    assert "--select-metric pos_macro_f1 needs --negative-label" in err and "macro_f1" in err
+    with pytest.raises(SystemExit) as stopped:
+        main(["--select-metric", "f1_macro"])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'f1_macro' (choose from 'accuracy', 'macro_f1'" in capsys.readouterr().err
+
+
+def test_summary_json_folder_must_exist(in_tmp, capsys):
+    err = _refused(["--summary-json", "missing/summary.json"], capsys)
+    assert "--summary-json missing/summary.json: the folder" in err
