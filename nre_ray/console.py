@@ -18,6 +18,11 @@ Any driver-side code (the preprocessing pipeline included) reports through it::
         step.note("nothing cached yet for these inputs")  # a line of its own, inside the phase
         step.done("train 3000, valid 500, test 500 rows")  # what the end line says (default: "done")
 
+Code deep inside a command reports into the phase its caller opened, without being handed it::
+
+    step = console.current_phase()  # e.g. the "preprocess" phase train.py opens around prepare(); a silent
+    bar = step.progress(total=rows, unit="rows")  # stand-in when no phase runs (a library call, a test)
+
 The training workers run elsewhere: the Ray Train controller (on the driver's node) appends their events (workers
 up, training started, each epoch's metrics) as JSON lines to a file (:func:`append_event`), and the driver follows
 that file (:class:`EventFollower`) and prints them here (:class:`TrainingView`), so epoch lines come from the
@@ -90,6 +95,7 @@ class Phase:
         self.ended = False
         self._bar: Any = None
         self._progress: Progress | None = None
+        console.running.append(self)
         console.line(f"{name}: {doing}")
         if console.tty:
             self._bar = console.make_bar(name, None, "s", elapsed_only=True)
@@ -119,6 +125,8 @@ class Phase:
         if self.ended:
             return
         self.ended = True
+        if self in self.console.running:
+            self.console.running.remove(self)
         self.console.close_bar(self._bar)
         self._bar = None
         if failed:
@@ -135,6 +143,7 @@ class Console:
         self.tty = _isatty(self.stream) if tty is None else tty
         self.started = started if started is not None else time.time()
         self.lock = threading.RLock()
+        self.running: list[Phase] = []  # phases started and not ended yet, innermost last
         self._bars: list[Any] = []
         self._ticker: threading.Thread | None = None
 
@@ -223,6 +232,39 @@ def use(console: Console) -> Console:
 def phase(name: str, doing: str) -> contextlib.AbstractContextManager[Phase]:
     """``with console.phase("preprocess", "reading 3 files") as step:`` on this process's console."""
     return get().phase(name, doing)
+
+
+class _QuietProgress:
+    """Progress nobody shows (no phase is running)."""
+
+    def update(self, n: float = 1) -> None:
+        pass
+
+    def set_total(self, total: float | None) -> None:
+        pass
+
+
+class _QuietPhase:
+    """What :func:`current_phase` gives when no phase runs: accepts the calls, shows nothing."""
+
+    name = ""
+
+    def progress(self, total: float | None = None, unit: str = "it") -> _QuietProgress:
+        return _QuietProgress()
+
+    def note(self, text: str) -> None:
+        pass
+
+    def done(self, summary: str) -> None:
+        pass
+
+
+def current_phase() -> Phase | _QuietPhase:
+    """The innermost running phase of this process's console (e.g. the ``preprocess`` phase ``train`` opens around
+    ``prepare``), or a stand-in that shows nothing when none runs (a library call, a test): code deep in a
+    command reports its progress here without being handed the phase."""
+    running = get().running
+    return running[-1] if running else _QuietPhase()
 
 
 class LogHandler(logging.Handler):

@@ -113,3 +113,22 @@ def test_log_records_become_console_lines_while_a_command_runs(caplog):
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and re.fullmatch(r"\[ *\d+\.\ds\] warning: cannot read the shared cache", lines[0])
     assert "after the block" in caplog.text and "after the block" not in out.getvalue()
+
+
+def test_current_phase_is_the_innermost_running_one_or_a_quiet_stand_in():
+    out = io.StringIO()
+    previous = console.get()
+    console.use(Console(out, tty=False))
+    try:
+        quiet = console.current_phase()
+        quiet.progress(total=3, unit="rows").update(3)
+        quiet.note("nobody sees this")
+        assert out.getvalue() == ""
+        with console.phase("preprocess", "reading"):
+            console.current_phase().note("from deep inside")  # e.g. nre_ray.data.pipeline
+            console.current_phase().done("3 rows")
+        assert console.current_phase().name == ""
+    finally:
+        console.use(previous)
+    text = out.getvalue()
+    assert "preprocess: from deep inside" in text and re.search(r"preprocess: 3 rows \(\d+\.\d s\)", text)
