@@ -16,6 +16,10 @@ The two are run alternately, ``--repeats`` times; the ratio is taken within each
 
     .venv/bin/python scripts/bench_overhead.py --repeats 3 --out bench_overhead.json
 
+``--startup-only``: no plain loop and one epoch per run: the start-up table alone (command -> first training step,
+split into its phases), ``--repeats`` runs, the first cold (it builds the preprocessing cache), the rest warm; cheap
+enough to repeat on a shared machine, where only the ratios between runs made close together mean much.
+
 ``--use-gpu``: both on one GPU with nre_ray's mixed precision (nre_ray ``--use-gpu``; the plain loop on ``cuda:0`` with
 the same autocast and loss scaler), and the GPU utilisation sampled by ``nvidia-smi`` during the counted epochs.
 """
@@ -101,8 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is not counted (default: 4)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--use-gpu", action="store_true", help="both on one GPU, mixed precision")
+    parser.add_argument("--startup-only", action="store_true", help="only nre_ray's start-up, one epoch per run "
+                        "(no plain loop; see above)")
     add_run_options(parser, 3, "runs of each, alternating", "bench_overhead.json")
     args = parser.parse_args(argv)
+    if args.startup_only:
+        return startup_only(args)
     if args.epochs < 2:
         parser.error("--epochs must be >= 2 (the first epoch is not counted)")
 
@@ -181,6 +189,45 @@ def main(argv: list[str] | None = None) -> int:
             result["median"][f"{who}_gpu_mem_max_mib"] = median(x[who]["gpu_mem_max_mib"] or float("nan")
                                                                 for x in repeats)
     finish(result, render(result), args, work)
+    return 0
+
+
+STARTUP_KEYS = ("command_to_first_step_s", "python_and_imports_s", "ray_s", "preprocess_s", "driver_other_s",
+                "worker_group_s", "loop_setup_s")
+STARTUP_HEADERS = ["run", "command -> first step", "Python + imports", "Ray start", "preprocessing",
+                   "MLflow run + ray.put", "worker group start", "loop set-up"]
+
+
+def startup_table(runs: list[dict[str, Any]]) -> str:
+    """Start-up phases of each run (``{"startup": ..., "loadavg": ...}``; the first cold) and the warm median."""
+    rows = [[f"{i + 1} ({'cold' if i == 0 else 'warm'}, load {r.get('loadavg', float('nan')):.1f})",
+             *(r["startup"].get(k, float("nan")) for k in STARTUP_KEYS)] for i, r in enumerate(runs)]
+    warm = [r["startup"] for r in runs[1:]]
+    if warm:
+        rows.append(["**median warm**", *(median(s.get(k, float("nan")) for s in warm) for k in STARTUP_KEYS)])
+    return table(STARTUP_HEADERS, rows)
+
+
+def startup_only(args: argparse.Namespace) -> int:
+    """``--startup-only``: nre_ray's start-up, ``--repeats`` runs of one epoch each."""
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="nre_ray_bench_startup_"))).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    flags = ["--num-workers", "1", "--train", str(args.train), "--test", str(args.test), "--model", args.model,
+             "--batch-size", str(args.batch_size), "--epochs", "1", "--seed", str(args.seed),
+             "--cache-dir", str(work / "cache"), "--no-log-model", *(["--use-gpu"] if args.use_gpu else [])]
+    info = machine()
+    runs = []
+    for r in range(args.repeats):
+        load = wait_for_quiet(args.max_load)
+        res = run_nre_ray(work / f"run_{r + 1}", flags, args.timeout, f"sqlite:///{work}/mlflow.db",
+                          f"bench-startup-{r + 1}")
+        runs.append({"startup": res["startup"], "wall_s": res["wall_s"], "loadavg": load})
+        print(f"run {r + 1}: command -> first step {res['startup'].get('command_to_first_step_s', float('nan')):.1f} s "
+              f"(load average {load:.1f})", flush=True)
+    result = {"machine": info, "mode": "startup-only", "command": [sys.executable, *sys.argv], "nre_ray_flags": flags,
+              "runs": runs}
+    finish(result, "Start-up of `python -m nre_ray.train --num-workers 1 --epochs 1`, seconds:\n\n"
+           + startup_table(runs), args, work)
     return 0
 
 
