@@ -137,16 +137,16 @@ class Predictor:
         The batches depend only on the order of the rows, so the same rows give the same numbers however the input
         was distributed.
         """
-        flat = dict(split.flat)
-        # Positions past the largest one seen in training share its embedding (the table has no row for them).
-        for key in ("head_pos", "tail_pos"):
-            flat[key] = np.minimum(flat[key], self.num_positions - 1)
-        dataset = EncodedDataset(EncodedSplit(flat))
+        dataset = EncodedDataset(split)
         n = len(dataset)
         out = np.zeros((n, len(self.labels)), dtype=np.float32)
         for start in range(0, n, self.batch_size):
             end = min(n, start + self.batch_size)
-            batch = {k: v.to(self.device) for k, v in dataset.__getitems__(list(range(start, end))).items()}
+            batch = dataset.__getitems__(list(range(start, end)))
+            # Positions past the largest one seen in training share its embedding (the table has no row for them).
+            for key in ("head_pos", "tail_pos"):
+                batch[key] = batch[key].clamp(max=self.num_positions - 1)
+            batch = {k: v.to(self.device) for k, v in batch.items()}
             logits = self.model(batch)  # (B, C)
             out[start:end] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
         return out

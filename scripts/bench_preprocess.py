@@ -10,7 +10,7 @@ measures in the same run:
   out);
 * ``pandas``: the same steps in one process, in a plain loop over the same chunks, calling the same pure functions
   (``read_chunks`` -> ``check_rows`` -> ``tokenize_batch`` (+ ``row_stats``) -> the seeded validation split ->
-  ``token_counts`` -> ``Vocab.build`` -> ``encode_batch`` -> ``EncodedSplit``), keeping the tokenized rows in memory
+  ``token_counts`` -> ``Vocab.build`` -> ``encode_split``), keeping the tokenized rows in memory
   between the vocabulary and the encoding as a plain implementation does; run in a subprocess so that its memory is
   its own.
 
@@ -150,7 +150,7 @@ def single_process(data_dir: Path, seed: int) -> tuple[dict[str, Any], dict[str,
     from nre_ray.config import DataConfig
     from nre_ray.data import pipeline
     from nre_ray.data.audit import build_audit, row_stats
-    from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts, tokenize_batch
+    from nre_ray.data.batches import EncodedSplit, encode_split, token_counts, tokenize_batch
     from nre_ray.data.read import check_rows, read_chunks, read_labels
     from nre_ray.data.vocab import Vocab
 
@@ -190,24 +190,21 @@ def single_process(data_dir: Path, seed: int) -> tuple[dict[str, Any], dict[str,
         frame = frames.get(split)
         if frame is None or not len(frame):
             continue
-        n, width = len(frame), max(1, min(int(frame["ntok"].max()), cfg.max_length))
-        arrays = {"lengths": np.zeros(n, np.int32), "labels": np.zeros(n, np.int64),
-                  "head_span": np.zeros((n, 2), np.int32), "tail_span": np.zeros((n, 2), np.int32),
-                  **{k: np.zeros((n, width), np.int32) for k in ("tokens", "head_pos", "tail_pos", "segments")}}
-        for start in range(0, n, pipeline.ROWS_PER_CHUNK):
-            encoded = encode_batch(frame.iloc[start:start + pipeline.ROWS_PER_CHUNK], vocab.tokens, labels,
-                                   cfg.max_length, cfg.position_window)
-            part = EncodedSplit.from_frame(encoded).arrays
-            stop = start + len(encoded)
-            for key, value in part.items():
-                if key in ("tokens", "head_pos", "tail_pos", "segments"):
-                    arrays[key][start:stop, :value.shape[1]] = value
-                else:
-                    arrays[key][start:stop] = value
-        splits[split] = EncodedSplit(arrays)
+        parts = [encode_split(frame.iloc[start:start + pipeline.ROWS_PER_CHUNK], vocab.tokens, labels,
+                              cfg.max_length, cfg.position_window).flat
+                 for start in range(0, len(frame), pipeline.ROWS_PER_CHUNK)]
+        splits[split] = EncodedSplit(concat_flat(parts))
     audit = build_audit({s: f.assign(label=f["relation"].map({n: i for i, n in enumerate(labels)}))
                          for s, f in frames.items() if len(f)}, labels, cfg.max_length)
     return splits, audit
+
+
+def concat_flat(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Flat arrays of consecutive blocks of rows (:class:`EncodedSplit` form) as one."""
+    out = {key: np.concatenate([p[key] for p in parts]) for key in parts[0] if key != "offsets"}
+    out["offsets"] = np.zeros(len(out["lengths"]) + 1, dtype=np.int64)
+    np.cumsum(out["lengths"], out=out["offsets"][1:])
+    return out
 
 
 def run_single_process(data_dir: Path, out: Path, seed: int, interval: float) -> None:

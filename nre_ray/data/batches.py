@@ -12,6 +12,7 @@ several, and stay some 200 MB smaller. :mod:`nre_ray.data.encode` re-exports eve
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -128,18 +129,10 @@ def encode_flat(tokens: pa.Array | pa.ChunkedArray | list[list[str]], spans: np.
     value_set = vocab if isinstance(vocab, pa.Array) else pa.array(vocab, pa.string())
     ids = pc.fill_null(pc.index_in(values, value_set=value_set), UNK_ID).to_numpy(zero_copy_only=False)
     clipped = np.clip(spans - start[:, None], 0, length[:, None])  # clip_span, every row: (N, 4)
-    head_start, head_end, tail_start, tail_end = (clipped[:, i][row] for i in range(4))
-    head_first = (clipped[:, 0] < clipped[:, 2]) | ((clipped[:, 0] == clipped[:, 2]) & (clipped[:, 1] <= clipped[:, 3]))
-    first_end = np.where(head_first, clipped[:, 1], clipped[:, 3])
-    second_end = np.where(head_first, clipped[:, 3], clipped[:, 1])
-    cut1 = np.minimum(first_end, length)
-    cut2 = np.maximum(cut1, np.minimum(second_end, length))
-    segments = np.where(index < cut1[row], 1, np.where(index < cut2[row], 2, 3)).astype(np.int32)
+    derived = derived_features(index, length[row], clipped[row, 0:2], clipped[row, 2:4], window)
     return {
         "tokens": ids.astype(np.int32),
-        "head_pos": _relative(index, head_start, head_end, window),
-        "tail_pos": _relative(index, tail_start, tail_end, window),
-        "segments": segments,
+        **derived,
         "offsets": offsets,
         "lengths": length.astype(np.int32),
         "head_span": clipped[:, 0:2].astype(np.int32),
@@ -188,20 +181,55 @@ def encode_batch(batch: pd.DataFrame, vocab: list[str], labels: list[str] | None
     return out
 
 
-#: The per-token arrays, stored flat: every row's values at its real length, one row after another.
+#: The per-token arrays, flat: every row's values at its real length, one row after another.
 LIST_KEYS = ("tokens", "head_pos", "tail_pos", "segments")
+#: The per-token arrays that follow from a row's length and entity spans (and the position window), so that they are
+#: computed when a batch is made rather than stored: :func:`derived_features`.
+DERIVED_KEYS = ("head_pos", "tail_pos", "segments")
 #: The per-row arrays: ``lengths``, ``labels`` (N,); ``head_span``, ``tail_span`` (N, 2).
 ROW_KEYS = ("lengths", "labels", "head_span", "tail_span")
-#: What an :class:`EncodedSplit` holds (and its folder stores, one ``.npy`` file each): ``offsets`` (N + 1, int64)
-#: says where row ``i`` is in the flat arrays (``offsets[i]:offsets[i + 1]``).
+#: What an :class:`EncodedSplit` may hold: ``offsets`` (N + 1, int64) says where row ``i`` is in the flat arrays
+#: (``offsets[i]:offsets[i + 1]``).
 FLAT_KEYS = (*LIST_KEYS, "offsets", *ROW_KEYS)
+#: What a saved split stores, one ``.npy`` file each (plus ``<split>.json`` with the position window): the token ids,
+#: offsets and the per-row arrays; about 4 bytes per token and 36 per row.
+STORED_KEYS = ("tokens", "offsets", *ROW_KEYS)
+
+
+def derived_features(index: np.ndarray, lengths: np.ndarray, head: np.ndarray, tail: np.ndarray,
+                     window: int) -> dict[str, np.ndarray]:
+    """Relative positions to each entity and PCNN segments of tokens, from their rows' lengths and (truncated) spans:
+    what :func:`encode_flat` computes, for any array shape.
+
+    ``index``: each token's place in its row; ``lengths``, ``head`` and ``tail`` (``[..., 2]``): its row's, broadcast
+    to ``index``'s shape. Returns int32 arrays of that shape (values past a row's length are meaningless: callers
+    mask them)."""
+    head_first = (head[..., 0] < tail[..., 0]) | ((head[..., 0] == tail[..., 0]) & (head[..., 1] <= tail[..., 1]))
+    first_end = np.where(head_first, head[..., 1], tail[..., 1])
+    second_end = np.where(head_first, tail[..., 1], head[..., 1])
+    cut1 = np.minimum(first_end, lengths)
+    cut2 = np.maximum(cut1, np.minimum(second_end, lengths))
+    return {"head_pos": _relative(index, head[..., 0], head[..., 1], window),
+            "tail_pos": _relative(index, tail[..., 0], tail[..., 1], window),
+            "segments": np.where(index < cut1, 1, np.where(index < cut2, 2, 3)).astype(np.int32)}
+
+
+def _infer_window(flat: dict[str, np.ndarray]) -> int | None:
+    """The position window of explicit relative positions: inside its entity a token's position is ``window + 1``."""
+    if "head_pos" not in flat:
+        return None
+    rows = np.flatnonzero(np.asarray(flat["lengths"]) > 0)
+    if not len(rows):
+        return None
+    row = int(rows[0])
+    return int(flat["head_pos"][int(flat["offsets"][row]) + int(flat["head_span"][row][0])]) - 1
 
 
 def flatten(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The flat form (:data:`FLAT_KEYS`) of padded arrays (:data:`ARRAY_KEYS`, 2-D ones (N, T) with 0 as padding).
-    Already flat arrays (with ``offsets``) are returned as they are."""
+    """The flat form of padded arrays (:data:`ARRAY_KEYS`, 2-D ones (N, T) with 0 as padding). Already flat arrays
+    (with ``offsets``) are returned as they are, with or without the :data:`DERIVED_KEYS`."""
     if "offsets" in arrays:
-        return {k: arrays[k] for k in FLAT_KEYS}
+        return {k: arrays[k] for k in FLAT_KEYS if k in arrays}
     lengths = np.asarray(arrays["lengths"])
     n = len(lengths)
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -215,9 +243,11 @@ def flatten(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class EncodedSplit:
-    """One split of encoded rows, stored without padding (:data:`FLAT_KEYS`): ``tokens``, ``head_pos``,
-    ``tail_pos``, ``segments`` are the int32 values of all rows at their real lengths, concatenated; ``offsets``
-    (N + 1, int64) says where each row starts; ``lengths``, ``labels`` (N,); ``head_span``, ``tail_span`` (N, 2).
+    """One split of encoded rows, stored without padding: ``tokens`` are the int32 ids of all rows at their real
+    lengths, concatenated; ``offsets`` (N + 1, int64) says where each row starts; ``lengths``, ``labels`` (N,);
+    ``head_span``, ``tail_span`` (N, 2). The relative positions and PCNN segments follow from the lengths and spans
+    (:func:`derived_features`, with the position ``window``): in memory they may be there (``head_pos``,
+    ``tail_pos``, ``segments``, flat like ``tokens``); saved splits leave them out and batches compute them.
 
     Made from padded arrays (``EncodedSplit({"tokens": (N, T), ...})``, as written by older code and tests) or flat
     ones; :meth:`open` maps a saved split's files without reading them (``np.load(mmap_mode="r")``), so a worker
@@ -225,11 +255,14 @@ class EncodedSplit:
     :attr:`arrays` is the whole split padded (small splits: tests, prediction).
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], name: str = "", folder: Path | str | None = None) -> None:
+    def __init__(self, arrays: dict[str, np.ndarray], name: str = "", folder: Path | str | None = None,
+                 window: int | None = None) -> None:
         self.flat = flatten(arrays)
         self.name = name
         self.folder = folder
         """The folder the split's files were opened from (:meth:`open`), or None."""
+        self.window = _infer_window(self.flat) if window is None else int(window)
+        """``--position-window``: relative positions run from 1 to ``2 * window + 1``."""
 
     def __len__(self) -> int:
         return len(self.flat["lengths"])
@@ -241,13 +274,22 @@ class EncodedSplit:
         idx = np.asarray(indices, dtype=np.int64)
         lengths = np.asarray(f["lengths"][idx])  # (B,)
         width = max(int(lengths.max()), 1) if len(idx) else 1
-        real = np.arange(width) < lengths[:, None]  # (B, T)
-        where = (np.asarray(f["offsets"][idx])[:, None] + np.arange(width))[real]  # flat positions of real cells
+        grid = np.arange(width)  # (T,)
+        real = grid < lengths[:, None]  # (B, T)
+        where = (np.asarray(f["offsets"][idx])[:, None] + grid)[real]  # flat positions of real cells
         out = {"lengths": lengths, **{k: np.asarray(f[k][idx]) for k in ("labels", "head_span", "tail_span")}}
-        for key in LIST_KEYS:
+        stored = [k for k in LIST_KEYS if k in f]
+        for key in stored:
             padded = np.zeros((len(idx), width), dtype=f[key].dtype)
             padded[real] = f[key][where]
             out[key] = padded
+        if len(stored) < len(LIST_KEYS):
+            if self.window is None:
+                raise ValueError("an encoded split without positions needs its position window")
+            derived = derived_features(grid[None, :], lengths[:, None], out["head_span"][:, None, :],
+                                       out["tail_span"][:, None, :], self.window)
+            for key in DERIVED_KEYS:
+                out[key] = np.where(real, derived[key], 0).astype(np.int32)
         return out
 
     @property
@@ -282,17 +324,25 @@ class EncodedSplit:
     @staticmethod
     def files(name: str) -> list[str]:
         """The file names a split called ``name`` is saved as (in the cache folder)."""
-        return [f"{name}.{key}.npy" for key in FLAT_KEYS]
+        return [f"{name}.{key}.npy" for key in STORED_KEYS] + [f"{name}.json"]
 
     def save(self, folder: Path, name: str) -> None:
-        """Write as one ``.npy`` file per array (:meth:`files`; no pickle), readable with ``mmap_mode``."""
-        for key, file in zip(FLAT_KEYS, self.files(name), strict=True):
-            np.save(Path(folder) / file, np.ascontiguousarray(self.flat[key]), allow_pickle=False)
+        """Write :data:`STORED_KEYS` as one ``.npy`` file each (no pickle), readable with ``mmap_mode``, and the
+        position window as ``<name>.json``."""
+        write_split_info(folder, name, self.window)
+        for key in STORED_KEYS:
+            np.save(Path(folder) / f"{name}.{key}.npy", np.ascontiguousarray(self.flat[key]), allow_pickle=False)
 
     @classmethod
     def open(cls, folder: Path | str, name: str, mmap: bool = True) -> EncodedSplit:
         """The split ``name`` saved by :meth:`save` in ``folder``: memory-mapped (read-only, nothing read until a
         row is asked for) unless ``mmap`` is False."""
-        flat = {key: np.load(Path(folder) / file, mmap_mode="r" if mmap else None, allow_pickle=False)
-                for key, file in zip(FLAT_KEYS, cls.files(name), strict=True)}
-        return cls(flat, name, folder)
+        flat = {key: np.load(Path(folder) / f"{name}.{key}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+                for key in STORED_KEYS}
+        info = json.loads((Path(folder) / f"{name}.json").read_text(encoding="utf-8"))
+        return cls(flat, name, folder, info.get("window"))
+
+
+def write_split_info(folder: Path | str, name: str, window: int | None) -> None:
+    """``<name>.json`` next to a saved split's arrays: its position window."""
+    (Path(folder) / f"{name}.json").write_text(json.dumps({"window": window}), encoding="utf-8")

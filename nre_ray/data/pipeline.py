@@ -202,11 +202,13 @@ def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Source] | None = N
 MARKER = "meta.json"
 """The file a cache folder gets last: the folder is complete when it is there with this :data:`LAYOUT` (locally and
 in a shared cache)."""
-LAYOUT = 3
+LAYOUT = 4
 """``meta.json``'s ``layout``: what a cache folder holds and how its paths are recorded (2: built in a private folder
 and published by a rename; the rejected rows and the tokenizer folder recorded relative to the folder; 3: each split
-stored without padding as memory-mappable ``<split>.<array>.npy`` files, :meth:`EncodedSplit.save`). A folder with
-another layout, or none (written before layouts were recorded), is not a cache: it is rebuilt and replaced."""
+stored without padding as memory-mappable ``<split>.<array>.npy`` files, :meth:`EncodedSplit.save`; 4: token ids and
+per-row arrays only, positions and segments computed per batch from the spans, ``<split>.json`` with the position
+window). A folder with another layout, or none (written before layouts were recorded), is not a cache: it is rebuilt
+and replaced."""
 PRIVATE_MAX_AGE = 24 * 3600
 """Seconds after which a private build folder whose builder cannot be checked (another machine's) counts as stale."""
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
@@ -764,7 +766,7 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     # 4. each split's parts concatenated into its .npy files, and audited (Ray tasks, not the driver)
     final = [s for s in SPLITS if encoded[s]]
     assemble = ray.remote(num_cpus=1)(stages.assemble_split).options(**on_driver)
-    args = (labels, cfg.max_length, unk)
+    args = (labels, cfg.max_length, cfg.position_window, unk)
     results = {"train": ray.get(assemble.remote(str(work), "train", *args))}
     pending = {s: assemble.remote(str(work), s, *args, train_keys=str(work / "train_keys.npy"))
                for s in final if s != "train"}

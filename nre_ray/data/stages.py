@@ -35,13 +35,13 @@ import pyarrow.parquet as pq
 from nre_ray import storage
 from nre_ray.data import audit as data_audit
 from nre_ray.data.batches import (
-    FLAT_KEYS,
-    LIST_KEYS,
+    STORED_KEYS,
     EncodedSplit,
     encode_flat,
     label_ids,
     token_counts_arrow,
     tokenize_batch,
+    write_split_info,
 )
 from nre_ray.data.errors import MAX_SHOWN, DataError
 from nre_ray.data.read import CANONICAL, check_rows, read_chunks, split_problem
@@ -236,7 +236,7 @@ def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], moved: np.
                 flat[column] = part.column(column).to_numpy(zero_copy_only=False)
             out = Path(folder) / "parts" / final / f"{name}.npz"
             out.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(out, **flat)
+            np.savez(out, **{k: flat[k] for k in (*STORED_KEYS, *AUDIT_COLUMNS)})
             written.append({"split": final, "rows": part.num_rows})
         yield pa.Table.from_pylist(written, schema=pa.schema([("split", pa.string()), ("rows", pa.int64())]))
 
@@ -282,10 +282,11 @@ def label_problem(relation: str, labels: list[str], where: str) -> str:
 # 4. assemble
 
 
-def assemble_split(folder: str, split: str, labels: list[str], max_length: int, unk_id: int,
+def assemble_split(folder: str, split: str, labels: list[str], max_length: int, window: int, unk_id: int,
                    train_keys: str | None = None) -> dict[str, Any]:
     """Ray task: concatenate ``folder/parts/<split>/*.npz`` in file order into ``folder/<split>.<array>.npy``
-    (:meth:`EncodedSplit.files`; flat, no padding), streaming one part at a time, and audit the split on the way.
+    and ``<split>.json`` (:meth:`EncodedSplit.files`: token ids and per-row arrays, no padding; ``window`` is the
+    position window), streaming one part at a time, and audit the split on the way.
 
     ``train_keys``: a ``.npy`` file with the training split's distinct duplicate keys (the valid and test splits
     count their rows also in train); the training split writes it (``folder/train_keys.npy``).
@@ -299,19 +300,19 @@ def assemble_split(folder: str, split: str, labels: list[str], max_length: int, 
         with np.load(path) as part:
             sizes.append((len(part["lengths"]), len(part["tokens"])))
     rows, values = sum(s[0] for s in sizes), sum(s[1] for s in sizes)
-    shapes = {**{k: (values,) for k in LIST_KEYS}, "offsets": (rows + 1,), "lengths": (rows,), "labels": (rows,),
+    shapes = {"tokens": (values,), "offsets": (rows + 1,), "lengths": (rows,), "labels": (rows,),
               "head_span": (rows, 2), "tail_span": (rows, 2)}
-    dtypes = {**{k: np.int32 for k in LIST_KEYS}, "offsets": np.int64, "lengths": np.int32, "labels": np.int64,
+    dtypes = {"tokens": np.int32, "offsets": np.int64, "lengths": np.int32, "labels": np.int64,
               "head_span": np.int32, "tail_span": np.int32}
-    out = {key: np.lib.format.open_memmap(root / file, mode="w+", dtype=dtypes[key], shape=shapes[key])
-           for key, file in zip(FLAT_KEYS, EncodedSplit.files(split), strict=True)}
+    out = {key: np.lib.format.open_memmap(root / f"{split}.{key}.npy", mode="w+", dtype=dtypes[key],
+                                          shape=shapes[key]) for key in STORED_KEYS}
+    write_split_info(root, split, window)
     numbers = data_audit.SplitNumbers(len(labels), max_length)
     row = value = unknown = 0
     out["offsets"][0] = 0
     for path, (n, v) in zip(parts, sizes, strict=True):
         with np.load(path) as part:
-            for key in LIST_KEYS:
-                out[key][value:value + v] = part[key]
+            out["tokens"][value:value + v] = part["tokens"]
             out["offsets"][row + 1:row + n + 1] = part["offsets"][1:] + value
             for key in ("lengths", "labels", "head_span", "tail_span"):
                 out[key][row:row + n] = part[key]

@@ -208,25 +208,34 @@ def test_an_older_layout_is_rebuilt_and_paths_point_into_the_published_folder(
     assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name]
 
 
-def test_a_layout_2_cache_of_padded_npz_splits_is_rebuilt_not_misread(
-        data_cfg: DataConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cache as layout 2 wrote it (each split one padded ``.npz``) is not a cache now: rebuilt, and the new
-    folder holds the flat ``.npy`` files, none of the old ones."""
+@pytest.mark.parametrize("layout", [2, 3])
+def test_a_cache_of_an_older_layout_is_rebuilt_not_misread(
+        data_cfg: DataConfig, monkeypatch: pytest.MonkeyPatch, layout: int) -> None:
+    """The cache as layout 2 wrote it (each split one padded ``.npz``) or layout 3 (flat ``.npy`` files with the
+    positions and segments, no ``<split>.json``) is not a cache now: rebuilt, and the new folder holds this layout's
+    files, none of the old ones."""
     calls: list[Path] = []
     monkeypatch.setattr(pipeline, "_prepare", _stand_in(calls))
     cache = pipeline.cache_folder(data_cfg, 1)
     pipeline.prepare(data_cfg, 1)
     for file in EncodedSplit.files("train"):
         (cache / file).unlink()
-    np.savez(cache / "train.npz", tokens=np.full((3, 4), 7, dtype=np.int32), lengths=np.full(3, 4, dtype=np.int32))
+    old_files = [cache / "train.npz"] if layout == 2 else \
+        [cache / f"train.{k}.npy" for k in ("tokens", "head_pos", "tail_pos", "segments", "offsets", "lengths")]
+    for path in old_files:
+        if path.suffix == ".npz":
+            np.savez(path, tokens=np.full((3, 4), 7, dtype=np.int32), lengths=np.full(3, 4, dtype=np.int32))
+        else:
+            np.save(path, np.full(3, 7, dtype=np.int32))
     meta = json.loads((cache / pipeline.MARKER).read_text())
-    (cache / pipeline.MARKER).write_text(json.dumps({**meta, "layout": 2}))
-    assert pipeline.LAYOUT == 3 and not pipeline.is_cached(data_cfg, 1)
+    (cache / pipeline.MARKER).write_text(json.dumps({**meta, "layout": layout}))
+    assert pipeline.LAYOUT == 4 and not pipeline.is_cached(data_cfg, 1)
     assert not pipeline.split_files_complete(cache, ["train"])  # a training worker would not open it either
 
     rebuilt = pipeline.prepare(data_cfg, 1)
     assert not rebuilt.cache_hit and len(calls) == 2
-    assert not (cache / "train.npz").exists()
+    assert not any(path.exists() for path in old_files if path.name not in EncodedSplit.files("train"))
+    assert all((cache / file).is_file() for file in EncodedSplit.files("train"))
     assert pipeline.split_files_complete(cache, ["train"])
     again = pipeline.prepare(data_cfg, 1)
     assert again.cache_hit and len(calls) == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nre_ray.data.batches import ARRAY_KEYS, FLAT_KEYS, EncodedSplit, flatten
+from nre_ray.data.batches import ARRAY_KEYS, FLAT_KEYS, STORED_KEYS, EncodedSplit, flatten
 from nre_ray.data.encode import EncodedDataset
 from tests.helpers import tiny_data
 
@@ -59,12 +59,13 @@ def test_saved_splits_are_npy_files_opened_memory_mapped_with_bytes_close_to_the
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(EncodedSplit.files("train"))
     opened = EncodedSplit.open(tmp_path, "train")
     assert opened.name == "train" and len(opened) == len(split)
-    assert all(isinstance(opened.flat[k], np.memmap) and not opened.flat[k].flags.writeable for k in FLAT_KEYS)
+    assert set(opened.flat) == set(STORED_KEYS) and opened.window == split.window == 10  # positions are derived
+    assert all(isinstance(opened.flat[k], np.memmap) and not opened.flat[k].flags.writeable for k in STORED_KEYS)
     for key in ARRAY_KEYS:
         assert np.array_equal(opened.arrays[key], split.arrays[key]), key
     assert np.array_equal(EncodedDataset(opened).__getitems__([2, 9])["tokens"],
                           EncodedDataset(split).__getitems__([2, 9])["tokens"])
-    # per row on disk: 4 int32 values per real token, plus offsets, length, label and spans (and the .npy headers)
+    # per row on disk: one int32 id per real token, plus offsets, length, label and spans (and the .npy headers)
     tokens = int(split.flat["lengths"].sum())
-    data_bytes = sum(opened.flat[k].nbytes for k in FLAT_KEYS)
-    assert data_bytes == 16 * tokens + 8 * (len(split) + 1) + (4 + 8 + 16) * len(split)
+    data_bytes = sum(opened.flat[k].nbytes for k in STORED_KEYS)
+    assert data_bytes == 4 * tokens + 8 * (len(split) + 1) + (4 + 8 + 16) * len(split)

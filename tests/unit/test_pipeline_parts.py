@@ -75,12 +75,12 @@ def test_blocks_staged_encoded_and_assembled_in_any_order_come_back_in_file_orde
     written = pa.concat_tables(stages.encode_files(paths, str(work), labels, moved, 24, 5,
                                                    {"labels": labels, "where": "x"}, vocab=vocab))
     assert sum(written.column("rows").to_pylist()) == len(good)
-    result = stages.assemble_split(str(work), "train", labels, 24, 1)
-    valid = stages.assemble_split(str(work), "valid", labels, 24, 1, train_keys=str(work / "train_keys.npy"))
+    result = stages.assemble_split(str(work), "train", labels, 24, 5, 1)
+    valid = stages.assemble_split(str(work), "valid", labels, 24, 5, 1, train_keys=str(work / "train_keys.npy"))
     to_valid = good["line"].isin(moved)
     for name, rows, info in (("train", good[~to_valid], result), ("valid", good[to_valid], valid)):
-        expected = encode_split(rows, vocab, labels, 24, 5).flat
-        got = EncodedSplit.open(work, name).flat
+        expected = encode_split(rows, vocab, labels, 24, 5).arrays
+        got = EncodedSplit.open(work, name).arrays  # positions and segments derived from the stored spans
         for key, array in expected.items():
             assert np.array_equal(got[key], array), (name, key)
         assert info["rows"] == len(rows) and info["info"]["rows"] == len(rows)
