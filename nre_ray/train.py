@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
-import importlib
 import json
 import logging
 import os
@@ -17,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +134,6 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     imported = time.time() - started  # imports and config
     out = console.get()
     target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
-    _import_in_background()
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
     joining = cfg.run.address or os.environ.get("RAY_ADDRESS")
     with out.phase("ray", f"joining the Ray cluster at {joining}" if joining else "starting a local Ray") as step:
@@ -160,26 +157,6 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     finally:
         if events:
             Path(events).unlink(missing_ok=True)
-
-
-#: What the driver needs later (the trainer, the loop it ships, MLflow): imported by a thread while the main one
-#: starts Ray, which mostly waits for Ray's processes.
-BACKGROUND_IMPORTS = ("mlflow", "torch", "ray.train.torch", "nre_ray.loop")
-
-
-def _import_in_background() -> threading.Thread:
-    """Start importing :data:`BACKGROUND_IMPORTS` in a daemon thread (Python's per-module import locks make the
-    main thread wait for a module the thread is still importing, and an import error surfaces there as usual)."""
-    def work() -> None:
-        for name in BACKGROUND_IMPORTS:
-            try:
-                importlib.import_module(name)
-            except Exception:  # the main thread's own import of it will raise, with its usual message
-                return
-
-    thread = threading.Thread(target=work, name="nre_ray-imports", daemon=True)
-    thread.start()
-    return thread
 
 
 def _events_file(cfg: Config) -> str | None:
@@ -535,8 +512,8 @@ def cli_parser() -> argparse.ArgumentParser:
 
 
 def _checkpoint_error() -> tuple[type[Exception], ...]:
-    """``(CheckpointError,)``, imported only when an error reaches ``main`` (its module imports torch, which the
-    start-up imports in the background instead: see :func:`_import_in_background`)."""
+    """``(CheckpointError,)``, imported only when an error reaches ``main``: its module imports torch, which a run
+    needs only once Ray is up, so the first console line comes sooner."""
     from nre_ray.checkpoint import CheckpointError
 
     return (CheckpointError,)
