@@ -322,6 +322,7 @@ def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: 
     the child run id, the Train run's folder and Tune's error if any."""
     from mlflow.tracking import MlflowClient
 
+    from nre_ray import tracking
     from nre_ray.tune_report import outcome
     from nre_ray.tune_trial import child_runs
 
@@ -334,7 +335,8 @@ def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: 
         trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
         best, best_epoch = math.nan, None
         if children.get(trial_id):  # every epoch of the trial, across resumes: its child run's curve
-            history = sorted((m.step, m.value) for m in client.get_metric_history(children[trial_id], metric))
+            history = sorted((m.step, m.value) for m in client.get_metric_history(children[trial_id],
+                                                                                  tracking.mlflow_name(metric)))
             for epoch, value in history:  # the first epoch that reached the best score, as the loop selects
                 if math.isnan(best) or value > best:
                     best, best_epoch = value, epoch
