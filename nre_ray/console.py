@@ -389,7 +389,8 @@ class TrainingView:
             if self._phase is None:
                 self._phase = Phase(self.console, "training", epoch_legend(self.epochs, self.select,
                                                                            self.first_epoch))
-                self._bar = self._phase.progress(total=self.epochs - self.first_epoch + 1, unit="epoch")
+                if self.console.tty:  # in a log file the epoch lines are the progress
+                    self._bar = self._phase.progress(total=self.epochs - self.first_epoch + 1, unit="epoch")
         elif kind == "epoch":
             self.add(event.get("metrics", {}))
 

@@ -133,7 +133,9 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     started = started or time.time()
     imported = time.time() - started  # imports and config
     out = console.get()
-    target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
+    with out.phase("setup", "checking the settings, the inputs and the run's storage") as step:
+        target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
+        step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
     joining = cfg.run.address or os.environ.get("RAY_ADDRESS")
     with out.phase("ray", f"joining the Ray cluster at {joining}" if joining else "starting a local Ray") as step:
