@@ -399,8 +399,8 @@ class TrainingView:
         if self._phase is None or self._phase.name != "training":
             self.handle({"event": "training_started"})
         self.console.line(format_epoch(metrics, self.epochs, self.select), stamp=False)
-        if self._bar is not None:
-            self._bar.update(1)
+        if self._bar is not None:  # to the epoch reached (a resumed run starts after its checkpoint's epoch)
+            self._bar.update(max(0, int(metrics.get("epoch", 0)) - self.first_epoch + 1 - self._bar.count))
         self.last = metrics
 
     def close(self, failed: bool = False) -> None:

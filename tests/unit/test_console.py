@@ -132,3 +132,16 @@ def test_current_phase_is_the_innermost_running_one_or_a_quiet_stand_in():
         console.use(previous)
     text = out.getvalue()
     assert "preprocess: from deep inside" in text and re.search(r"preprocess: 3 rows \(\d+\.\d s\)", text)
+
+
+def test_on_a_terminal_the_epoch_bar_follows_the_epochs_even_after_a_resume():
+    out = io.StringIO()
+    view = TrainingView(Console(out, tty=True), "1 worker(s)", epochs=5, select="macro_f1")
+    view.handle({"event": "workers_started", "count": 1})
+    view.handle({"event": "training_started"})
+    view.handle({"event": "epoch", "metrics": _epoch(4, True, 4)})  # resumed after epoch 3
+    assert view._bar.count == 4 and view._bar.total == 5
+    view.handle({"event": "epoch", "metrics": _epoch(5, False, 4)})
+    assert view._bar.count == 5
+    view.close()
+    assert "training: 5 epochs, best epoch 4" in out.getvalue()
