@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import math
+import shutil
 import sys
 import threading
 import time
@@ -177,9 +178,13 @@ class Console:
         from tqdm import tqdm
 
         fmt = "{desc}: {elapsed}" if elapsed_only else None
+        # A terminal that reports no width (a pty without a size, as under `script`) would get empty bars
+        size = shutil.get_terminal_size((0, 0))
+        sized = size.columns >= 20 and size.lines >= 2
         with self.lock:
-            bar = tqdm(total=total, unit=unit, desc=name, file=self.stream, leave=False, dynamic_ncols=True,
-                       bar_format=fmt, mininterval=TICK_S)
+            bar = tqdm(total=total, unit=unit, desc=name, file=self.stream, leave=False, dynamic_ncols=sized,
+                       ncols=None if sized else 100, nrows=None if sized else 24, bar_format=fmt,
+                       mininterval=TICK_S)
             self._bars.append(bar)
             if self._ticker is None or not self._ticker.is_alive():
                 self._ticker = threading.Thread(target=self._tick, name="nre_ray-console", daemon=True)
