@@ -203,9 +203,10 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
              "placement_timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")}
     trainable = tune.with_resources(trial_trainable(sweep), {"CPU": DRIVER_CPU})
     keys = [d.key for d in space]
+    printer = ProgressPrinter(metric, cfg.train.epochs, keys)
     run_config = tune.RunConfig(
         name=target.run_name, storage_path=target.storage, verbose=0,
-        callbacks=[ProgressPrinter(metric, cfg.train.epochs, keys)],
+        callbacks=[printer],
         # a trial whose driver died (a lost node) starts again; its Train run continues from its checkpoint
         failure_config=tune.FailureConfig(max_failures=max(cfg.train.max_failures, 1)))
     status = "KILLED"
@@ -217,9 +218,12 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
                                tune_config=tune_config(cfg, opts, searcher, metric, plan.at_once))
         grid = tuner.fit()
         trials = collect(grid, target.tracking_uri, parent, keys, metric, cfg.train.epochs)
-        unfinished = [t for t in trials if t["outcome"] == UNFINISHED]
-        if unfinished:
-            close_children(target.tracking_uri, trials, "KILLED")
+        # Ctrl-C: Tune stops the running trials and returns; the trials not yet drawn are missing from the grid
+        if len(trials) < opts.num_samples or any(t["outcome"] == UNFINISHED for t in trials):
+            # Tune marks the trials it stopped TERMINATED: those that did not end on their own (or by ASHA) in this
+            # session were cut short, and continue with --resume
+            close_children(target.tracking_uri, trials, cut={t["trial_id"] for t in trials
+                                                             if t["trial_id"] not in printer.ended})
             raise KeyboardInterrupt
         close_children(target.tracking_uri, trials)
         summary = finish(cfg, target, prepared, grid, trials, space, parent, metric, path)
@@ -349,20 +353,24 @@ def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: 
     return trials
 
 
-def close_children(tracking_uri: str, trials: list[dict], unfinished_status: str = "FINISHED") -> None:
+def close_children(tracking_uri: str, trials: list[dict], cut: set[str] | None = None) -> None:
     """Close the child runs the trials could not close themselves (ASHA stops a trial by ending its actor): stopped
-    and completed ones FINISHED, failed ones FAILED, unfinished ones ``unfinished_status``; each gets its outcome as
-    the tag ``nre_ray.tune.outcome``."""
+    and completed ones FINISHED, failed ones FAILED, and the runs still open of the trials in ``cut`` (an
+    interrupted sweep's) KILLED, as ``unfinished``; each gets its outcome as the tag ``nre_ray.tune.outcome``."""
     from mlflow.tracking import MlflowClient
+
+    from nre_ray.tune_report import ERROR, UNFINISHED
 
     client = MlflowClient(tracking_uri)
     for trial in trials:
         run_id = trial["mlflow_run_id"]
         if not run_id:
             continue
-        client.set_tag(run_id, "nre_ray.tune.outcome", trial["outcome"])
-        status = {"error": "FAILED", "unfinished": unfinished_status}.get(trial["outcome"], "FINISHED")
-        if client.get_run(run_id).info.status == "RUNNING" or status == "FAILED":
+        running = client.get_run(run_id).info.status == "RUNNING"
+        outcome = UNFINISHED if running and trial["trial_id"] in (cut or set()) else trial["outcome"]
+        client.set_tag(run_id, "nre_ray.tune.outcome", outcome)
+        status = {ERROR: "FAILED", UNFINISHED: "KILLED"}.get(outcome, "FINISHED")
+        if running or status == "FAILED":
             client.set_terminated(run_id, status=status)
 
 

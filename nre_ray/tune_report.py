@@ -22,6 +22,7 @@ class ProgressPrinter(Callback):
 
     def __init__(self, metric: str, epochs: int, keys: list[str]) -> None:
         self.metric, self.epochs, self.keys = metric, epochs, keys
+        self.ended: set[str] = set()  # trials that ended in this session: completed, or stopped by ASHA
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         shown = ", ".join(f"{k.split('.', 1)[1]}={_short(trial.config.get(k))}" for k in self.keys)
@@ -33,6 +34,7 @@ class ProgressPrinter(Callback):
                   f"{result[self.metric]:.4f}  train_loss {result.get('train_loss', math.nan):.4f}", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.ended.add(trial.trial_id)
         epoch = int((trial.last_result or {}).get("epoch", 0))
         how = "completed" if epoch >= self.epochs else f"stopped by ASHA after epoch {epoch}"
         print(f"trial {trial.trial_id} {how}", flush=True)
