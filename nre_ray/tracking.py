@@ -251,18 +251,35 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
 
 def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, Any]:
     """``cfg.flat()`` with what the run used where the command left a value to be worked out: the run name, storage
-    path, tracking URI, data folder, cache folder, selection metric, CPUs per worker and placement timeout. Logged by
-    the driver before the loop logs the rest (MLflow params are written once)."""
+    path, tracking URI, data folder and format, cache folder, selection metric, layers and heads of the model, CPUs per
+    worker and placement timeout. Logged by the driver before the loop logs the rest (MLflow params are written
+    once)."""
     params = cfg.flat()
     params.update({"run.run_name": target.run_name, "run.storage_path": target.storage,
                    "run.tracking_uri": target.tracking_uri, "train.select_metric": cfg.select_metric,
                    "data.cache_dir": str(Path(cfg.data.cache_dir or ".nre_ray_cache").absolute())})
     if not cfg.run.address:
         params["run.address"] = os.environ.get("RAY_ADDRESS") or "local (a Ray started by the command)"
-    if not cfg.data.data_dir and not cfg.data.train:
-        from nre_ray.data.pipeline import sample_dir
+    from nre_ray.data.pipeline import resolve_files, sample_dir
 
+    if not cfg.data.data_dir and not cfg.data.train:
         params["data.data_dir"] = str(sample_dir())
+    if not cfg.data.format:
+        from nre_ray.data.errors import DataError
+        from nre_ray.data.formats import detect_format
+        from nre_ray.storage import StorageError
+
+        try:
+            params["data.format"] = detect_format(resolve_files(cfg.data)["train"])
+        except (DataError, StorageError, OSError):  # the run has read it; a param is not worth a failure
+            pass
+    model = cfg.model.model
+    if model in ("bilstm", "transformer") and cfg.model.num_layers is None:
+        params["model.num_layers"] = 1 if model == "bilstm" else 2  # models.registry's defaults
+    if model == "transformer" and cfg.model.num_heads is None:
+        from nre_ray.models.transformer import default_num_heads
+
+        params["model.num_heads"] = default_num_heads(cfg.model.hidden_size)
     if resources is not None and cfg.train.cpus_per_worker is None:
         params["train.cpus_per_worker"] = resources.per_worker.get("CPU")
     if cfg.train.placement_timeout is None:

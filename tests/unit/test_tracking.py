@@ -67,6 +67,9 @@ def test_run_has_source_user_datasets_and_resolved_params(store, tmp_path):
     assert params["run.storage_path"] == "/abs/ray_results" and params["train.select_metric"] == "macro_f1"
     assert params["data.cache_dir"].endswith(".nre_ray_cache") and Path(params["data.cache_dir"]).is_absolute()
     assert params["train.cpus_per_worker"] == 0.5 and params["data.data_dir"].endswith("sample")
+    assert params["data.format"] == "csv" and params["model.num_layers"] is None  # a cnn has no layers setting
+    bilstm = tracking.resolved_params(Config.from_dict({"model": {"model": "transformer", "hidden_size": 64}}), target)
+    assert bilstm["model.num_layers"] == 2 and bilstm["model.num_heads"] >= 1
     assert all(value is not None for key, value in params.items() if key.startswith("run.storage"))
 
 
