@@ -57,14 +57,15 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Score this worker's shard; called by TorchTrainer on every rank.
 
     ``loop_config``: ``model`` (dict or ObjectRef: ``config`` as Config.to_dict(), ``state`` weights, ``spec``
-    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (dict or ObjectRef of the encoded arrays,
+    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (``{"cache": ...}`` naming the folder of a
+    saved split ``eval``, as :func:`nre_ray.loop.open_splits` reads it; or a dict or ObjectRef of the encoded arrays,
     flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``threads``, ``sink`` (a
     :class:`ResultSink` handle, or an absolute path for a JSON file).
     """
     import ray.train
     import ray.train.torch
 
-    from nre_ray.loop import eval_loader, evaluate
+    from nre_ray.loop import eval_loader, evaluate, open_splits
 
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
@@ -74,7 +75,9 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model = build_model(cfg.model, ModelSpec(*payload["spec"]))
     model.load_state_dict(payload["state"])
     model.to(ray.train.torch.get_device())  # no DDP: nothing is trained, and ranks may run different batch counts
-    split = EncodedSplit(_resolve(loop_config["data"]))  # flat or padded arrays (read-only is fine: batches copy)
+    data = _resolve(loop_config["data"])
+    # the saved split's files, memory-mapped (this worker reads its shard's rows only), or arrays (flat or padded)
+    split = open_splits(data)["eval"] if "cache" in data else EncodedSplit(data)
     labels = list(loop_config["labels"])
     cm, loss = evaluate(model, eval_loader(split, rank, world_size), len(labels))
     if rank != 0:
@@ -158,8 +161,9 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_") as storage:
         trainer = TorchTrainer(
             eval_loop_per_worker,
-            train_loop_config={"model": ray.put(payload), "data": ray.put(split.flat), "labels": labels,
-                               "negative_label": negative, "threads": resources.threads, "sink": sink},
+            train_loop_config={"model": ray.put(payload), "data": _ship(split, Path(storage) / "data"),
+                               "labels": labels, "negative_label": negative, "threads": resources.threads,
+                               "sink": sink},
             scaling_config=ray.train.ScalingConfig(num_workers=num_workers, resources_per_worker=resources.per_worker),
             run_config=ray.train.RunConfig(
                 name=f"evaluate-{uuid.uuid4().hex[:8]}", storage_path=storage,
@@ -177,6 +181,20 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     if result is None:
         raise UsageError("evaluation failed: rank 0 reported no result")
     return result
+
+
+def _ship(split: EncodedSplit, folder: Path) -> Any:
+    """How the workers get the encoded rows: on one machine, the split saved in ``folder`` (each worker memory-maps
+    it and reads only its shard's rows); on several, through the object store (``folder`` is not on the others)."""
+    from nre_ray.data.pipeline import LAYOUT, MARKER
+    from nre_ray.session import alive_nodes
+
+    if len(alive_nodes()) > 1:
+        return ray.put(split.flat)
+    folder.mkdir(parents=True)
+    split.save(folder, "eval")
+    (folder / MARKER).write_text(json.dumps({"layout": LAYOUT, "splits": ["eval"]}), encoding="utf-8")
+    return {"cache": {"dir": str(folder), "shared": None, "splits": ["eval"]}}
 
 
 def print_report(report: dict[str, Any]) -> None:
