@@ -30,35 +30,52 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_MD = REPO / "docs" / "results.md"
 BEGIN, END = "<!-- bench_tune:begin -->", "<!-- bench_tune:end -->"
 FEWREL = REPO.parent / "shared" / "datasets" / "fewrel" / "csv"
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stats() -> dict[int, tuple[int, float]]:
+    """``{pid: (parent pid, CPU seconds user + system)}`` of every process, from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
 class TreeCpu:
-    """Samples the CPU seconds (user + system) of a process and all its descendants, once a second."""
+    """Samples the CPU seconds (user + system) of a process and all its descendants, once a second (from /proc:
+    a process that ends between two samples counts up to its last sample)."""
 
     def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
+        self.root = pid
         self.seen: dict[int, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                break
-            for proc in procs:
-                try:
-                    times = proc.cpu_times()
-                    self.seen[proc.pid] = max(self.seen.get(proc.pid, 0.0), times.user + times.system)
-                except psutil.Error:
-                    continue
+            stats = _proc_stats()
+            children: dict[int, list[int]] = {}
+            for pid, (ppid, _) in stats.items():
+                children.setdefault(ppid, []).append(pid)
+            todo = [self.root]
+            while todo:
+                pid = todo.pop()
+                if pid in stats:
+                    self.seen[pid] = max(self.seen.get(pid, 0.0), stats[pid][1])
+                todo.extend(children.get(pid, []))
             self.stop.wait(1.0)
 
     def __enter__(self) -> TreeCpu:
