@@ -57,7 +57,7 @@ class Progress:
 
     def __init__(self, console: Console, name: str, total: float | None, unit: str, bar: Any) -> None:
         self._console, self._name, self.total, self.unit, self._bar = console, name, total, unit, bar
-        self.count = 0.0
+        self.count: float = 0
         self._printed = time.monotonic()
 
     def update(self, n: float = 1) -> None:
@@ -391,6 +391,9 @@ class TrainingView:
             elif self.starts > 1:
                 self.console.line(f"workers: {event.get('count', '?')} started again (a restart after a failure)")
         elif kind == "training_started":
+            if self._phase is not None and self._phase.name == "workers":  # no "workers_started" came (another Ray)
+                self._phase.end("up")
+                self._phase = None
             if self._phase is None:
                 self._phase = Phase(self.console, "training", epoch_legend(self.epochs, self.select,
                                                                            self.first_epoch))
@@ -405,7 +408,7 @@ class TrainingView:
             self.handle({"event": "training_started"})
         self.console.line(format_epoch(metrics, self.epochs, self.select), stamp=False)
         if self._bar is not None:  # to the epoch reached (a resumed run starts after its checkpoint's epoch)
-            self._bar.update(max(0, int(metrics.get("epoch", 0)) - self.first_epoch + 1 - self._bar.count))
+            self._bar.update(max(0, int(metrics.get("epoch", 0)) - self.first_epoch + 1 - int(self._bar.count)))
         self.last = metrics
 
     def close(self, failed: bool = False) -> None:

@@ -145,3 +145,14 @@ def test_on_a_terminal_the_epoch_bar_follows_the_epochs_even_after_a_resume():
     assert view._bar.count == 5
     view.close()
     assert "training: 5 epochs, best epoch 4" in out.getvalue()
+
+
+def test_epochs_without_worker_events_still_get_the_legend_and_end_line():
+    out = io.StringIO()
+    view = TrainingView(Console(out, tty=False), "2 worker(s)", epochs=2, select="accuracy")
+    view.add(_epoch(1, True, 1))  # only epoch events (a Ray without the worker-group hooks)
+    view.close()
+    text = out.getvalue()
+    assert "workers: up" in text and "valid_accuracy selects the best checkpoint" in text
+    assert text.index("selects the best checkpoint") < text.index("epoch   1/2")
+    assert "training: 1 epoch, best epoch 1" in text
