@@ -101,7 +101,7 @@ def plot_parallel(frame: pd.DataFrame, kinds: dict[str, str], metric: str, path:
         scaled[key] = (numbers - low) / span
         ticks[key] = [(0.0, _short(10 ** low if key in log_keys else low)),
                       (1.0, _short(10 ** high if key in log_keys else high))]
-    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(axes)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7, 1.8 * len(axes)), 4.5))
     best = frame[f"best_{metric}"].astype(float)
     low, high = best.min(), best.max()
     colour = plt.get_cmap("viridis")
@@ -116,7 +116,7 @@ def plot_parallel(frame: pd.DataFrame, kinds: dict[str, str], metric: str, path:
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 0), fontsize=7, va="center")
     ax.set_xticks(range(len(axes)), [k.split(".", 1)[-1] for k in axes], rotation=20)
     ax.set_yticks([])
-    ax.set_title(f"{len(frame)} trials (solid: completed, dashed: stopped early); colour: best {metric}")
+    ax.set_title(f"{len(frame)} trials (solid: completed, dashed: stopped early)\ncolour: best {metric}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
