@@ -172,7 +172,7 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     from nre_ray import storage as fs
     from nre_ray import tracking
     from nre_ray.train import prepare_data, resolve_target, trainer_data
-    from nre_ray.tune_report import UNFINISHED, ProgressPrinter
+    from nre_ray.tune_report import ProgressPrinter
     from nre_ray.tune_space import describe, load_space, to_tune
     from nre_ray.tune_trial import trial_trainable
 
@@ -218,12 +218,9 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
                                tune_config=tune_config(cfg, opts, searcher, metric, plan.at_once))
         grid = tuner.fit()
         trials = collect(grid, target.tracking_uri, parent, keys, metric, cfg.train.epochs)
-        # Ctrl-C: Tune stops the running trials and returns; the trials not yet drawn are missing from the grid
-        if len(trials) < opts.num_samples or any(t["outcome"] == UNFINISHED for t in trials):
-            # Tune marks the trials it stopped TERMINATED: those that did not end on their own (or by ASHA) in this
-            # session were cut short, and continue with --resume
-            close_children(target.tracking_uri, trials, cut={t["trial_id"] for t in trials
-                                                             if t["trial_id"] not in printer.ended})
+        cut = interrupted(trials, opts.num_samples, printer.ended)
+        if cut is not None:
+            close_children(target.tracking_uri, trials, cut)
             raise KeyboardInterrupt
         close_children(target.tracking_uri, trials)
         summary = finish(cfg, target, prepared, grid, trials, space, parent, metric, path)
@@ -372,6 +369,18 @@ def close_children(tracking_uri: str, trials: list[dict], cut: set[str] | None =
         status = {ERROR: "FAILED", UNFINISHED: "KILLED"}.get(outcome, "FINISHED")
         if running or status == "FAILED":
             client.set_terminated(run_id, status=status)
+
+
+def interrupted(trials: list[dict], num_samples: int, ended: set[str]) -> set[str] | None:
+    """None when the sweep ran to its end; after a Ctrl-C, the ids of the trials it cut short (``--resume``
+    continues them). Tune then returns early: trials not yet drawn are missing, and the running ones are stopped and
+    marked TERMINATED like the ones that ended, so the cut ones are those that did not end (complete, or get stopped
+    by ASHA) in this session, ``ended``, while their child run is still open (:func:`close_children` checks that)."""
+    from nre_ray.tune_report import UNFINISHED
+
+    if len(trials) >= num_samples and not any(t["outcome"] == UNFINISHED for t in trials):
+        return None
+    return {t["trial_id"] for t in trials if t["trial_id"] not in ended}
 
 
 def close_running(tracking_uri: str, parent: str) -> None:

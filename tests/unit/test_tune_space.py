@@ -10,7 +10,7 @@ import pytest
 
 from nre_ray.config import MODELS, Config, ConfigError
 from nre_ray.session import NodeType, UsageError
-from nre_ray.tune import SweepOptions, options_from_args, plan_trials, sweep_parser
+from nre_ray.tune import SweepOptions, close_children, interrupted, options_from_args, plan_trials, sweep_parser
 from nre_ray.tune_report import COMPLETED, ERROR, STOPPED_EARLY, UNFINISHED, outcome
 from nre_ray.tune_space import DEFAULT_SPACES, Dimension, SpaceError, apply, load_space, parse_space, to_tune
 
@@ -147,3 +147,36 @@ def test_outcome_of_a_trial():
     assert outcome("TERMINATED", 1, 3) == STOPPED_EARLY
     assert outcome("ERROR", 1, 3) == ERROR
     assert outcome("RUNNING", 1, 3) == UNFINISHED and outcome("PENDING", 0, 3) == UNFINISHED
+
+
+def _trial(trial_id: str, outcome_: str, run_id: str | None = None) -> dict:
+    return {"trial_id": trial_id, "outcome": outcome_, "mlflow_run_id": run_id}
+
+
+def test_an_interrupted_sweep_is_told_from_a_finished_one():
+    done = [_trial("a", COMPLETED), _trial("b", STOPPED_EARLY), _trial("c", ERROR)]
+    assert interrupted(done, 3, set()) is None  # every trial drawn and ended: nothing to resume
+    # Ctrl-C: one trial not yet drawn, and Tune marked the running one TERMINATED like the others
+    cut = [_trial("a", COMPLETED), _trial("b", STOPPED_EARLY)]
+    assert interrupted(cut, 3, ended={"a"}) == {"b"}
+    assert interrupted([_trial("a", COMPLETED), _trial("b", UNFINISHED)], 2, ended={"a", "b"}) == set()
+
+
+def test_closing_the_child_runs_of_an_interrupted_sweep(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from nre_ray import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    runs = {name: tracking.start_run(uri, "e", name, {}) for name in ("done", "asha", "cut", "failed")}
+    tracking.end_run(uri, runs["done"], "FINISHED")  # a trial that ended on its own closes its run
+    trials = [_trial("done", COMPLETED, runs["done"]), _trial("asha", STOPPED_EARLY, runs["asha"]),
+              _trial("cut", STOPPED_EARLY, runs["cut"]), _trial("failed", ERROR, runs["failed"]),
+              _trial("never", UNFINISHED, None)]
+    close_children(uri, trials, cut={"cut", "done"})
+    client = MlflowClient(uri)
+    got = {name: (client.get_run(r).info.status, client.get_run(r).data.tags["nre_ray.tune.outcome"])
+           for name, r in runs.items()}
+    assert got == {"done": ("FINISHED", COMPLETED),  # closed before the Ctrl-C: kept as it is
+                   "asha": ("FINISHED", STOPPED_EARLY), "cut": ("KILLED", UNFINISHED),
+                   "failed": ("FAILED", ERROR)}
