@@ -34,7 +34,6 @@ from collections import OrderedDict
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import precision_recall_fscore_support
 
 __all__ = [
     "confusion_matrix",
@@ -99,6 +98,8 @@ def _prfs(cm: np.ndarray, label_ids: list[int], average: str | None):
     cell, ``y_true`` = row, ``y_pred`` = column, ``sample_weight`` = count.
     The caller guarantees ``cm.sum() > 0`` and ``label_ids`` non-empty.
     """
+    from sklearn.metrics import precision_recall_fscore_support  # here: 70 MB that workers which never score skip
+
     rows, cols = np.nonzero(cm)
     return precision_recall_fscore_support(
         rows,
