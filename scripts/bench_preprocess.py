@@ -114,9 +114,11 @@ class PeakMemory:
 
 def digest(splits: dict[str, Any]) -> str:
     """A short hash of every array of every split (to check that both implementations made the same data)."""
+    from nre_ray.data.batches import STORED_KEYS
+
     h = hashlib.sha1()
     for name in sorted(splits):
-        for key in sorted(splits[name].flat):  # the stored form: flat arrays and row offsets
+        for key in STORED_KEYS:  # the stored form: token ids, row offsets, per-row arrays (positions follow from them)
             array = np.ascontiguousarray(splits[name].flat[key])
             h.update(f"{name}/{key}/{array.dtype}/{array.shape}".encode())
             h.update(array.tobytes())

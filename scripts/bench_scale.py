@@ -47,12 +47,14 @@ WORKER_ALLOWANCE = 500 * MIB
 
 class TreeMemory:
     """Samples every process under this one (a ``python -m nre_ray.train`` subprocess and the Ray processes it
-    started) in a background thread: the peak RSS of each training worker (``RayTrainWorker`` in its command line),
-    of the training driver, and the machine's swap in use."""
+    started) in a background thread: the peak RSS and PSS of each training worker (``RayTrainWorker`` in its command
+    line; PSS shares the pages of the memory-mapped cache, which every worker maps, out between them), of the
+    training driver, and the machine's swap in use."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.workers: dict[int, int] = {}
+        self.workers_pss: dict[int, int] = {}
         self.driver = 0
         self.swap_start = psutil.swap_memory().used
         self.swap_peak = self.swap_start
@@ -70,6 +72,11 @@ class TreeMemory:
                     continue
                 if "RayTrainWorker" in cmd:
                     self.workers[proc.pid] = max(self.workers.get(proc.pid, 0), rss)
+                    try:
+                        pss = proc.memory_full_info().pss
+                    except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+                        continue
+                    self.workers_pss[proc.pid] = max(self.workers_pss.get(proc.pid, 0), pss)
                 elif "nre_ray.train" in cmd:
                     self.driver = max(self.driver, rss)
             self.swap_peak = max(self.swap_peak, psutil.swap_memory().used)
@@ -127,7 +134,8 @@ def run_training(data_dir: Path, cache: Path, work: Path, workers: int, interval
     first = run["epochs"][0] if run["epochs"] else {}
     return {"wall_s": run["wall_s"], "examples_per_sec": first.get("examples_per_sec"),
             "epoch_seconds": first.get("epoch_seconds"),
-            "worker_peak_rss": sorted(memory.workers.values(), reverse=True), "driver_peak_rss": memory.driver,
+            "worker_peak_rss": sorted(memory.workers.values(), reverse=True),
+            "worker_peak_pss": sorted(memory.workers_pss.values(), reverse=True), "driver_peak_rss": memory.driver,
             "swap_used_start": memory.swap_start, "swap_used_peak": memory.swap_peak,
             "model_state_bytes": states[-1].stat().st_size if states else 0, "log": run["log"],
             "cache_hit": "reused the cache" in Path(run["log"]).read_text(encoding="utf-8", errors="replace")}
@@ -210,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 4 * run["cache"]["tokens"] / total,
                 training.get("examples_per_sec") or "-",
                 " / ".join(f"{r / MIB:.0f}" for r in training.get("worker_peak_rss", [])) or "-",
+                " / ".join(f"{r / MIB:.0f}" for r in training.get("worker_peak_pss", [])) or "-",
                 training["worker_target_bytes"] / MIB if training else "-",
                 (training["swap_used_peak"] - training["swap_used_start"]) / MIB if training else "-",
                 ("yes" if run["same_output"] else "NO") if "same_output" in run else "-",
@@ -222,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     headers = ["train rows", "ray rows/s", "pandas rows/s", "speed ratio (ray/pandas)", "ray driver peak RSS MiB",
                "ray driver+workers peak RSS MiB", "pandas peak RSS MiB", "cache bytes/row", "token-id bytes/row",
-               "first epoch ex/s", "training worker peak RSS MiB", "worker target MiB", "swap growth MiB",
+               "first epoch ex/s", "training worker peak RSS MiB", "training worker peak PSS MiB", "worker target MiB",
+               "swap growth MiB",
                "same arrays"]
     print(f"{results['machine']['nproc']} cores, Ray with {args.cpus} CPUs, {args.workers} training workers; rows/s "
           "over all splits")
