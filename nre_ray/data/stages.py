@@ -193,10 +193,14 @@ def _moved(table: pa.Table, split: str, moved: np.ndarray) -> np.ndarray:
 def train_token_counts(paths: pd.DataFrame, labels: list[str], moved: np.ndarray) -> Iterator[pa.Table]:
     """Ray Data UDF: token counts of the kept training rows of staged files (rows moved to valid left out), counted
     in Arrow (:func:`~nre_ray.data.batches.token_counts_arrow`: the tokens never become Python objects)."""
+    tokens = []
     for path in paths["path"]:
         table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
         keep = pc.and_(_kept(table, labels), pa.array(~_moved(table, "train", moved)))
-        yield token_counts_arrow(table.filter(keep).column("tokens"))
+        tokens.append(table.filter(keep).column("tokens"))
+    if tokens:  # one table for all the files of this task: fewer rows for the groupby to shuffle
+        yield token_counts_arrow(pa.chunked_array([c for column in tokens for c in column.chunks],
+                                                  type=pa.list_(pa.string())))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -214,12 +218,16 @@ def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], moved: np.
     ``where``: where they come from) words the problem of a row with an unknown label. Yields a row per part:
     ``split``, ``rows``."""
     value_set = pa.array(vocab, pa.string()) if vocab is not None else None
+    needed = ["line", "problem", "relation", *AUDIT_COLUMNS]
+    needed += ["tokens", "head_start", "head_end", "tail_start", "tail_end"] if value_set is not None else \
+        ["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type"]
     for split, path in zip(paths["split"], paths["path"], strict=True):
-        table = pq.read_table(path)
+        table = pq.read_table(path, columns=needed)  # not the text columns that words do not need
         name = Path(path).stem
         keep = _kept(table, labels).to_numpy(zero_copy_only=False)
-        _write_rejected(table.filter(pa.array(~keep)), labels, rejected_problem,
-                        Path(folder) / "rejected" / f"{name}.csv")
+        if not keep.all():
+            rejected = pq.read_table(path, columns=REJECTED_COLUMNS).filter(pa.array(~keep))
+            _write_rejected(rejected, labels, rejected_problem, Path(folder) / "rejected" / f"{name}.csv")
         kept = table.filter(pa.array(keep))
         to_valid = _moved(kept, split, moved)
         written = []
