@@ -133,7 +133,7 @@ def section(result: dict[str, Any]) -> str:
     lines.append(
         f"`scripts/bench_tune.py`: {a['num_samples']} trials of up to {a['epochs']} epochs over the default "
         f"{a['model']} search space (docs/tune.md), ASHA on validation macro-F1 (grace {a['grace_period']} epoch, "
-        f"reduction 2), {a['num_workers']} worker(s) per trial, {result['at_once']}; against one "
+        f"reduction 2), {result['at_once']}; against one "
         f"`python -m nre_ray.train` run with nre_ray's default settings, the same epochs and workers. Both choose "
         f"their checkpoint on validation (the sweep: the best trial's best epoch) and are scored on test once. "
         f"FewRel train.csv (a seeded 10% validates), test.csv; {result['machine']}.")
@@ -167,7 +167,8 @@ def section(result: dict[str, Any]) -> str:
                  f"{result['sweep_wall_s'] / 60:.1f} minutes on {result['cores']} cores: "
                  f"**{100 * result['busy_share']:.0f}%** of the cores' time (training passes alone: "
                  f"{100 * result['training_share']:.0f}%; the rest is start-up of each trial's Ray Train run, "
-                 "validation, checkpoints, MLflow and Tune).")
+                 "validation, checkpoints, MLflow and Tune). Other work on this shared machine competed for the same "
+                 "cores (see the load above).")
     lines += ["", "| trial | outcome | epochs | best valid macro-F1 | " + " | ".join(k.split(".", 1)[1] for k in best)
               + " |", "|---|---|---|---|" + "---|" * len(best)]
     for t in sorted(sweep["trials"], key=lambda t: -(t["best_valid_macro_f1"] or 0)):
@@ -206,7 +207,14 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds the sweep may take")
     parser.add_argument("--work", type=Path, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--no-write", action="store_true", help="print the section, leave docs/results.md alone")
+    parser.add_argument("--from-json", type=Path, help="only write the section again from a run's bench_tune.json")
     args = parser.parse_args()
+    if args.from_json:
+        text = section(json.loads(args.from_json.read_text(encoding="utf-8")))
+        print(text)
+        if not args.no_write:
+            write_section(text)
+        return 0
     if not args.data_dir.is_dir():
         print(f"error: {args.data_dir} is not a folder (FewRel's csv folder is expected)", file=sys.stderr)
         return 2
