@@ -51,8 +51,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from nre_ray import storage
+from nre_ray import console, storage
 from nre_ray.config import DataConfig
 from nre_ray.data import audit as data_audit
 from nre_ray.data import stages, subword
@@ -696,9 +697,12 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
         .map_batches(stages.stage_block, batch_size=None, batch_format="pandas", **on_driver,
                      fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "folder": str(work)})
     )
+    step = console.current_phase()  # train's "preprocess" phase (a silent one elsewhere)
+    bar = step.progress(unit="rows read")
     scan = _Scan(inputs, keep_train_rows=valid_from_train)
     for table in summaries.iter_batches(batch_format="pyarrow", batch_size=None):
         scan.add(table)
+        bar.update(pc.sum(table.column("rows")).as_py() or 0)
     for split in inputs:
         if split in scan.fatal:
             raise _fatal_error(scan.fatal[split])
@@ -756,9 +760,11 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
                      fn_kwargs={"folder": str(work), "labels": labels, "moved": moved, "max_length": cfg.max_length,
                                 "window": cfg.position_window, "rejected_problem": rejected_problem, **encoder})
     )
+    bar = step.progress(total=sum(expected.values()), unit="rows encoded")
     for table in written.iter_batches(batch_format="pandas", batch_size=None):
         for split, rows in zip(table["split"], table["rows"], strict=True):
             encoded[split] += int(rows)
+            bar.update(int(rows))
     for split in SPLITS:
         if encoded[split] != expected.get(split, 0):
             raise RuntimeError(f"preprocessing encoded {encoded[split]} of the {expected.get(split, 0)} {split} rows")
