@@ -193,14 +193,16 @@ def _moved(table: pa.Table, split: str, moved: np.ndarray) -> np.ndarray:
 def train_token_counts(paths: pd.DataFrame, labels: list[str], moved: np.ndarray) -> Iterator[pa.Table]:
     """Ray Data UDF: token counts of the kept training rows of staged files (rows moved to valid left out), counted
     in Arrow (:func:`~nre_ray.data.batches.token_counts_arrow`: the tokens never become Python objects)."""
-    tokens = []
+    counts = None
     for path in paths["path"]:
         table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
         keep = pc.and_(_kept(table, labels), pa.array(~_moved(table, "train", moved)))
-        tokens.append(table.filter(keep).column("tokens"))
-    if tokens:  # one table for all the files of this task: fewer rows for the groupby to shuffle
-        yield token_counts_arrow(pa.chunked_array([c for column in tokens for c in column.chunks],
-                                                  type=pa.list_(pa.string())))
+        part = token_counts_arrow(table.filter(keep).column("tokens"))
+        counts = part if counts is None else (  # summed as they come: memory bounded by the distinct tokens
+            pa.concat_tables([counts, part]).group_by("token").aggregate([("count", "sum")])
+            .rename_columns(["token", "count"]))
+    if counts is not None:  # one table for all the files of this task: fewer rows for the groupby to shuffle
+        yield counts
 
 
 # --------------------------------------------------------------------------------------------------------------------
