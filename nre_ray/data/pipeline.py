@@ -6,11 +6,10 @@ this run's private build folder.
 
 1. Ray Data: one reader task per split file streams :func:`~nre_ray.data.read.read_chunks` -> ``map_batches``: row
    checks, tokenization and the audit's per-row numbers, each block written as Parquet by the task that made it.
-   The driver gets a summary per block: problem counts and the first problems, the good rows per relation, and
-   (only when the validation split is drawn from train) each good training row's line and relation.
+   The driver gets a summary per block: problem counts and the first problems, and the good rows per relation.
 2. Driver: bad rows (the first :data:`~nre_ray.data.errors.MAX_SHOWN` problems and a count for ``--on-bad-rows
    error``), labels checked against the label list, the seeded stratified validation split when there is no
-   validation file (from labels and line numbers only).
+   validation file (from the counts per class: the tasks find the drawn rows by their rank in their class).
 3. Ray Data: token counts of the training rows per block -> ``groupby`` -> the vocabulary (or the pretrained
    tokenizer with entity markers, ``--model bert``); then encoding per block, each task writing its rows' flat
    arrays (no padding) and its rejected rows.
@@ -48,7 +47,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -489,36 +487,31 @@ def _publish_shared(cache: Path, shared: str) -> bool:
 
 class _Scan:
     """What the driver keeps of pass 1 (the :data:`~nre_ray.data.stages.SUMMARY` rows of
-    :func:`~nre_ray.data.stages.stage_block`): per split, the staged blocks, problem counts, the first problems and
-    the good rows per relation; the training split's entity types, and each good training row's line and relation
-    (only when the validation split is drawn from it: 12 bytes a row, the one per-row thing the driver holds)."""
+    :func:`~nre_ray.data.stages.stage_block`): per split, the staged blocks with their good rows per relation,
+    problem counts, the first problems and the good rows per relation; the training split's entity types. Nothing
+    per row: its size follows the number of blocks and relations, not of rows."""
 
-    def __init__(self, splits: list[str], keep_train_rows: bool) -> None:
+    def __init__(self, splits: list[str]) -> None:
         self.splits = splits
-        self.keep_train_rows = keep_train_rows
-        self.blocks: dict[str, list[tuple[int, str]]] = {s: [] for s in splits}
+        self.blocks: dict[str, list[tuple[int, str, dict[str, int]]]] = {s: [] for s in splits}
         self.fatal: dict[str, str] = {}
         self.problem_rows = dict.fromkeys(splits, 0)
         self.problem_count = dict.fromkeys(splits, 0)
         self.problems: dict[str, list[tuple[int, str, str]]] = {s: [] for s in splits}
         self.relations: dict[str, dict[str, list]] = {s: {} for s in splits}
-        self.codes: dict[str, int] = {}
         self.types: tuple[set[str], set[str]] = (set(), set())
-        self.train_rows: list[tuple[int, np.ndarray, np.ndarray]] = []
 
     def add(self, table: pa.Table) -> None:
-        lines = table.column("train_lines").combine_chunks()
-        codes = table.column("train_codes").combine_chunks()
-        for i, row in enumerate(table.drop_columns(["train_lines", "train_codes"]).to_pylist()):
+        for row in table.to_pylist():
             split = row["split"]
             if row["fatal"]:
                 self.fatal.setdefault(split, row["fatal"])
                 continue
-            self.blocks[split].append((row["first_line"], row["path"]))
+            relations = json.loads(row["relations"])
+            self.blocks[split].append((row["first_line"], row["path"], {r: n for r, (n, _) in relations.items()}))
             self.problem_rows[split] += row["problem_rows"]
             self.problem_count[split] += row["problem_count"]
             self.problems[split].extend((line, file, text) for file, line, text in json.loads(row["problems"]))
-            relations = json.loads(row["relations"])
             for relation, (count, first) in relations.items():
                 entry = self.relations[split].setdefault(relation, [0, []])
                 entry[0] += count
@@ -526,19 +519,16 @@ class _Scan:
             if split == "train":
                 for kept, found in zip(self.types, json.loads(row["types"]), strict=True):
                     kept.update(found)
-                if self.keep_train_rows:
-                    mapping = np.asarray([self.codes.setdefault(r, len(self.codes)) for r in relations] or [0],
-                                         dtype=np.int32)
-                    self.train_rows.append((row["first_line"], lines[i].values.to_numpy().astype(np.int64),
-                                            mapping[codes[i].values.to_numpy()]))
 
-    def train_lines_and_codes(self) -> tuple[np.ndarray, np.ndarray]:
-        """The good training rows' lines (file order) and relation codes (into :attr:`codes`)."""
-        parts = sorted(self.train_rows, key=lambda part: part[0])
-        self.train_rows = []
-        if not parts:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
-        return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+    def block_items(self, split: str) -> list[dict[str, str]]:
+        """The staged blocks of ``split`` in file order, each with ``starts`` (JSON): how many good rows of each
+        relation come before it (:func:`~nre_ray.data.stages.moved_rows`)."""
+        items = []
+        before: dict[str, int] = {}
+        for _, path, counts in sorted(self.blocks[split], key=lambda block: block[0]):
+            items.append({"split": split, "path": path, "starts": json.dumps(before)})
+            before = {r: before.get(r, 0) + counts.get(r, 0) for r in {*before, *counts}}
+        return items
 
     def good_rows(self, split: str, labels: set[str]) -> tuple[int, int]:
         """(good rows with a known label, good rows with an unknown one) of ``split``."""
@@ -559,22 +549,6 @@ class _Scan:
                 if len(problems) >= MAX_SHOWN:
                     return problems[:MAX_SHOWN]
         return problems
-
-
-def _split_valid(train: dict[str, np.ndarray], kept: np.ndarray, relations: list[str], fraction: float,
-                 seed: int) -> np.ndarray:
-    """Lines of the training rows that move to valid: a seeded, stratified share per class (classes with fewer than
-    2 rows stay in train). Classes in sorted order, rows in file order: the same draw for the same data."""
-    rng = np.random.default_rng(seed)
-    lines, codes = train["line"][kept], train["relation"][kept]
-    chosen = []
-    for _, code in sorted((relations[c], c) for c in np.unique(codes).tolist()):
-        group = lines[codes == code]
-        if len(group) < 2:
-            continue
-        take = max(1, round(len(group) * fraction))
-        chosen.append(rng.choice(group, size=min(take, len(group) - 1), replace=False))
-    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
 def _driver_node_args() -> dict[str, Any]:
@@ -699,7 +673,7 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     )
     step = console.current_phase()  # train's "preprocess" phase (a silent one elsewhere)
     bar = step.progress(unit="rows read")
-    scan = _Scan(inputs, keep_train_rows=valid_from_train)
+    scan = _Scan(inputs)
     for table in summaries.iter_batches(batch_format="pyarrow", batch_size=None):
         scan.add(table)
         bar.update(pc.sum(table.column("rows")).as_py() or 0)
@@ -722,22 +696,19 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     if problem_count and cfg.on_bad_rows == "error":
         first = scan.first_problems(files, known, functools.partial(stages.label_problem, **rejected_problem))
         raise DataError(first, hint=ROWS_HINT, total=problem_count)
-    moved = np.zeros(0, dtype=np.int64)
-    if valid_from_train:
-        lines, codes = scan.train_lines_and_codes()
-        relations = list(scan.codes)
-        kept = np.isin(codes, [i for i, r in enumerate(relations) if r in known]) if len(codes) else \
-            np.zeros(0, dtype=bool)
-        moved = _split_valid({"line": lines, "relation": codes}, kept, relations, cfg.valid_fraction, seed)
-        del lines, codes, kept
+    drawn = None
+    if valid_from_train:  # from the counts per class: each task finds its drawn rows by their rank in their class
+        sizes = {r: n for r, (n, _) in scan.relations["train"].items() if r in known}
+        drawn = stages.draw_valid(sizes, cfg.valid_fraction, seed)
+    moved = sum(len(ranks) for ranks in (drawn or {}).values())
     expected = {s: good[s][0] for s in inputs}
-    expected["train"] -= len(moved)
-    expected["valid"] = expected.get("valid", 0) + len(moved)
+    expected["train"] -= moved
+    expected["valid"] = expected.get("valid", 0) + moved
     if expected["train"] <= 0:
         raise DataError([Problem(str(files["train"]), None, None, "no usable training rows")])
 
     # 3. vocabulary (words) or tokenizer (subwords), then encoding (Ray Data): each task writes its parts
-    blocks = [{"split": s, "path": path} for s in inputs for _, path in sorted(scan.blocks[s])]
+    blocks = [item for s in inputs for item in scan.block_items(s)]
     if pretrained:
         vocab, tokenizer_dir, unk = _subword_vocab(cfg, pretrained, folder, scan)
         encoder = {"tokenizer_dir": tokenizer_dir, "typed": cfg.typed_markers}
@@ -745,7 +716,7 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
         counts = (
             _block_dataset([b for b in blocks if b["split"] == "train"])
             .map_batches(stages.train_token_counts, batch_size=None, batch_format="pandas", **on_driver,
-                         fn_kwargs={"labels": labels, "moved": moved})
+                         fn_kwargs={"labels": labels, "drawn": drawn})
             .groupby("token", num_partitions=min(_num_cpus(), 8)).sum("count")
             .to_pandas()
         )
@@ -757,7 +728,7 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     written = (
         _block_dataset(blocks)
         .map_batches(stages.encode_files, batch_size=None, batch_format="pandas", **on_driver,
-                     fn_kwargs={"folder": str(work), "labels": labels, "moved": moved, "max_length": cfg.max_length,
+                     fn_kwargs={"folder": str(work), "labels": labels, "drawn": drawn, "max_length": cfg.max_length,
                                 "window": cfg.position_window, "rejected_problem": rejected_problem, **encoder})
     )
     bar = step.progress(total=sum(expected.values()), unit="rows encoded")

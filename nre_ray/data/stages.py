@@ -61,8 +61,7 @@ reads: the checked character offsets and the entity types."""
 SUMMARY = pa.schema([
     ("split", pa.string()), ("path", pa.string()), ("first_line", pa.int64()), ("rows", pa.int64()),
     ("fatal", pa.string()), ("problem_rows", pa.int64()), ("problem_count", pa.int64()), ("problems", pa.string()),
-    ("relations", pa.string()), ("types", pa.string()), ("train_lines", pa.list_(pa.int64())),
-    ("train_codes", pa.list_(pa.int32())),
+    ("relations", pa.string()), ("types", pa.string()),
 ])
 """One row per staged block (:func:`stage_block`): see there."""
 AUDIT_COLUMNS = ("ntok", "gap", "reach", "overlap", "key")
@@ -104,9 +103,8 @@ def stage_block(batch: pd.DataFrame, tokenizer: str, lowercase: bool, folder: st
     * ``path``, ``first_line``, ``rows``: the staged file, and ``fatal``: a file-level error (then nothing is staged);
     * ``problem_rows``, ``problem_count`` (a row may have several), ``problems``: JSON ``[[file, line, problem],
       ...]`` of the first :data:`MAX_SHOWN` rows with a problem;
-    * ``relations``: JSON ``{relation: [good rows, [their first MAX_SHOWN lines]]}``; ``types``: JSON
-      ``[head types, tail types]`` of the good rows;
-    * training split only: ``train_lines`` and ``train_codes`` (index into ``relations``' keys) of each good row.
+    * ``relations``: JSON ``{relation: [good rows, [their first MAX_SHOWN lines]]}`` (the validation split is
+      drawn from the counts: :func:`moved_rows`); ``types``: JSON ``[head types, tail types]`` of the good rows.
     """
     out = []
     for split in pd.unique(batch["split"]).tolist():
@@ -145,13 +143,11 @@ def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, fold
     shown = np.flatnonzero(bad)[:MAX_SHOWN]
     good = tokenized[~bad]
     relations: dict[str, list] = {}
-    codes = np.zeros(len(good), dtype=np.int32)
-    for i, (relation, line) in enumerate(zip(good["relation"].astype(str), good["line"], strict=True)):
-        entry = relations.setdefault(relation, [0, [], len(relations)])
+    for relation, line in zip(good["relation"].astype(str), good["line"], strict=True):
+        entry = relations.setdefault(relation, [0, []])
         entry[0] += 1
         if len(entry[1]) < MAX_SHOWN:
             entry[1].append(int(line))
-        codes[i] = entry[2]
     types = [sorted({str(t) for t in good[c].dropna()} - {""}) if c in good.columns else []
              for c in ("head_type", "tail_type")]
     return _summary(
@@ -159,18 +155,16 @@ def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, fold
         problem_rows=int(bad.sum()),
         problem_count=sum(len(split_problem(p)) for p in problem[bad]),
         problems=json.dumps([[files[i], int(lines[i]), problem[i]] for i in shown], ensure_ascii=False),
-        relations=json.dumps({r: e[:2] for r, e in relations.items()}, ensure_ascii=False),
-        types=json.dumps(types, ensure_ascii=False),
-        train_lines=good["line"].to_numpy(dtype=np.int64) if split == "train" else [],
-        train_codes=codes if split == "train" else [])
+        relations=json.dumps(relations, ensure_ascii=False),
+        types=json.dumps(types, ensure_ascii=False))
 
 
 def _summary(split: str, path: str, first_line: int, rows: int, fatal: str = "", problem_rows: int = 0,
-             problem_count: int = 0, problems: str = "[]", relations: str = "{}", types: str = "[[], []]",
-             train_lines: Any = (), train_codes: Any = ()) -> dict[str, Any]:
+             problem_count: int = 0, problems: str = "[]", relations: str = "{}",
+             types: str = "[[], []]") -> dict[str, Any]:
     return {"split": split, "path": path, "first_line": first_line, "rows": rows, "fatal": fatal,
             "problem_rows": problem_rows, "problem_count": problem_count, "problems": problems,
-            "relations": relations, "types": types, "train_lines": train_lines, "train_codes": train_codes}
+            "relations": relations, "types": types}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -183,20 +177,48 @@ def _kept(table: pa.Table, labels: list[str]) -> pa.Array:
                    pc.is_in(table.column("relation"), value_set=pa.array(labels, pa.string())))
 
 
-def _moved(table: pa.Table, split: str, moved: np.ndarray) -> np.ndarray:
-    """Rows of a staged block that the validation split takes (training rows whose line was drawn)."""
-    if split != "train" or not len(moved):
-        return np.zeros(table.num_rows, dtype=bool)
-    return np.isin(table.column("line").to_numpy(), moved)
+def moved_rows(table: pa.Table, split: str, drawn: dict[str, np.ndarray] | None, starts: dict[str, int]) -> np.ndarray:
+    """Rows of a staged block that the validation split takes.
+
+    The draw is made per class over the class's good training rows in file order (:func:`draw_valid`): ``drawn``
+    holds each relation's drawn ranks (sorted), and ``starts`` how many good rows of each relation come before this
+    block, so a row's rank is its block's start plus its place among the block's good rows of its relation."""
+    moved = np.zeros(table.num_rows, dtype=bool)
+    if split != "train" or not drawn:
+        return moved
+    relation = table.column("relation").to_numpy(zero_copy_only=False)
+    good = (table.column("problem").to_numpy(zero_copy_only=False) == "")
+    for name, ranks in drawn.items():
+        rows = np.flatnonzero(good & (relation == name))
+        if len(rows):
+            moved[rows] = np.isin(starts.get(name, 0) + np.arange(len(rows)), ranks)
+    return moved
 
 
-def train_token_counts(paths: pd.DataFrame, labels: list[str], moved: np.ndarray) -> Iterator[pa.Table]:
+def draw_valid(class_sizes: dict[str, int], fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """The seeded, stratified validation draw: per class (in sorted order), ``max(1, round(n * fraction))`` of its
+    ``n`` rows (at most ``n - 1``; classes of fewer than 2 rows stay in train), as sorted ranks into the class's rows
+    in file order. The same draw as ``rng.choice(lines_of_the_class, ...)`` over the lines themselves (numpy's
+    choice from an array takes the array at the indices it draws), from the counts alone."""
+    rng = np.random.default_rng(seed)
+    drawn = {}
+    for name in sorted(r for r, n in class_sizes.items() if n > 0):
+        n = class_sizes[name]
+        if n < 2:
+            continue
+        take = max(1, round(n * fraction))
+        drawn[name] = np.sort(rng.choice(n, size=min(take, n - 1), replace=False))
+    return drawn
+
+
+def train_token_counts(paths: pd.DataFrame, labels: list[str],
+                       drawn: dict[str, np.ndarray] | None) -> Iterator[pa.Table]:
     """Ray Data UDF: token counts of the kept training rows of staged files (rows moved to valid left out), counted
     in Arrow (:func:`~nre_ray.data.batches.token_counts_arrow`: the tokens never become Python objects)."""
     counts = None
-    for path in paths["path"]:
+    for path, starts in zip(paths["path"], paths["starts"], strict=True):
         table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
-        keep = pc.and_(_kept(table, labels), pa.array(~_moved(table, "train", moved)))
+        keep = pc.and_(_kept(table, labels), pa.array(~moved_rows(table, "train", drawn, json.loads(starts))))
         part = token_counts_arrow(table.filter(keep).column("tokens"))
         counts = part if counts is None else (  # summed as they come: memory bounded by the distinct tokens
             pa.concat_tables([counts, part]).group_by("token").aggregate([("count", "sum")])
@@ -209,10 +231,12 @@ def train_token_counts(paths: pd.DataFrame, labels: list[str], moved: np.ndarray
 # 3. encode
 
 
-def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], moved: np.ndarray, max_length: int,
+def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], drawn: dict[str, np.ndarray] | None,
+                 max_length: int,
                  window: int, rejected_problem: dict[str, Any], vocab: list[str] | None = None,
                  tokenizer_dir: str | None = None, typed: bool = False) -> Iterator[pa.Table]:
-    """Ray Data UDF: encode the kept rows of staged files (``paths``: ``split``, ``path``) into
+    """Ray Data UDF: encode the kept rows of staged files (``paths``: ``split``, ``path``, ``starts``: JSON, see
+    :func:`moved_rows`; ``drawn``: the validation draw) into
     ``folder/parts/<final split>/<block>.npz`` and write their rejected rows to ``folder/rejected/<block>.csv``.
 
     Words with ``vocab`` (:func:`~nre_ray.data.batches.encode_flat`), or subwords with the pretrained tokenizer in
@@ -223,7 +247,7 @@ def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], moved: np.
     needed = ["line", "problem", "relation", *AUDIT_COLUMNS]
     needed += ["tokens", "head_start", "head_end", "tail_start", "tail_end"] if value_set is not None else \
         ["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type"]
-    for split, path in zip(paths["split"], paths["path"], strict=True):
+    for split, path, starts in zip(paths["split"], paths["path"], paths["starts"], strict=True):
         table = pq.read_table(path, columns=needed)  # not the text columns that words do not need
         name = Path(path).stem
         keep = _kept(table, labels).to_numpy(zero_copy_only=False)
@@ -231,7 +255,7 @@ def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], moved: np.
             rejected = pq.read_table(path, columns=REJECTED_COLUMNS).filter(pa.array(~keep))
             _write_rejected(rejected, labels, rejected_problem, Path(folder) / "rejected" / f"{name}.csv")
         kept = table.filter(pa.array(keep))
-        to_valid = _moved(kept, split, moved)
+        to_valid = moved_rows(kept, split, drawn, json.loads(starts))
         written = []
         for final, rows in ((split, ~to_valid), ("valid", to_valid)):
             if not rows.any():

@@ -33,7 +33,7 @@ def old_split_valid(good: pd.DataFrame, fraction: float, seed: int) -> pd.DataFr
 
 
 @pytest.mark.parametrize("seed", [1, 7])
-def test_valid_split_draws_the_same_rows_as_before_from_labels_and_lines_only(seed: int) -> None:
+def test_valid_split_draws_the_same_rows_as_before_from_the_counts_per_class(seed: int) -> None:
     rng = np.random.default_rng(0)
     n = 500
     relations = rng.choice(["b", "a", "no_relation", "c", "singleton_" + "x"], size=n, p=[.3, .3, .2, .199, .001])
@@ -41,9 +41,18 @@ def test_valid_split_draws_the_same_rows_as_before_from_labels_and_lines_only(se
     good = rng.random(n) > 0.05
     frame = pd.DataFrame({"split": "train", "relation": relations, "line": lines})[good]
     expected = old_split_valid(frame.copy(), 0.1, seed)
-    codes, names = pd.factorize(relations)
-    moved = pipeline._split_valid({"line": lines, "relation": codes.astype(np.int32)}, good, list(names), 0.1, seed)
-    assert moved.tolist() == sorted(expected.loc[expected["split"] == "valid", "line"].tolist())
+    drawn = stages.draw_valid(frame["relation"].value_counts().to_dict(), 0.1, seed)
+    # the rows each block finds by their rank in their class, blocks of 37 rows with their starts
+    table = pa.table({"relation": relations, "problem": np.where(good, "", "bad"), "line": lines})
+    moved, starts = [], {}
+    for first in range(0, n, 37):
+        block = table.slice(first, 37)
+        moved += block.column("line").to_numpy()[stages.moved_rows(block, "train", drawn, starts)].tolist()
+        for name, count in pd.Series(block.filter(pa.array(good[first:first + 37])).column("relation")
+                                     .to_numpy(zero_copy_only=False)).value_counts().items():
+            starts[name] = starts.get(name, 0) + int(count)
+    assert moved == sorted(expected.loc[expected["split"] == "valid", "line"].tolist())
+    assert stages.moved_rows(table, "test", drawn, {}).sum() == 0
 
 
 def test_blocks_staged_encoded_and_assembled_in_any_order_come_back_in_file_order(tmp_path: Path) -> None:
@@ -56,25 +65,27 @@ def test_blocks_staged_encoded_and_assembled_in_any_order_come_back_in_file_orde
         pieces += [chunk.iloc[:cut], chunk.iloc[cut:]]
     random.Random(3).shuffle(pieces)
     work = tmp_path / "work"
-    scan = pipeline._Scan(["train"], keep_train_rows=True)
+    scan = pipeline._Scan(["train"])
     for piece in pieces:
         if len(piece):
             scan.add(stages.stage_block(piece.assign(split="train", fatal=""), "regex", True, str(work)))
     whole = tokenize_batch(check_rows(pd.concat(list(read_chunks(source)), ignore_index=True)), "regex", True)
     good = whole[whole["problem"] == ""]
-    lines, codes = scan.train_lines_and_codes()
-    assert lines.tolist() == good["line"].tolist()
-    assert [list(scan.codes)[c] for c in codes] == good["relation"].tolist()
+    assert {r: n for r, (n, _) in scan.relations["train"].items()} == good["relation"].value_counts().to_dict()
     assert scan.problem_rows["train"] == len(whole) - len(good) and not scan.fatal
 
     labels = sorted(set(good["relation"]))
-    moved = np.sort(good["line"].to_numpy()[::7])
-    paths = pd.DataFrame({"split": "train", "path": [p for _, p in sorted(scan.blocks["train"])]})
-    counts = pd.concat([t.to_pandas() for t in stages.train_token_counts(paths, labels, moved)])
+    drawn = stages.draw_valid(good["relation"].value_counts().to_dict(), 0.1, 1)
+    paths = pd.DataFrame(scan.block_items("train"))
+    counts = pd.concat([t.to_pandas() for t in stages.train_token_counts(paths, labels, drawn)])
     vocab = ["<pad>", "<unk>", *sorted(set(counts["token"]))]
-    written = pa.concat_tables(stages.encode_files(paths, str(work), labels, moved, 24, 5,
+    written = pa.concat_tables(stages.encode_files(paths, str(work), labels, drawn, 24, 5,
                                                    {"labels": labels, "where": "x"}, vocab=vocab))
     assert sum(written.column("rows").to_pylist()) == len(good)
+    rank = good.groupby("relation").cumcount().to_numpy()  # each good row's rank in its class, in file order
+    moved = good["line"].to_numpy()[[r in drawn and k in drawn[r] for r, k in zip(good["relation"], rank,
+                                                                                  strict=True)]]
+    assert len(moved) == sum(len(v) for v in drawn.values()) > 0
     result = stages.assemble_split(str(work), "train", labels, 24, 5, 1)
     valid = stages.assemble_split(str(work), "valid", labels, 24, 5, 1, train_keys=str(work / "train_keys.npy"))
     to_valid = good["line"].isin(moved)
