@@ -10,8 +10,9 @@ import pytest
 
 from nre_ray.config import MODELS, Config, ConfigError
 from nre_ray.session import NodeType, UsageError
-from nre_ray.tune import SweepOptions, close_children, interrupted, options_from_args, plan_trials, sweep_parser
+from nre_ray.tune import SweepOptions, options_from_args, plan_trials, sweep_parser
 from nre_ray.tune_report import COMPLETED, ERROR, STOPPED_EARLY, UNFINISHED, outcome
+from nre_ray.tune_results import close_children, interrupted
 from nre_ray.tune_space import DEFAULT_SPACES, Dimension, SpaceError, apply, load_space, parse_space, to_tune
 
 

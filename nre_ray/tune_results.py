@@ -1,0 +1,168 @@
+"""The end of a sweep: what each trial did, closing its MLflow child run, and the best trial's test score and model.
+
+:func:`collect` reads Tune's results and the trials' curves in MLflow; :func:`close_children` closes the child runs
+a stopped trial could not close itself; :func:`interrupted` tells a Ctrl-C from the end; :func:`finish` logs the
+trials table and plot to the parent run and scores the best trial's checkpoint on test once
+(:mod:`nre_ray.evaluate`), logging it as the sweep's model.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nre_ray.config import Config
+from nre_ray.session import UsageError
+
+
+def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: str, epochs: int) -> list[dict]:
+    """One dict per trial: id, outcome, epochs reached, best validation score and its epoch, the searched values,
+    the child run id, the Train run's folder and Tune's error if any."""
+    from mlflow.tracking import MlflowClient
+
+    from nre_ray import tracking
+    from nre_ray.tune_report import outcome
+    from nre_ray.tune_trial import child_runs
+
+    client = MlflowClient(tracking_uri)
+    children = child_runs(tracking_uri, parent)
+    statuses = {t.trial_id: t.status for t in grid._experiment_analysis.trials}  # Tune's own view of each trial
+    trials = []
+    for result in grid:
+        config = result.config or {}
+        trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
+        best, best_epoch = math.nan, None
+        if children.get(trial_id):  # every epoch of the trial, across resumes: its child run's curve
+            history = sorted((m.step, m.value) for m in client.get_metric_history(children[trial_id],
+                                                                                  tracking.mlflow_name(metric)))
+            for epoch, value in history:  # the first epoch that reached the best score, as the loop selects
+                if math.isnan(best) or value > best:
+                    best, best_epoch = value, epoch
+        last_epoch = int((result.metrics or {}).get("epoch", 0) or 0)
+        trials.append({"trial_id": trial_id, "outcome": outcome(statuses.get(trial_id, "ERROR" if result.error
+                                                                             else "TERMINATED"), last_epoch, epochs),
+                       "epochs": last_epoch, f"best_{metric}": best, "best_epoch": best_epoch,
+                       **{k: config.get(k) for k in keys}, "mlflow_run_id": children.get(trial_id),
+                       "error": str(result.error).strip().splitlines()[-1] if result.error else None})
+    return trials
+
+
+def close_children(tracking_uri: str, trials: list[dict], cut: set[str] | None = None) -> None:
+    """Close the child runs the trials could not close themselves (ASHA stops a trial by ending its actor): stopped
+    and completed ones FINISHED, failed ones FAILED, and the runs still open of the trials in ``cut`` (an
+    interrupted sweep's) KILLED, as ``unfinished``; each gets its outcome as the tag ``nre_ray.tune.outcome``."""
+    from mlflow.tracking import MlflowClient
+
+    from nre_ray.tune_report import ERROR, UNFINISHED
+
+    client = MlflowClient(tracking_uri)
+    for trial in trials:
+        run_id = trial["mlflow_run_id"]
+        if not run_id:
+            continue
+        running = client.get_run(run_id).info.status == "RUNNING"
+        outcome = UNFINISHED if running and trial["trial_id"] in (cut or set()) else trial["outcome"]
+        client.set_tag(run_id, "nre_ray.tune.outcome", outcome)
+        status = {ERROR: "FAILED", UNFINISHED: "KILLED"}.get(outcome, "FINISHED")
+        if running or status == "FAILED":
+            client.set_terminated(run_id, status=status)
+
+
+def interrupted(trials: list[dict], num_samples: int, ended: set[str]) -> set[str] | None:
+    """None when the sweep ran to its end; after a Ctrl-C, the ids of the trials it cut short (``--resume``
+    continues them). Tune then returns early: trials not yet drawn are missing, and the running ones are stopped and
+    marked TERMINATED like the ones that ended, so the cut ones are those that did not end (complete, or get stopped
+    by ASHA) in this session, ``ended``, while their child run is still open (:func:`close_children` checks that)."""
+    from nre_ray.tune_report import UNFINISHED
+
+    if len(trials) >= num_samples and not any(t["outcome"] == UNFINISHED for t in trials):
+        return None
+    return {t["trial_id"] for t in trials if t["trial_id"] not in ended}
+
+
+def close_running(tracking_uri: str, parent: str) -> None:
+    """Mark the parent's child runs still RUNNING as KILLED (``--resume`` reopens them)."""
+    from mlflow.tracking import MlflowClient
+
+    from nre_ray.tune_trial import child_runs
+
+    client = MlflowClient(tracking_uri)
+    for run_id in child_runs(tracking_uri, parent).values():
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status="KILLED")
+
+
+def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict], space: list, parent: str,
+           metric: str, path: str) -> dict[str, Any]:
+    """Log the trials table and plot to the parent run, score the best trial's best checkpoint on test once, log
+    it as the sweep's model; return the summary."""
+    import ray.train
+
+    from nre_ray import storage as fs
+    from nre_ray import tracking
+    from nre_ray.loop import SELECTION_RANK
+    from nre_ray.tune_report import COMPLETED, ERROR, STOPPED_EARLY, plot_parallel, trials_table, write_table
+
+    keys = [d.key for d in space]
+    tracker = tracking.MlflowTracker(target.tracking_uri, parent)
+    frame = trials_table(trials, keys, metric)
+    with tempfile.TemporaryDirectory() as folder:
+        for file in write_table(frame, Path(folder)):
+            tracker.log_artifact(file)
+        scored = frame[frame[f"best_{metric}"].notna()]
+        if len(scored):
+            tracker.log_artifact(plot_parallel(scored, {d.key: d.kind for d in space}, metric,
+                                               Path(folder) / "trials_parallel.png"))
+    count = {name: sum(t["outcome"] == name for t in trials) for name in (COMPLETED, STOPPED_EARLY, ERROR)}
+    tracker.log_metrics({"trials_completed": count[COMPLETED], "trials_stopped_early": count[STOPPED_EARLY],
+                         "trials_failed": count[ERROR]}, step=0)
+    scored_trials = [t for t in trials if not math.isnan(t[f"best_{metric}"])]
+    if not scored_trials:
+        errors = "; ".join(f"{t['trial_id']}: {t['error']}" for t in trials if t["error"])
+        raise UsageError(f"no trial reported a validation score. {errors}")
+    best = max(scored_trials, key=lambda t: t[f"best_{metric}"])
+    train_run = ray.train.Result.from_path(fs.join(path, "trials", best["trial_id"]))
+    checkpoint = train_run.get_best_checkpoint(metric=SELECTION_RANK, mode="max")
+    tracker.log_params({f"best.{k}": best[k] for k in keys})
+    tracker.set_tags({"nre_ray.best_trial": best["trial_id"], "nre_ray.best_run_id": best["mlflow_run_id"] or ""})
+    tracker.log_metrics({f"best_{metric}": best[f"best_{metric}"], "best_epoch": best["best_epoch"]}, step=0)
+    test, model = score_and_log(cfg, target, prepared, checkpoint, tracker, parent)
+    return {"sweep": target.run_name, "run_id": parent, "experiment": cfg.run.experiment_name,
+            "tracking_uri": target.tracking_uri, "storage_path": path, "select_metric": metric,
+            "trials": trials, "best_trial": best["trial_id"], "best_run_id": best["mlflow_run_id"],
+            "best_params": {k: best[k] for k in keys}, "best_valid": best[f"best_{metric}"],
+            "best_epoch": best["best_epoch"], "best_checkpoint": checkpoint.path, "test": test, **model}
+
+
+def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, tracker: Any,
+                  parent: str) -> tuple[dict[str, float], dict[str, str | None]]:
+    """Score ``checkpoint`` on the test file once (the evaluation code of ``python -m nre_ray.evaluate``), log the
+    scores and per-class report to the parent run, and log the checkpoint as its model."""
+    import numpy as np
+
+    from nre_ray import reports
+    from nre_ray.evaluate import evaluate_file
+    from nre_ray.serving import log_model
+
+    test: dict[str, float] = {}
+    model: dict[str, str | None] = {"model_uri": None, "registered_model_uri": None}
+    with checkpoint.as_directory() as folder:
+        if "test" in prepared.sources:
+            report = evaluate_file(folder, prepared.sources["test"], num_workers=cfg.train.num_workers,
+                                   negative_label=cfg.data.negative_label, fmt=cfg.data.format,
+                                   columns=cfg.data.columns, on_bad_rows=cfg.data.on_bad_rows,
+                                   address=cfg.run.address)
+            test = {k: float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
+            tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=0)
+            with tempfile.TemporaryDirectory() as out:
+                cm = np.asarray(report["confusion_matrix"])
+                reports.write_class_report(cm, report["labels"], Path(out), "test")
+                reports.plot_confusion_matrix(cm, report["labels"], Path(out) / "test_confusion_matrix.png",
+                                              "test (best trial)")
+                tracker.log_artifacts(Path(out), "reports")
+        if cfg.run.log_model:
+            logged = log_model(folder, target.tracking_uri, parent, cfg.run.register_model)
+            model = {"model_uri": logged.model_uri, "registered_model_uri": logged.registered_uri}
+    return test, model
