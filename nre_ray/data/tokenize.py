@@ -34,8 +34,10 @@ class Tokenized:
 
 def regex_tokens(text: str, lowercase: bool) -> list[str]:
     """Words and punctuation for alphabetic scripts, characters for CJK. ``"Acme's 2nd"`` -> ``acme ' s 2nd``."""
+    if lowercase and text.isascii():  # lowercasing ASCII keeps every boundary: lower the text once
+        return _TOKEN_RE.findall(text.lower())
     tokens = _TOKEN_RE.findall(text)
-    return [t.lower() for t in tokens] if lowercase else tokens
+    return [t.lower() for t in tokens] if lowercase else tokens  # elsewhere "İ".lower() is two characters
 
 
 @lru_cache(maxsize=1)
