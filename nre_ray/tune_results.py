@@ -33,14 +33,16 @@ def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: 
     for result in grid:
         config = result.config or {}
         trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
-        best, best_epoch = math.nan, None
+        best, best_epoch, history = math.nan, None, []
         if children.get(trial_id):  # every epoch of the trial, across resumes: its child run's curve
             history = sorted((m.step, m.value) for m in client.get_metric_history(children[trial_id],
                                                                                   tracking.mlflow_name(metric)))
             for epoch, value in history:  # the first epoch that reached the best score, as the loop selects
                 if math.isnan(best) or value > best:
                     best, best_epoch = value, epoch
-        last_epoch = int((result.metrics or {}).get("epoch", 0) or 0)
+        # the child run's last epoch counts too: a trial resumed after its last checkpointed epoch, whose metrics
+        # its lost process never passed to Tune, trains no further epoch (tune_trial.log_missed_epoch logged it)
+        last_epoch = max([int((result.metrics or {}).get("epoch", 0) or 0), *(int(e) for e, _ in history)])
         trials.append({"trial_id": trial_id, "outcome": outcome(statuses.get(trial_id, "ERROR" if result.error
                                                                              else "TERMINATED"), last_epoch, epochs),
                        "epochs": last_epoch, f"best_{metric}": best, "best_epoch": best_epoch,

@@ -110,13 +110,32 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
                             run_id, time.time(), extra_callbacks=(ControllerHandle(_RUN["queue"]),
                                                                   TuneReportCallback()))
     try:
-        trainer.fit()
+        result = trainer.fit()
     except Exception as err:
         if _RUN["stopping"]:  # Tune stopped the trial and its Train run was aborted: the driver closes the run
             return
         tracking.end_run(sweep["tracking_uri"], run_id, "FAILED")
         raise RuntimeError(f"trial {trial_id} failed: {root_cause(err)}") from None
+    # Not reported to Tune (a report from this thread would block the trial's end): the sweep's table reads it here.
+    log_missed_epoch(sweep["tracking_uri"], run_id, result.metrics)
     tracking.end_run(sweep["tracking_uri"], run_id, "FINISHED")
+
+
+def log_missed_epoch(tracking_uri: str, run_id: str, metrics: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The Train run's latest checkpoint's ``metrics`` when their epoch is missing from the child run, logged now
+    (at step ``epoch``); None when the child run has it. A trial whose process died after Ray registered an epoch's
+    checkpoint but before the callbacks logged it (and passed it to Tune) resumes after that epoch: with no epoch
+    left to train, nothing else would ever report it."""
+    from nre_ray import tracking
+
+    if not metrics or "epoch" not in metrics:
+        return None
+    epoch = int(metrics["epoch"])
+    name = tracking.mlflow_name("train_loss")
+    if any(m.step == epoch for m in MlflowClient(tracking_uri).get_metric_history(run_id, name)):
+        return None
+    tracking.MlflowTracker(tracking_uri, run_id).log_metrics(metrics, step=epoch)
+    return dict(metrics)
 
 
 def open_child_run(tracking_uri: str, experiment: str, parent_run_id: str, sweep_name: str, trial_id: str,
