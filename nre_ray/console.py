@@ -140,13 +140,18 @@ class Console:
     """Where a command's own lines go (default: stdout), with the time since ``started`` on each phase line."""
 
     def __init__(self, stream: TextIO | None = None, tty: bool | None = None, started: float | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stdout
+        self._stream = stream  # None: whatever sys.stdout is when a line is written (it may be replaced meanwhile)
         self.tty = _isatty(self.stream) if tty is None else tty
         self.started = started if started is not None else time.time()
         self.lock = threading.RLock()
         self.running: list[Phase] = []  # phases started and not ended yet, innermost last
         self._bars: list[Any] = []
         self._ticker: threading.Thread | None = None
+
+    @property
+    def stream(self) -> TextIO:
+        """The stream lines go to: the one given, or the current ``sys.stdout``."""
+        return self._stream if self._stream is not None else sys.stdout
 
     def stamp(self) -> str:
         return f"[{time.time() - self.started:6.1f}s]"

@@ -103,13 +103,16 @@ def test_log_records_become_console_lines_while_a_command_runs(caplog):
     out = io.StringIO()
     previous = console.get()
     console.use(Console(out, tty=False))
+    level = logging.getLogger("nre_ray").level
     try:
+        logging.getLogger("nre_ray").setLevel(logging.WARNING)  # as in a command (other tests may have lowered it)
         with console.logs_on_console("nre_ray"):
             logging.getLogger("nre_ray.data.pipeline").warning("cannot read the shared cache")
             logging.getLogger("nre_ray").info("not shown below the logger's level")
         logging.getLogger("nre_ray").warning("after the block: back to the usual handlers")
     finally:
         console.use(previous)
+        logging.getLogger("nre_ray").setLevel(level)
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and re.fullmatch(r"\[ *\d+\.\ds\] warning: cannot read the shared cache", lines[0])
     assert "after the block" in caplog.text and "after the block" not in out.getvalue()
