@@ -5,8 +5,9 @@ returns a few numbers per block (see :mod:`nre_ray.data.pipeline` for the order)
 
 1. :func:`read_files` streams records out of a split file in chunks; :func:`stage_block` checks and tokenizes a
    block, writes it as Parquet to ``staged/<split>/<first line>.parquet`` and returns what the driver decides from:
-   problem counts and the first problems, the relations of the good rows (with their first lines), the entity types
-   and, for the training split, each good row's line and relation (the seeded validation split is drawn from them).
+   problem counts and the first problems, the good rows per relation (with their first lines) and the entity types.
+   The seeded validation split is drawn from the counts per class (:func:`draw_valid`); later tasks find the drawn
+   rows by their rank in their class (:func:`moved_rows`).
 2. :func:`train_token_counts` counts the tokens of the rows trained on (the vocabulary).
 3. :func:`encode_files` encodes the rows trained on, block by block, into ``parts/<final split>/<block>.npz`` (flat
    arrays, no padding, with the audit's per-row numbers) and writes the rejected rows next to them.
