@@ -488,8 +488,8 @@ def _publish_shared(cache: Path, shared: str) -> bool:
 class _Scan:
     """What the driver keeps of pass 1 (the :data:`~nre_ray.data.stages.SUMMARY` rows of
     :func:`~nre_ray.data.stages.stage_block`): per split, the staged blocks with their good rows per relation,
-    problem counts, the first problems and the good rows per relation; the training split's entity types. Nothing
-    per row: its size follows the number of blocks and relations, not of rows."""
+    problem counts, the first problems, and the good rows per relation in all with their first lines; the training
+    split's entity types. Nothing per row: its size follows the number of blocks and relations, not of rows."""
 
     def __init__(self, splits: list[str]) -> None:
         self.splits = splits
