@@ -481,6 +481,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     for name, scores in (("valid", valid), ("test", test)):
         if scores:
             print(f"  {name:5s} " + "  ".join(f"{k} {scores[k]:.4f}" for k in keys if k in scores))
+    print_model_and_ui(summary)
+
+
+def print_model_and_ui(summary: dict[str, Any]) -> None:
+    """The summary's last lines (a run's and a sweep's): the logged model, and how to look at the runs."""
     if summary.get("model_uri"):
         print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
                                                   if summary.get("registered_model_uri") else ""))

@@ -333,12 +333,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         print("  test  " + "  ".join(f"{k} {summary['test'][k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1",
                                                                                "pos_macro_f1", "pos_micro_f1")
                                      if k in summary["test"]))
-    if summary.get("model_uri"):
-        print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
-                                                  if summary.get("registered_model_uri") else ""))
-    uri = summary["tracking_uri"]
-    print(f"look at it: open {uri} in a browser" if uri.startswith(("http://", "https://"))
-          else f"look at it: mlflow ui --backend-store-uri {uri}", flush=True)
+    from nre_ray.train import print_model_and_ui
+
+    print_model_and_ui(summary)
 
 
 def _short(value: Any) -> str:
