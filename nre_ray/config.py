@@ -360,17 +360,22 @@ def _version() -> str:
         return "unknown"
 
 
+def read_toml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """The TOML file ``path`` (``what`` it is, for the messages); ``error`` when it is missing or not TOML."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise error(f"{path}: not valid TOML: {err}") from None
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Merge an optional TOML file and the flags that were given into a validated Config."""
     raw: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     if getattr(args, "config", None):
         path = Path(args.config)
-        try:
-            loaded = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+        loaded = read_toml(path, "config file")
         for section, values in loaded.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{path}: top-level key {section!r} must be a table such as [train]")

@@ -23,12 +23,11 @@ import dataclasses
 import difflib
 import itertools
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nre_ray.config import _SECTIONS, Config, ConfigError, _field_types
+from nre_ray.config import _SECTIONS, Config, ConfigError, _field_types, read_toml
 
 #: The distributions a space may use and what each takes.
 KINDS = {"choice": "a list of values", "uniform": "[low, high]", "loguniform": "[low, high] with low > 0",
@@ -108,13 +107,7 @@ def load_space(path: str | None, base: Config) -> Space:
         return parse_space(DEFAULT_SPACES[base.model.model], base, f"the default space for --model "
                                                                    f"{base.model.model}")
     file = Path(path)
-    try:
-        raw = tomllib.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpaceError(f"{file}: search space file not found") from None
-    except tomllib.TOMLDecodeError as err:
-        raise SpaceError(f"{file}: not valid TOML: {err}") from None
-    return parse_space(raw, base, str(file))
+    return parse_space(read_toml(file, "search space file", SpaceError), base, str(file))
 
 
 def parse_space(raw: dict[str, Any], base: Config, source: str) -> Space:
