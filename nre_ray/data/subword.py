@@ -46,6 +46,7 @@ import pandas as pd
 
 from nre_ray import storage
 from nre_ray.config import ConfigError
+from nre_ray.data.batches import label_ids
 from nre_ray.data.tokenize import Span, pcnn_segments, relative_positions, truncation_window
 from nre_ray.pretrained_io import WEIGHT_SUFFIXES, from_pretrained, max_positions, pretrained_copy, quiet_transformers
 
@@ -300,11 +301,8 @@ def encode_rows_with(tok: MarkerTokenizer, batch: pd.DataFrame, max_length: int,
     for key, values in cols.items():
         out[key] = values
     out["problem"] = problems
-    label_index = {name: k for k, name in enumerate(labels or [])}
-    if labels is not None and "relation" in out.columns:
-        out["label"] = [label_index.get(r, -1) for r in out["relation"]]
-    else:
-        out["label"] = -1
+    out["label"] = label_ids(out["relation"], list(labels)) if labels is not None and "relation" in out.columns \
+        else -1
     return out
 
 
