@@ -90,6 +90,7 @@ class SplitNumbers:
         self.truncated = self.entity_cut = self.overlapping = 0
         self.keys: list[np.ndarray] = []
         self.label_parts: list[np.ndarray] = []
+        self._unique: np.ndarray | None = None
 
     @staticmethod
     def _grow(histogram: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -111,10 +112,13 @@ class SplitNumbers:
         self.overlapping += int(_column(rows, "overlap").astype(bool).sum())
         self.keys.append(_column(rows, "key").astype(np.uint64))
         self.label_parts.append(label)
+        self._unique = None
 
     def unique_keys(self) -> np.ndarray:
-        """The split's distinct duplicate keys, sorted."""
-        return np.unique(np.concatenate(self.keys)) if self.keys else np.zeros(0, dtype=np.uint64)
+        """The split's distinct duplicate keys, sorted (computed once for :meth:`info` and the other splits)."""
+        if self._unique is None:
+            self._unique = np.unique(np.concatenate(self.keys)) if self.keys else np.zeros(0, dtype=np.uint64)
+        return self._unique
 
     def info(self, label_names: Sequence[str], train_keys: np.ndarray | None = None) -> dict[str, Any]:
         """The split's numbers (``shared_with_train`` when ``train_keys``, the training split's distinct keys)."""
@@ -123,7 +127,7 @@ class SplitNumbers:
         info: dict[str, Any] = {
             "rows": len(key),
             "labels": {str(lab): int(c) for lab, c in zip(label_names, self.labels, strict=False)},
-            "duplicates": int(len(key) - len(np.unique(key))),
+            "duplicates": int(len(key) - len(self.unique_keys())),
             "conflicting_duplicates": _conflicts(key, label),
         }
         if train_keys is not None:
