@@ -589,8 +589,8 @@ def quiet_ray_data() -> None:
 
 
 def _block_dataset(items: list[dict[str, str]]) -> Any:
-    """A Ray Dataset of one row per staged block (``split``, ``path``), a few blocks per CPU (each task encodes the
-    staged files of its block one after another)."""
+    """A Ray Dataset of one row per staged block (``split``, ``path``, ``starts``: :meth:`_Scan.block_items`), a few
+    blocks per CPU (each task handles the staged files of its block one after another)."""
     import ray.data
 
     dataset = ray.data.from_items(items, override_num_blocks=max(1, min(len(items), 4 * _num_cpus())))
