@@ -161,7 +161,7 @@ def load_checkpoint(folder: Path, map_location: str | torch.device = "cpu", weig
         except RuntimeError as err:  # a damaged zip archive
             raise CheckpointError(f"{folder}/state.pt cannot be read ({str(err).splitlines()[0]}); use an earlier "
                                   "checkpoint of the run") from None
-    config = Config.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")),
+    config = Config.from_stored(json.loads((folder / "config.json").read_text(encoding="utf-8")),
                               source=str(folder / "config.json"))
     vocab = Vocab.load(folder / "vocab.json")
     labels = json.loads((folder / "labels.json").read_text(encoding="utf-8"))
@@ -175,7 +175,7 @@ def load_checkpoint(folder: Path, map_location: str | torch.device = "cpu", weig
 #: checked through the vocabulary and labels.)
 FIXED_SETTINGS = ("data.format", "data.columns", "data.tokenizer", "data.lowercase", "data.min_freq",
                   "data.max_length", "data.position_window", "data.valid_fraction", "data.on_bad_rows",
-                  "data.negative_label", "data.typed_markers", "train.seed")
+                  "data.negative_label", "data.entity_markers", "data.typed_markers", "train.seed")
 #: ``--embeddings`` only initialises a fresh model; ``--gradient-checkpointing`` trades memory for time only.
 FREE_MODEL_SETTINGS = ("model.embeddings", "model.gradient_checkpointing")
 

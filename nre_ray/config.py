@@ -28,6 +28,13 @@ METRICS = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "micro_f1"
            "pos_macro_f1", "pos_micro_f1", "pos_micro_precision", "pos_micro_recall", "semeval_macro_f1")
 
 
+#: Settings added after runs had written their configs, with the value that reproduces what those runs did: a stored
+#: config without one gets it (:meth:`Config.from_stored`), so an older checkpoint predicts as it was trained.
+EARLIER_BEHAVIOUR: dict[tuple[str, str], Any] = {
+    ("data", "entity_markers"): False,
+}
+
+
 class ConfigError(ValueError):
     """A configuration value or key that cannot be used; the message says which and what to do."""
 
@@ -68,8 +75,11 @@ class DataConfig:
     cache_dir: str | None = _f(None, "Folder for the preprocessing cache (default: .nre_ray_cache in the working "
                                      "directory).")
     no_cache: bool = _f(False, "Rebuild the preprocessed data even when a cached copy exists.")
-    typed_markers: bool = _f(False, "--model bert: entity markers carry the entity types (<e1:person> ... "
-                                    "</e1:person>) where head_type/tail_type are given; else [E1] ... [/E1].")
+    entity_markers: bool = _f(True, "Wrap the head and the tail in marker tokens ([E1] ... [/E1], [E2] ... [/E2]) "
+                                    "that the encoders trained from scratch read as words (--model bert always "
+                                    "uses markers).")
+    typed_markers: bool = _f(True, "Entity markers carry the entity types (<e1:person> ... </e1:person>) where "
+                                   "head_type/tail_type are given; else, and with --no-typed-markers, [E1] ... [/E1].")
 
 
 @dataclass
@@ -80,10 +90,12 @@ class ModelConfig:
                            "transformer fine-tuned with entity markers: give --pretrained).", choices=MODELS)
     word_dim: int = _f(100, "Word embedding size.")
     pos_dim: int = _f(10, "Size of each of the two relative-position embeddings.")
-    hidden_size: int = _f(230, "Encoder size: CNN/PCNN filters, BiLSTM units of both directions together, "
+    hidden_size: int = _f(320, "Encoder size: CNN/PCNN filters, BiLSTM units of both directions together, "
                                "Transformer d_model.")
     kernel_size: int = _f(3, "CNN/PCNN convolution width.")
     dropout: float = _f(0.5, "Dropout before the classifier.")
+    embedding_dropout: float = _f(0.2, "Dropout on the word and position embeddings of the encoders trained from "
+                                       "scratch.")
     num_layers: int | None = _f(None, "BiLSTM / Transformer layers; when not given: 1 for bilstm, 2 for transformer.")
     num_heads: int | None = _f(None, "Transformer attention heads; must divide --hidden-size. When not given: the "
                                      "largest of 8, 4, 2, 1 that divides it.")
@@ -105,14 +117,15 @@ class ModelConfig:
 class TrainConfig:
     """The optimisation loop."""
 
-    epochs: int = _f(10, "Training epochs.")
-    batch_size: int = _f(64, "Examples per step on each worker (the global batch is this times --num-workers).")
-    lr: float = _f(1e-3, "Adam learning rate.")
+    epochs: int = _f(100, "The most epochs to train; early stopping (--patience) usually ends training sooner.")
+    batch_size: int = _f(32, "Examples per step on each worker (the global batch is this times --num-workers).")
+    lr: float = _f(2e-3, "Adam learning rate (--model bert: the classifier head's).")
     weight_decay: float = _f(0.0, "Adam weight decay.")
     grad_clip: float = _f(5.0, "Clip the gradient norm to this value (0 disables).")
+    label_smoothing: float = _f(0.1, "Label smoothing of the training loss (0: plain cross-entropy).")
     lr_factor: float = _f(0.3, "ReduceLROnPlateau factor, applied when the selection metric stops improving.")
     lr_patience: int = _f(5, "ReduceLROnPlateau patience in epochs.")
-    patience: int = _f(0, "Stop early after this many epochs without improvement of the selection metric (0: off).")
+    patience: int = _f(10, "Stop early after this many epochs without improvement of the selection metric (0: off).")
     select_metric: str | None = _f(None, "Validation metric that selects the best checkpoint (default: macro_f1, or "
                                          "pos_macro_f1 with --negative-label). The pos_* scores need "
                                          "--negative-label; semeval_macro_f1 also needs directed labels such as "
@@ -130,7 +143,7 @@ class TrainConfig:
     placement_timeout: float | None = _f(None, "Seconds to wait for the worker group to be placed (also after a lost "
                                                "node) before the run fails; default 60 on a fixed cluster, 900 where "
                                                "an autoscaler can add nodes.")
-    encoder_lr: float = _f(3e-5, "--model bert: AdamW learning rate of the pretrained encoder (--lr is the "
+    encoder_lr: float = _f(1e-4, "--model bert: AdamW learning rate of the pretrained encoder (--lr is the "
                                  "classifier head's).")
     warmup_ratio: float = _f(0.1, "--model bert: share of the training steps with a linear learning-rate warm-up; "
                                   "the rate then decays linearly to 0.")
@@ -180,16 +193,32 @@ class Config:
         return {f"{s}.{k}": v for s, sec in self.to_dict().items() for k, v in sec.items()}
 
     @classmethod
+    def from_stored(cls, raw: dict[str, Any], source: str = "config") -> Config:
+        """:meth:`from_dict` of a config written by an earlier run (a checkpoint's ``config.json``): a setting added
+        since then gets the value that reproduces what that run did (:data:`EARLIER_BEHAVIOUR`), not today's
+        default."""
+        raw = {section: dict(values) if isinstance(values, dict) else values for section, values in raw.items()}
+        for (section, key), value in EARLIER_BEHAVIOUR.items():
+            if isinstance(raw.get(section), dict):
+                raw[section].setdefault(key, value)
+        return cls.from_dict(raw, source)
+
+    @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> Config:
         """Build from a nested dict, rejecting unknown sections/keys and values of the wrong type."""
         sections = {f.name: f.type for f in dataclasses.fields(cls)}
         unknown = set(raw) - set(sections)
         if unknown:
             raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}; expected {sorted(sections)}")
+        model = (raw.get("model") or {}).get("model") if isinstance(raw.get("model"), dict) else None
         kwargs = {}
         for f in dataclasses.fields(cls):
             section_cls = _SECTIONS[f.name]
-            kwargs[f.name] = _build_section(section_cls, raw.get(f.name, {}), f"{source}: [{f.name}]")
+            values = raw.get(f.name, {})
+            defaults = MODEL_DEFAULTS.get(model or ModelConfig.model, {}).get(f.name, {})
+            if isinstance(values, dict) and defaults:  # the settings not given take the model's own defaults
+                values = {**defaults, **{k: v for k, v in values.items() if v is not None}}
+            kwargs[f.name] = _build_section(section_cls, values, f"{source}: [{f.name}]")
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
@@ -208,6 +237,8 @@ class Config:
             (0 < self.data.valid_fraction < 1, "--valid-fraction must be between 0 and 1"),
             (self.data.min_freq >= 1, "--min-freq must be >= 1"),
             (0 <= self.model.dropout < 1, "--dropout must be in [0, 1)"),
+            (0 <= self.model.embedding_dropout < 1, "--embedding-dropout must be in [0, 1)"),
+            (0 <= self.train.label_smoothing < 1, "--label-smoothing must be in [0, 1)"),
             (self.model.kernel_size >= 1 and self.model.kernel_size % 2 == 1, "--kernel-size must be odd and >= 1"),
             (self.train.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
             (self.train.placement_timeout is None or self.train.placement_timeout > 0,
@@ -258,6 +289,17 @@ def metric_names(labels: list[str], negative_label: str | None) -> list[str]:
 
 
 _SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
+
+#: Defaults of one model where they differ from the dataclasses' (which suit the encoders trained from scratch): a
+#: setting not given (on the command line or in --config) takes its model's value here (:meth:`Config.from_dict`).
+#: ``bert`` fine-tunes a pretrained encoder: a few epochs, the whole schedule, small dropout, weight decay and
+#: clipping (docs/training.md has the measurements behind them).
+MODEL_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "bert": {"model": {"dropout": 0.1, "embedding_dropout": 0.0},
+             "train": {"epochs": 5, "patience": 0, "lr": 1e-3, "label_smoothing": 0.0, "weight_decay": 0.01,
+                       "grad_clip": 1.0}},
+    "transformer": {"model": {"hidden_size": 256}},
+}
 
 
 def _field_types(section_cls: type) -> dict[str, type]:
@@ -336,7 +378,9 @@ def build_parser(
             escaped = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
             # None means "not given": the help says what happens then; an off switch needs no default either
             shown = default is not None and default is not False and "default" not in escaped
-            help_text = escaped + (f" (default: {default})" if shown else "")
+            per_model = "".join(f"; {m}: {v[section][f.name]}" for m, v in MODEL_DEFAULTS.items()
+                                if f.name in v.get(section, {}))
+            help_text = escaped + (f" (default: {default}{per_model})" if shown else "")
             dest = f"{section}.{f.name}"
             if tp is bool and default:
                 group.add_argument(_flag(f.name), dest=dest, action=argparse.BooleanOptionalAction, default=None,

@@ -373,6 +373,17 @@ def epoch_legend(epochs: int, select: str, first: int = 1) -> str:
             f"* marks an epoch that improved it (the best so far)")
 
 
+def stop_reason(epoch: int, best: int, epochs: int, patience: int, select: str) -> str:
+    """Why training ended after ``epoch`` (best epoch ``best``) with ``--epochs epochs --patience patience``."""
+    if patience and epoch - best >= patience:
+        return (f"early stop: valid_{select} did not improve for {epoch - best} epochs after epoch {best} "
+                f"(--patience {patience})")
+    if epoch >= epochs:
+        return (f"the epoch budget ran out (--epochs {epochs})"
+                + (f" while valid_{select} was still improving: more --epochs may help" if best == epoch else ""))
+    return f"stopped after epoch {epoch} of {epochs}"
+
+
 class TrainingView:
     """Shows a training run from the controller's events: the workers starting, the legend, one line per epoch
     (a bar over the epochs on a terminal), an early stop. ``handle`` is an :class:`EventFollower` handler."""
@@ -424,10 +435,8 @@ class TrainingView:
             self._phase.end(failed=True)
         elif self.last is not None:
             epoch, best = int(self.last.get("epoch", 0)), int(self.last.get("best_epoch", 0))
-            stop = ""
-            if epoch < self.epochs and self.patience and epoch - best >= self.patience:
-                stop = f"; early stop: no improvement of valid_{self.select} for {epoch - best} epochs"
-            self._phase.end(f"{epoch} epoch{'s' if epoch != 1 else ''}, best epoch {best}{stop}")
+            stop = stop_reason(epoch, best, self.epochs, self.patience, self.select)
+            self._phase.end(f"{epoch} epoch{'s' if epoch != 1 else ''}, best epoch {best}; {stop}")
         else:
             self._phase.end()
         self._phase = None

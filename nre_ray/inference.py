@@ -72,7 +72,7 @@ def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: lis
                                        data.position_window)
         ok = (encoded["problem"] == "").to_numpy()
         return encoded["problem"].reset_index(drop=True), EncodedSplit.from_frame(encoded[ok])
-    tokenized = tokenize_batch(checked, data.tokenizer, data.lowercase)
+    tokenized = tokenize_batch(checked, data.tokenizer, data.lowercase, data.entity_markers, data.typed_markers)
     ok = (tokenized["problem"] == "").to_numpy()
     split = encode_split(tokenized[ok], vocab.tokens, labels, data.max_length, data.position_window)
     return tokenized["problem"].reset_index(drop=True), split

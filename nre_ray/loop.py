@@ -254,7 +254,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             train_loader.sampler.set_epoch(epoch)
         start, cpu_start = time.perf_counter(), time.process_time()
         train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp,
-                                        scheduler, cfg.train.grad_accum, scaler)
+                                        scheduler, cfg.train.grad_accum, scaler, cfg.train.label_smoothing)
         elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         cm, valid_loss = evaluate(model, valid_loader, len(labels))
         valid = M.scores(cm, labels, cfg.data.negative_label)
@@ -288,7 +288,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
 def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                  grad_clip: float, amp: bool = False, scheduler: Schedule | None = None,
-                 grad_accum: int = 1, scaler: torch.amp.GradScaler | None = None) -> tuple[float, float]:
+                 grad_accum: int = 1, scaler: torch.amp.GradScaler | None = None,
+                 label_smoothing: float = 0.0) -> tuple[float, float]:
     """One pass over this rank's shard. Returns (mean loss over all ranks, examples seen by all ranks).
 
     With ``amp`` on a CUDA device the forward pass runs under autocast (bf16, or fp16 with loss scaling). With
@@ -309,7 +310,7 @@ def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
             with autocast_context(device, amp):
                 logits = model(batch)  # (B, C)
-            loss = nn.functional.cross_entropy(logits.float(), batch["labels"])
+            loss = nn.functional.cross_entropy(logits.float(), batch["labels"], label_smoothing=label_smoothing)
             scaler.scale(loss / group).backward()
         if last:
             if grad_clip > 0:

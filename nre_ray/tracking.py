@@ -244,6 +244,13 @@ def end_run(tracking_uri: str, run_id: str, status: str) -> None:
     MlflowClient(tracking_uri).set_terminated(run_id, status=status)
 
 
+def set_run_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
+    """Set tags on a run (also on one that has ended)."""
+    client = MlflowClient(tracking_uri)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+
 def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     """The latest value of every metric of a run, under the loop's names (``test_accuracy``, ``valid_macro_f1``)."""
     return {loop_name(k): v for k, v in MlflowClient(tracking_uri).get_run(run_id).data.metrics.items()}

@@ -418,11 +418,18 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     metric = f"valid_{cfg.select_metric}"
     best_metrics = next((m for c, m in result.best_checkpoints if best and c.path == best.path), {})
     logged = tracking.run_metrics(target.tracking_uri, run_id)
+    last = result.metrics or {}
+    epochs_run = int(last.get("epoch", 0))
+    stopped = console.stop_reason(epochs_run, int(last.get("best_epoch", 0)), cfg.train.epochs, cfg.train.patience,
+                                  cfg.select_metric) if last else None
+    if stopped:
+        tracking.set_run_tags(target.tracking_uri, run_id, {"nre_ray.stop_reason": stopped})
     return {
         "run_id": run_id, "run_name": target.run_name, "experiment": cfg.run.experiment_name,
         "tracking_uri": target.tracking_uri, "storage_path": target.storage,
         "best_checkpoint": _full_path(best.path, target.storage) if best else None,
         "best_epoch": int(best_metrics.get("epoch", 0)) if best_metrics else None,
+        "epochs_run": epochs_run, "stop_reason": stopped,
         "select_metric": metric,
         "valid": {k[len("valid_"):]: v for k, v in best_metrics.items() if k.startswith("valid_")},
         "test": {k[len("test_"):]: v for k, v in logged.items() if k.startswith("test_")},
@@ -476,6 +483,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     """The final lines a person reads."""
     valid, test = summary["valid"], summary["test"]
     print(f"\nrun {summary['run_name']} (MLflow run {summary['run_id']}, experiment {summary['experiment']})")
+    if summary.get("stop_reason"):
+        print(f"trained {summary['epochs_run']} epochs; {summary['stop_reason']}")
     print(f"best epoch {summary['best_epoch']} by {summary['select_metric']}; checkpoint {summary['best_checkpoint']}")
     keys = ("accuracy", "macro_f1", "micro_f1", "pos_macro_f1", "pos_micro_f1", "semeval_macro_f1")
     for name, scores in (("valid", valid), ("test", test)):
@@ -500,8 +509,9 @@ training, model), one line per epoch (* marks an epoch that improved the selecti
 a summary; on a terminal a bar shows the running phase.
 
 examples:
-  python -m nre_ray.train                                  # the bundled sample, 2 local workers, 10 epochs
+  python -m nre_ray.train                                  # the bundled sample, 2 local workers, early stopping
   python -m nre_ray.train --data-dir DATA --model pcnn --epochs 20 --patience 5
+  python -m nre_ray.train --data-dir DATA --model bert --pretrained MODEL_DIR      # fine-tune a pretrained encoder
   python -m nre_ray.train --data-dir DATA --negative-label Other --select-metric semeval_macro_f1
   python -m nre_ray.train --config run.toml --num-workers 4 --use-gpu
   python -m nre_ray.train --run-name r1 --resume           # continue the interrupted run r1

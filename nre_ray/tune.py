@@ -108,7 +108,7 @@ def sweep_parser() -> argparse.ArgumentParser:
                                       "trials early on the validation metric, MLflow records a parent run for the "
                                       "sweep and a child run per trial, and the best trial's checkpoint is scored "
                                       "on test once and logged as the sweep's model. --run-name names the sweep, "
-                                      "--epochs is the most a trial trains.")
+                                      f"--epochs is the most a trial trains (default here: {SWEEP_EPOCHS}).")
     group = parser.add_argument_group("sweep options")
     group.add_argument("--search-space", metavar="SPACE.toml",
                        help="TOML file: [model]/[train] tables with one distribution per option, e.g. "
@@ -131,6 +131,22 @@ def sweep_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: A trial's epoch budget when --epochs is not given (a single run's default is larger: early stopping ends it; in a
+#: sweep ASHA stops the weak trials instead).
+SWEEP_EPOCHS = 20
+
+
+def sweep_config(args: argparse.Namespace) -> Config:
+    """The trials' fixed config: the training options as given, with ``--epochs`` :data:`SWEEP_EPOCHS` unless given
+    and no early stopping (ASHA stops trials; a ``--patience`` given is refused)."""
+    if getattr(args, "train.patience", None):
+        raise ConfigError("--patience: ASHA stops weak trials in a sweep; leave --patience out")
+    setattr(args, "train.patience", 0)
+    if getattr(args, "train.epochs", None) is None:
+        setattr(args, "train.epochs", SWEEP_EPOCHS)
+    return config_from_args(args)
+
+
 def options_from_args(args: argparse.Namespace, cfg: Config) -> SweepOptions:
     """The sweep options, checked against the training config."""
     opts = SweepOptions(args.search_space, args.num_samples, args.max_concurrent_trials, args.grace_period,
@@ -141,7 +157,6 @@ def options_from_args(args: argparse.Namespace, cfg: Config) -> SweepOptions:
         (1 <= opts.grace_period <= cfg.train.epochs,
          f"--grace-period must be between 1 and --epochs ({cfg.train.epochs})"),
         (opts.reduction_factor >= 2, "--reduction-factor must be >= 2"),
-        (cfg.train.patience == 0, "--patience: ASHA stops weak trials in a sweep; leave --patience out"),
     ]
     for ok, message in checks:
         if not ok:
@@ -354,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     from nre_ray.data.errors import DataError
 
     try:
-        cfg = config_from_args(args)
+        cfg = sweep_config(args)
         opts = options_from_args(args, cfg)
         summary = run(cfg, opts)
     except (ConfigError, UsageError, CheckpointError) as err:

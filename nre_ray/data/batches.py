@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nre_ray.data.markers import MARKER_PATTERN, MARKERS, clean_type, typed_markers, untyped
 from nre_ray.data.tokenize import tokenize_example
 from nre_ray.special_tokens import UNK_ID
 
@@ -28,20 +29,26 @@ from nre_ray.special_tokens import UNK_ID
 ARRAY_KEYS = ("tokens", "head_pos", "tail_pos", "segments", "lengths", "labels", "head_span", "tail_span")
 
 
-def tokenize_batch(batch: pd.DataFrame, tokenizer: str, lowercase: bool) -> pd.DataFrame:
+def tokenize_batch(batch: pd.DataFrame, tokenizer: str, lowercase: bool, markers: bool = False,
+                   typed: bool = False) -> pd.DataFrame:
     """Add ``tokens`` (list of str), ``head_start/head_end/tail_start/tail_end`` (token spans) to rows without a
-    ``problem``; a row whose entity covers no token gets a ``problem`` instead."""
+    ``problem``; a row whose entity covers no token gets a ``problem`` instead.
+
+    ``markers``: wrap the entities in marker tokens (:mod:`nre_ray.data.markers`; the spans then include them),
+    ``typed`` ones where the row has a ``head_type``/``tail_type``."""
     out = batch.copy()
     tokens, spans, problems = [], [], []
+    row_markers = _row_markers(out, typed) if markers else []
     columns = (out[c].tolist() for c in ("sentence", "head_offset", "head", "tail_offset", "tail", "problem"))
-    for sentence, ho, head, to, tail, problem in zip(*columns, strict=True):  # lists: faster than Arrow-backed Series
+    for row, (sentence, ho, head, to, tail, problem) in enumerate(zip(*columns, strict=True)):  # lists: faster
         if problem:
             tokens.append([])
             spans.append((0, 0, 0, 0))
             problems.append(problem)
             continue
         try:
-            t = tokenize_example(sentence, int(ho), len(head), int(to), len(tail), tokenizer, lowercase)
+            t = tokenize_example(sentence, int(ho), len(head), int(to), len(tail), tokenizer, lowercase,
+                                 row_markers[row] if markers else None)
         except ValueError as err:
             tokens.append([])
             spans.append((0, 0, 0, 0))
@@ -56,6 +63,16 @@ def tokenize_batch(batch: pd.DataFrame, tokenizer: str, lowercase: bool) -> pd.D
         out[name] = span_array[:, i]
     out["problem"] = problems
     return out
+
+
+def _row_markers(batch: pd.DataFrame, typed: bool) -> list[tuple[str, str, str, str]]:
+    """Each row's four markers: typed ones (:func:`~nre_ray.data.markers.typed_markers`) where ``typed`` and the row
+    has the entity's type, else the untyped ones."""
+    if not typed or not ({"head_type", "tail_type"} & set(batch.columns)):
+        return [MARKERS] * len(batch)
+    heads, tails = (batch[c].tolist() if c in batch.columns else [None] * len(batch) for c in ("head_type",
+                                                                                                "tail_type"))
+    return [typed_markers(clean_type(h), clean_type(t)) for h, t in zip(heads, tails, strict=True)]
 
 
 def token_counts(batch: pd.DataFrame) -> pd.DataFrame:
@@ -125,7 +142,16 @@ def encode_flat(tokens: pa.Array | pa.ChunkedArray | list[list[str]], spans: np.
     source = np.asarray(tokens.offsets)[:-1].astype(np.int64)[row] + start[row] + index  # its place in the row
     values = tokens.values.take(pa.array(source)) if len(source) else pa.array([], pa.string())
     value_set = vocab if isinstance(vocab, pa.Array) else pa.array(vocab, pa.string())
-    ids = pc.fill_null(pc.index_in(values, value_set=value_set), UNK_ID).to_numpy(zero_copy_only=False)
+    found = pc.index_in(values, value_set=value_set)
+    ids = pc.fill_null(found, UNK_ID).to_numpy(zero_copy_only=False)
+    if found.null_count:  # a typed marker of a type the training split never had reads as its untyped marker
+        unknown = np.flatnonzero(found.is_null().to_numpy(zero_copy_only=False))
+        typed = unknown[pc.match_substring_regex(values.take(pa.array(unknown)), MARKER_PATTERN).to_numpy(
+            zero_copy_only=False)]
+        if len(typed):
+            plain = pa.array([untyped(t) for t in values.take(pa.array(typed)).to_pylist()], pa.string())
+            ids = ids.copy()
+            ids[typed] = pc.fill_null(pc.index_in(plain, value_set=value_set), UNK_ID).to_numpy(zero_copy_only=False)
     clipped = np.clip(spans - start[:, None], 0, length[:, None])  # clip_span, every row: (N, 4)
     derived = derived_features(index, length[row], clipped[row, 0:2], clipped[row, 2:4], window)
     return {

@@ -147,6 +147,8 @@ def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> di
     settings = {"version": CACHE_VERSION, "seed": seed, **{k: asdict(cfg)[k] for k in keep}}
     if pretrained:
         settings.update(pretrained=subword.fingerprint(pretrained), typed_markers=cfg.typed_markers)
+    elif cfg.entity_markers:
+        settings.update(entity_markers=True, typed_markers=cfg.typed_markers)
     return settings
 
 
@@ -669,7 +671,8 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
                      **_reader_args(files, inputs, on_driver),
                      fn_kwargs={"fmt": cfg.format, "column_map": column_map, "rows_per_chunk": ROWS_PER_CHUNK})
         .map_batches(stages.stage_block, batch_size=None, batch_format="pandas", **on_driver,
-                     fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "folder": str(work)})
+                     fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "folder": str(work),
+                                "markers": cfg.entity_markers and not pretrained, "typed": cfg.typed_markers})
     )
     step = console.current_phase()  # train's "preprocess" phase (a silent one elsewhere)
     bar = step.progress(unit="rows read")

@@ -97,7 +97,8 @@ def read_files(specs: pd.DataFrame, fmt: str | None, column_map: dict[str, str] 
             yield pd.DataFrame([row])
 
 
-def stage_block(batch: pd.DataFrame, tokenizer: str, lowercase: bool, folder: str) -> pa.Table:
+def stage_block(batch: pd.DataFrame, tokenizer: str, lowercase: bool, folder: str, markers: bool = False,
+                typed: bool = False) -> pa.Table:
     """Ray Data UDF: check and tokenize a block of records, write it to ``folder/staged/<split>/`` (:data:`STAGED`)
     and return one :data:`SUMMARY` row per split in it:
 
@@ -115,12 +116,13 @@ def stage_block(batch: pd.DataFrame, tokenizer: str, lowercase: bool, folder: st
             out.append(_summary(split, "", int(part["line"].min()), 0, fatal=str(fatal.iloc[0])))
             continue
         out.append(_stage(part.sort_values("line", kind="stable").drop(columns=["split", "fatal"]), split, tokenizer,
-                          lowercase, Path(folder)))
+                          lowercase, Path(folder), markers, typed))
     return pa.Table.from_pylist(out, schema=SUMMARY) if out else SUMMARY.empty_table()
 
 
-def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, folder: Path) -> dict[str, Any]:
-    tokenized = tokenize_batch(check_rows(part), tokenizer, lowercase)
+def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, folder: Path, markers: bool,
+           typed: bool) -> dict[str, Any]:
+    tokenized = tokenize_batch(check_rows(part), tokenizer, lowercase, markers, typed)
     stats = data_audit.row_stats(tokenized)
     columns: dict[str, Any] = {}
     for name in STAGED.names:

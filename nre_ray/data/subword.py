@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -47,87 +45,9 @@ import pandas as pd
 from nre_ray import storage
 from nre_ray.config import ConfigError
 from nre_ray.data.batches import label_ids
+from nre_ray.data.markers import MARKERS, clean_type, insert_markers, marker_vocabulary, typed_markers  # noqa: F401
 from nre_ray.data.tokenize import Span, pcnn_segments, relative_positions, truncation_window
 from nre_ray.pretrained_io import WEIGHT_SUFFIXES, from_pretrained, max_positions, pretrained_copy, quiet_transformers
-
-#: The untyped markers: head start, head end, tail start, tail end.
-MARKERS = ("[E1]", "[/E1]", "[E2]", "[/E2]")
-_TYPE_CHARS = re.compile(r"[\s<>]+")
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# markers
-
-
-def clean_type(value: object) -> str:
-    """An entity type as it appears inside a marker: stripped, inner whitespace and ``<``/``>`` turned into ``_``;
-    "" for a missing value (None, NaN, empty)."""
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    return _TYPE_CHARS.sub("_", str(value).strip()).strip("_")
-
-
-def typed_markers(head_type: str, tail_type: str) -> tuple[str, str, str, str]:
-    """``("<e1:org>", "</e1:org>", "<e2:person>", "</e2:person>")``; an empty type gives the untyped pair."""
-    head = (f"<e1:{head_type}>", f"</e1:{head_type}>") if head_type else MARKERS[:2]
-    tail = (f"<e2:{tail_type}>", f"</e2:{tail_type}>") if tail_type else MARKERS[2:]
-    return (*head, *tail)
-
-
-def marker_vocabulary(head_types: Iterable[object] = (), tail_types: Iterable[object] = ()) -> list[str]:
-    """Every marker token to add to a tokenizer: the untyped four, then the typed ones of the given types (sorted)."""
-    found: list[str] = list(MARKERS)
-    for t in sorted({clean_type(t) for t in head_types} - {""}):
-        found += typed_markers(t, "")[:2]
-    for t in sorted({clean_type(t) for t in tail_types} - {""}):
-        found += typed_markers("", t)[2:]
-    return found
-
-
-@dataclass(frozen=True)
-class Marked:
-    """A sentence with markers inserted; ``positions[k]`` is the character offset of marker ``k`` (head start, head
-    end, tail start, tail end) in ``text``."""
-
-    text: str
-    positions: tuple[int, int, int, int]
-
-
-def insert_markers(sentence: str, head: Span, tail: Span, markers: Sequence[str] = MARKERS) -> Marked:
-    """Insert ``markers`` (head start, head end, tail start, tail end) around the character spans ``head`` and
-    ``tail`` (half-open, non-empty), each marker separated from the text by one space.
-
-    At one position end markers come before start markers (adjacent entities do not nest); of two entities that
-    start together the longer opens first, of two that end together the inner one closes first, so nested entities
-    give properly nested markers (``[E1] [E2] New York [/E2] University [/E1]``). Partly overlapping entities give
-    interleaved markers. Identical spans give ``[E1] [E2] x [/E2] [/E1]``.
-    """
-    events = []  # (char position, sort key, marker index)
-    for k, (start, end) in enumerate((head, tail)):
-        events.append((start, (1, -end, k), 2 * k))
-        events.append((end, (0, -start, -k), 2 * k + 1))
-    events.sort()
-    out: list[str] = []
-    positions = [0, 0, 0, 0]
-    cursor = 0
-    for pos, _, index in events:
-        _append(out, sentence[cursor:pos])
-        cursor = pos
-        if out and not out[-1][-1:].isspace():
-            out.append(" ")
-        positions[index] = sum(map(len, out))
-        out.append(markers[index] + " ")
-    _append(out, sentence[cursor:])
-    return Marked("".join(out), (positions[0], positions[1], positions[2], positions[3]))
-
-
-def _append(out: list[str], piece: str) -> None:
-    """Append ``piece``, dropping its first character when both it and the text so far are whitespace there."""
-    if piece[:1].isspace() and out and out[-1][-1:].isspace():
-        piece = piece[1:]
-    if piece:
-        out.append(piece)
-
 
 # --------------------------------------------------------------------------------------------------------------------
 # the tokenizer

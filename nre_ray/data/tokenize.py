@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+
+from nre_ray.data.markers import Span, marker_order
 
 # One token per CJK ideograph / kana / hangul syllable; runs of other letters and digits; any other visible character.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _TOKEN_RE = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])[^\W_])+|\S")
 
-Span = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,13 @@ def jieba_tokens(text: str, lowercase: bool) -> list[str]:
 
 
 def tokenize_example(sentence: str, head_offset: int, head_len: int, tail_offset: int, tail_len: int,
-                     tokenizer: str = "regex", lowercase: bool = True) -> Tokenized:
+                     tokenizer: str = "regex", lowercase: bool = True,
+                     markers: Sequence[str] | None = None) -> Tokenized:
     """Tokenize ``sentence`` so that both entities are whole token spans.
+
+    ``markers`` (head start, head end, tail start, tail end; :mod:`nre_ray.data.markers`): tokens written around
+    the entities, in :func:`~nre_ray.data.markers.marker_order`; each entity's span then runs from its start marker
+    to its end marker, both included (``span[0]`` is the start marker).
 
     Raises ValueError when an entity covers no token (e.g. it is only whitespace).
     """
@@ -69,7 +76,12 @@ def tokenize_example(sentence: str, head_offset: int, head_len: int, tail_offset
     tokens: list[str] = []
     head = [-1, -1]  # token span, grown over the pieces that lie inside the entity (they are contiguous)
     tail = [-1, -1]
+    pending = marker_order(head_chars, tail_chars) if markers else []  # (character position, marker index)
+    placed = [0, 0, 0, 0]  # each marker's token index
     for lo, hi in itertools.pairwise(cuts):
+        while pending and pending[0][0] <= lo:
+            placed[pending[0][1]] = len(tokens)
+            tokens.append(markers[pending.pop(0)[1]])
         piece = sentence[lo:hi]
         if tokenizer == "jieba":
             is_entity = (lo, hi) == head_chars or (lo, hi) == tail_chars
@@ -92,6 +104,11 @@ def tokenize_example(sentence: str, head_offset: int, head_len: int, tail_offset
         raise ValueError("head: the entity contains no token (only spaces?)")
     if tail[0] < 0:
         raise ValueError("tail: the entity contains no token (only spaces?)")
+    if markers:
+        for _, index in pending:  # markers at the sentence's end
+            placed[index] = len(tokens)
+            tokens.append(markers[index])
+        return Tokenized(tokens, (placed[0], placed[1] + 1), (placed[2], placed[3] + 1))
     return Tokenized(tokens, (head[0], head[1]), (tail[0], tail[1]))
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nre_ray.data.markers import is_marker
 from nre_ray.special_tokens import PAD, UNK, UNK_ID
 
 
@@ -35,8 +36,9 @@ class Vocab:
 
     @classmethod
     def build(cls, counts: Mapping[str, int], min_freq: int = 1) -> Vocab:
-        """Tokens seen at least ``min_freq`` times, most frequent first (ties alphabetically: deterministic)."""
-        kept = sorted((t for t, c in counts.items() if c >= min_freq and t not in (PAD, UNK)),
+        """Tokens seen at least ``min_freq`` times, and entity markers seen at all, most frequent first (ties
+        alphabetically: deterministic)."""
+        kept = sorted((t for t, c in counts.items() if (c >= min_freq or is_marker(t)) and t not in (PAD, UNK)),
                       key=lambda t: (-counts[t], t))
         return cls([PAD, UNK, *kept])
 

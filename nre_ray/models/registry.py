@@ -51,7 +51,8 @@ def build_model(model_config: object, spec: ModelSpec) -> nn.Module:
 
 
 def _embedding(cfg: object, spec: ModelSpec) -> WordPositionEmbedding:
-    return WordPositionEmbedding(spec.vocab_size, cfg.word_dim, spec.num_positions, cfg.pos_dim)
+    return WordPositionEmbedding(spec.vocab_size, cfg.word_dim, spec.num_positions, cfg.pos_dim,
+                                 cfg.embedding_dropout)
 
 
 @register("cnn")

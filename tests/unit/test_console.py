@@ -80,7 +80,8 @@ def test_epoch_lines_come_from_events_with_a_legend_and_an_early_stop(tmp_path):
     assert lines == [format_epoch(_epoch(e, e == 1, 1), 10, "macro_f1") for e in (1, 2, 3)]
     assert lines[0].startswith("epoch   1/10  train_loss 1.0000") and lines[0].endswith("1234 ex/s  *")
     assert not lines[1].endswith("*")
-    assert "training: 3 epochs, best epoch 1; early stop: no improvement of valid_macro_f1 for 2 epochs" in text
+    assert ("training: 3 epochs, best epoch 1; early stop: valid_macro_f1 did not improve for 2 epochs after epoch 1 "
+            "(--patience 2)") in text
 
 
 def test_the_follower_hands_on_only_complete_lines(tmp_path):

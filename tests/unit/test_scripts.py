@@ -32,7 +32,9 @@ def bench_accuracy(tmp_path, monkeypatch):
 def _row(model: str, dataset: str, macro: float, micro: float | None) -> dict:
     return {"model": model, "dataset": dataset, "data_dir": f"/data/{dataset}", "test_macro_f1": macro,
             "test_micro_f1": micro, "test_accuracy": 0.5, "valid_macro_f1": 0.6, "best_epoch": 3, "epochs": 4,
-            "workers": 2, "epoch_seconds": 1.25, "epoch_cpu_seconds": 1.0,
+            "workers": 2, "epoch_seconds": 1.25, "epoch_cpu_seconds": 1.0, "wall_s": 90,
+            "command": f"python -m nre_ray.train --model {model} --data-dir /data/{dataset}",
+            "stop_reason": "early stop: valid_macro_f1 did not improve for 1 epochs after epoch 3 (--patience 1)",
             "machine": {"nproc": 2, "loadavg_at_start": [1.5, 1.0, 1.0]}}
 
 
@@ -54,14 +56,18 @@ def test_bench_accuracy_one_table_per_dataset(bench_accuracy, tmp_path):
                       "## DeepKE Chinese (10 relations): test scores by encoder", "## mine: test scores by encoder"]
     fewrel = text[text.index("## FewRel"):text.index("## DeepKE")]
     assert fewrel.index("| cnn | 83.82 | 83.75 |") < fewrel.index("| pcnn | 83.47 | not recorded |")
-    assert "| cnn | 94.69 | 94.00 | 50.00 | 60.00 | 4 (3) | 1.2 | 1 | 2 | 2 cores, load 1.5 |" in text
+    assert "| cnn | 94.69 | 94.00 | 50.00 | 60.00 | 4 (3) | 1.2 | 1 | 1.5 min | 2 | 2 cores, load 1.5 |" in text
+    # each row's exact command, and why it stopped
+    assert ("- cnn: `python -m nre_ray.train --model cnn --data-dir /data/fewrel`; early stop: valid_macro_f1 did "
+            "not improve for 1 epochs after epoch 3 (--patience 1)") in fewrel
     assert "train and test from `/data/mine`" in text
-    # the README's summary: best from scratch and best fine-tuned per dataset, the rest of the README kept
+    # the README's summary: each encoder's score and time per dataset, the rest of the README kept
     summary = (tmp_path / "README.md").read_text(encoding="utf-8")
-    assert summary.startswith("# nre_ray\n\n<!-- bench_accuracy:summary:begin -->\n| dataset |")
+    assert summary.startswith("# nre_ray\n\n<!-- bench_accuracy:summary:begin -->\n| encoder |")
     assert summary.endswith("<!-- bench_accuracy:summary:end -->\nrest\n") and "old" not in summary
-    assert "| FewRel (16 relations, English) | cnn: 83.82 | not run |" in summary
-    assert "| DeepKE Chinese (10 relations) | bilstm: 95.00 | bert: 99.00 |" in summary
+    assert "| encoder | FewRel: test macro-F1 (whole run) | DeepKE Chinese: test macro-F1 (whole run) |" in summary
+    assert "| `--model cnn` | 83.82 (2 min, 4 epochs) | 94.69 (2 min, 4 epochs) | not run |" in summary
+    assert "| `--model bert` (MiniLM-L6) | not run | 99.00 (2 min, 4 epochs) | not run |" in summary
     # a second write replaces the section instead of appending another
     bench_accuracy.write_results(rows)
     assert (tmp_path / "results.md").read_text(encoding="utf-8") == text

@@ -10,7 +10,7 @@ import pytest
 
 from nre_ray.config import MODELS, Config, ConfigError
 from nre_ray.session import NodeType, UsageError
-from nre_ray.tune import SweepOptions, options_from_args, plan_trials, sweep_parser
+from nre_ray.tune import SWEEP_EPOCHS, SweepOptions, options_from_args, plan_trials, sweep_config, sweep_parser
 from nre_ray.tune_report import COMPLETED, ERROR, STOPPED_EARLY, UNFINISHED, outcome
 from nre_ray.tune_results import close_children, interrupted
 from nre_ray.tune_space import DEFAULT_SPACES, Dimension, SpaceError, apply, load_space, parse_space, to_tune
@@ -125,22 +125,24 @@ def test_trial_plan_says_how_many_fit():
 
 
 def _args(*argv: str) -> tuple[argparse.Namespace, Config]:
-    from nre_ray.config import config_from_args
-
     args = sweep_parser().parse_args(list(argv))
-    return args, config_from_args(args)
+    return args, sweep_config(args)
 
 
 def test_sweep_options_are_checked():
     args, cfg = _args("--epochs", "3", "--num-samples", "4", "--grace-period", "2")
     assert options_from_args(args, cfg) == SweepOptions(None, 4, None, 2, 2, "auto", None)
+    assert (cfg.train.epochs, cfg.train.patience) == (3, 0)
+    _, cfg = _args()  # trials train up to SWEEP_EPOCHS, without early stopping: ASHA stops them
+    assert (cfg.train.epochs, cfg.train.patience) == (SWEEP_EPOCHS, 0)
     for argv, message in ((["--grace-period", "4", "--epochs", "3"], "--grace-period must be between 1 and"),
                           (["--num-samples", "0"], "--num-samples must be >= 1"),
-                          (["--reduction-factor", "1"], "--reduction-factor must be >= 2"),
-                          (["--patience", "2"], "ASHA stops weak trials")):
+                          (["--reduction-factor", "1"], "--reduction-factor must be >= 2")):
         args, cfg = _args(*argv)
         with pytest.raises(ConfigError, match=message):
             options_from_args(args, cfg)
+    with pytest.raises(ConfigError, match="ASHA stops weak trials"):
+        _args("--patience", "2")
 
 
 def test_outcome_of_a_trial():
