@@ -296,8 +296,8 @@ _SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train":
 #: clipping (docs/training.md has the measurements behind them).
 MODEL_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "bert": {"model": {"dropout": 0.1, "embedding_dropout": 0.0},
-             "train": {"epochs": 5, "patience": 0, "lr": 1e-3, "label_smoothing": 0.0, "weight_decay": 0.01,
-                       "grad_clip": 1.0}},
+             "train": {"epochs": 6, "patience": 0, "batch_size": 16, "lr": 1e-3, "label_smoothing": 0.0,
+                       "weight_decay": 0.01, "grad_clip": 1.0}},
     "transformer": {"model": {"hidden_size": 256}},
 }
 
