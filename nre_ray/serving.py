@@ -76,7 +76,7 @@ class RelationModel(mlflow.pyfunc.PythonModel):
 
 def signature() -> Any:
     """Inputs ``sentence, head, head_offset, tail, tail_offset`` and the optional ``head_type, tail_type`` (read by
-    --typed-markers models); outputs ``predicted_relation, score``; param ``top_k`` (default 0)."""
+    models trained with typed entity markers); outputs ``predicted_relation, score``; param ``top_k`` (default 0)."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 

@@ -34,10 +34,10 @@ KINDS = {"choice": "a list of values", "uniform": "[low, high]", "loguniform": "
          "int": "[low, high] of whole numbers, both included"}
 #: Options that can be searched: they change how a trial trains, not what data it sees or where it runs.
 SEARCHABLE = {
-    "model": ("word_dim", "pos_dim", "hidden_size", "kernel_size", "dropout", "num_layers", "num_heads",
-              "with_cls"),
-    "train": ("batch_size", "lr", "weight_decay", "grad_clip", "lr_factor", "lr_patience", "encoder_lr",
-              "warmup_ratio", "grad_accum"),
+    "model": ("word_dim", "pos_dim", "hidden_size", "kernel_size", "dropout", "embedding_dropout", "num_layers",
+              "num_heads", "with_cls"),
+    "train": ("batch_size", "lr", "weight_decay", "grad_clip", "label_smoothing", "lr_factor", "lr_patience",
+              "encoder_lr", "warmup_ratio", "grad_accum"),
 }
 #: Why an option that exists cannot be searched.
 FIXED_BECAUSE = {

@@ -17,7 +17,8 @@ How a block is treated, by its language and the HTML comment on the line before 
 - ``<!-- docs-test: exit N -->``: a console block whose commands end with status N.
 
 Placeholders are filled in: ``make`` uses this checkout's Makefile and .venv in a temporary folder, ``make train``
-trains two epochs, ``<run_id>`` and ``ray_results/my-run/checkpoint_...`` name that run, ports are free ones.
+stops after 2 epochs without improvement (``--patience 2``), ``<run_id>`` and ``ray_results/my-run/checkpoint_...``
+name that run, ports are free ones.
 docs/benchmarks.md and docs/results.md are written by the benchmark scripts (hours of runs) and are not run.
 """
 
@@ -211,7 +212,7 @@ class Session:
     def fill(self, text: str) -> str:
         """The block with its placeholders filled in."""
         text = re.sub(r"^make ", "nre_make ", text, flags=re.M).replace("$ make ", "$ nre_make ")
-        text = text.replace("nre_make train", "nre_make train ARGS='--epochs 2'")
+        text = text.replace("nre_make train", "nre_make train ARGS='--patience 2'")
         text = text.replace("/home/me/nre_ray", str(self.folder))  # where the README's transcript was made
         text = re.sub(r"PORT=\d+", f"PORT={self.port}", text)
         text = re.sub(r"nre_make ui(?! PORT)", f"nre_make ui PORT={self.port}", text)
