@@ -87,3 +87,37 @@ def test_select_metric_choices_are_the_scores_and_are_checked_before_ray(capsys)
         expected = set(metrics.scores(np.eye(len(labels), dtype=np.int64), labels, negative))
         assert set(metric_names(labels, negative)) == expected, (labels, negative)
         assert set(metric_names(labels, negative)) <= set(METRICS)
+
+
+def test_a_model_has_its_own_defaults_for_what_is_not_given():
+    bert = config_from_args(build_parser().parse_args(["--model", "bert", "--pretrained", "m", "--epochs", "3"]))
+    assert (bert.train.epochs, bert.train.batch_size, bert.model.dropout, bert.train.weight_decay) == (3, 16, 0.1, 0.01)
+    assert (bert.train.patience, bert.train.label_smoothing, bert.train.grad_clip) == (0, 0.0, 1.0)
+    cnn = config_from_args(build_parser().parse_args([]))
+    assert (cnn.train.epochs, cnn.train.patience, cnn.train.batch_size, cnn.model.dropout) == (100, 10, 32, 0.5)
+    assert cnn.model.hidden_size == 320
+    transformer = config_from_args(build_parser().parse_args(["--model", "transformer"]))
+    assert transformer.model.hidden_size == 256
+    given = config_from_args(build_parser().parse_args(["--model", "transformer", "--hidden-size", "128"]))
+    assert given.model.hidden_size == 128
+
+
+def test_a_stored_config_keeps_what_its_run_did():
+    """A checkpoint written before entity markers existed predicts without them."""
+    raw = Config().to_dict()
+    del raw["data"]["entity_markers"]
+    assert Config.from_stored(raw).data.entity_markers is False
+    assert Config.from_dict(raw).data.entity_markers is True
+    raw["data"]["entity_markers"] = True
+    assert Config.from_stored(raw).data.entity_markers is True
+
+
+def test_why_training_stopped():
+    from nre_ray.console import stop_reason
+
+    assert stop_reason(13, 3, 100, 10, "macro_f1") == ("early stop: valid_macro_f1 did not improve for 10 epochs after "
+                                                       "epoch 3 (--patience 10)")
+    assert stop_reason(5, 5, 5, 0, "macro_f1") == ("the epoch budget ran out (--epochs 5) while valid_macro_f1 was "
+                                                   "still improving: more --epochs may help")
+    assert stop_reason(5, 3, 5, 0, "macro_f1") == "the epoch budget ran out (--epochs 5)"
+    assert stop_reason(4, 3, 5, 0, "macro_f1") == "stopped after epoch 4 of 5"
