@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import uuid
@@ -22,6 +23,7 @@ import numpy as np
 import ray
 import torch
 
+from nre_ray import console
 from nre_ray import metrics as M
 from nre_ray.checkpoint import CheckpointError, load_checkpoint
 from nre_ray.config import Config
@@ -108,20 +110,25 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
         raise UsageError("--num-workers must be >= 1")
     if on_bad_rows not in ON_BAD_ROWS:
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
-    resolved = resolve_checkpoint(model, tracking_uri)
-    try:
-        loaded = load_checkpoint(resolved.checkpoint)
-    finally:
-        resolved.cleanup()
+    out = console.get()
+    with out.phase("model", f"loading {model}") as step:
+        resolved = resolve_checkpoint(model, tracking_uri)
+        try:
+            loaded = load_checkpoint(resolved.checkpoint)
+        finally:
+            resolved.cleanup()
+        step.done(f"{loaded.meta.get('model')}, epoch {loaded.meta.get('epoch')}, {len(loaded.labels)} labels")
     labels = loaded.labels
     negative = negative_label or loaded.config.data.negative_label
     if negative_label and negative_label not in labels:
         raise UsageError(f"--negative-label {negative_label!r} is not one of the checkpoint's labels "
                          f"({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})")
 
-    frame = read_table(data, fmt, parse_column_map(columns) if columns else None, require_relation=True)
-    problems, split = encode_rows(frame, loaded.config.data, loaded.vocab, labels, loaded.assets)
-    bad = (problems != "").to_numpy()
+    with out.phase("data", f"reading, checking and encoding {data}") as step:
+        frame = read_table(data, fmt, parse_column_map(columns) if columns else None, require_relation=True)
+        problems, split = encode_rows(frame, loaded.config.data, loaded.vocab, labels, loaded.assets)
+        bad = (problems != "").to_numpy()
+        step.done(f"{len(split)} rows" + (f", {int(bad.sum())} bad" if bad.any() else ""))
     if bad.any() and on_bad_rows == "error":
         raise DataError(problems_of(frame.assign(problem=problems.to_numpy())[bad]), hint=_bad_rows_hint(frame, bad,
                                                                                                             labels))
@@ -151,8 +158,12 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
 
     from nre_ray.session import alive_nodes, plan_resources, ray_quiet_env, start_ray
 
-    start_ray(address, num_workers)
-    resources = plan_resources(num_workers, False, alive_nodes())
+    out = console.get()
+    joining = address or os.environ.get("RAY_ADDRESS")
+    with out.phase("ray", f"joining the Ray cluster at {joining}" if joining else "starting a local Ray") as step:
+        start_ray(address, num_workers)
+        resources = plan_resources(num_workers, False, alive_nodes())
+        step.done(f"{num_workers} worker(s), {resources.per_worker} each")
     meta = loaded.meta
     payload = {"config": loaded.config.to_dict(), "state": loaded.state["model"],
                "spec": (int(meta["vocab_size"]), int(meta["num_classes"]), int(meta["num_positions"]),
@@ -172,10 +183,12 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
                 worker_runtime_env={"env_vars": ray_quiet_env()},
             ),
         )
-        try:
-            trainer.fit()
-        except ray.train.TrainingFailedError as err:
-            raise UsageError(f"evaluation failed: {err}") from None
+        with out.phase("evaluate", f"scoring {len(split)} rows on {num_workers} worker(s)") as step:
+            try:
+                trainer.fit()
+            except ray.train.TrainingFailedError as err:
+                raise UsageError(f"evaluation failed: {err}") from None
+            step.done("done")
     result = ray.get(sink.get.remote())
     ray.kill(sink)
     if result is None:
@@ -253,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:
         print(f"error: bad input data\n{err}", file=sys.stderr)
         return 2
+    print()
     print_report(report)
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
