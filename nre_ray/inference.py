@@ -68,10 +68,9 @@ def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: lis
     if vocab.subword:
         if not assets:
             raise CheckpointError("this --model bert checkpoint carries no pretrained/ tokenizer files")
-        encoded = encode_subword_batch(checked, assets_folder(assets), data.max_length, data.typed_markers, labels,
-                                       data.position_window)
+        encoded = encode_subword_batch(checked, assets_folder(assets), data.max_length, data.typed_markers, labels)
         ok = (encoded["problem"] == "").to_numpy()
-        return encoded["problem"].reset_index(drop=True), EncodedSplit.from_frame(encoded[ok])
+        return encoded["problem"].reset_index(drop=True), EncodedSplit.from_frame(encoded[ok], data.position_window)
     tokenized = tokenize_batch(checked, data.tokenizer, data.lowercase, data.entity_markers, data.typed_markers)
     ok = (tokenized["problem"] == "").to_numpy()
     split = encode_split(tokenized[ok], vocab.tokens, labels, data.max_length, data.position_window)

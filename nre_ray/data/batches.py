@@ -328,8 +328,9 @@ class EncodedSplit:
         return out
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> EncodedSplit:
-        """Flatten the list columns written by :func:`encode_batch` (or the subword encoder)."""
+    def from_frame(cls, frame: pd.DataFrame, window: int | None = None) -> EncodedSplit:
+        """Flatten the list columns written by :func:`encode_batch` (or the subword encoder, which writes no
+        positions or segments: give its position ``window``, and batches derive them)."""
         n = len(frame)
         lengths = frame["length"].to_numpy(dtype=np.int32) if n else np.zeros(0, dtype=np.int32)
         offsets = np.zeros(n + 1, dtype=np.int64)
@@ -338,12 +339,14 @@ class EncodedSplit:
                 "labels": frame["label"].to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)}
         for key, column in (("tokens", "token_ids"), ("head_pos", "head_pos"), ("tail_pos", "tail_pos"),
                             ("segments", "segments")):
+            if column not in frame.columns:
+                continue
             rows = [np.asarray(row, dtype=np.int32)[:length] for row, length in zip(frame[column], lengths,
                                                                                       strict=True)]
             flat[key] = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int32)
         for key in ("head_span", "tail_span"):
             flat[key] = np.asarray([list(s) for s in frame[key]], dtype=np.int32).reshape(n, 2)
-        return cls(flat)
+        return cls(flat, window=window)
 
     @staticmethod
     def files(name: str) -> list[str]:

@@ -290,11 +290,11 @@ def _encode_subwords(part: pa.Table, tokenizer_dir: str, labels: list[str], max_
 
     frame = part.select(["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type",
                          "relation", "problem", "line"]).to_pandas()
-    encoded = subword.encode_subword_batch(frame, tokenizer_dir, max_length, typed, labels, window)
+    encoded = subword.encode_subword_batch(frame, tokenizer_dir, max_length, typed, labels)
     lost = (encoded["problem"] != "").to_numpy()
     if lost.any():  # not expected: the row checks passed
         raise ValueError(f"line {frame['line'].to_numpy()[lost][0]}: {encoded['problem'].to_numpy()[lost][0]}")
-    return EncodedSplit.from_frame(encoded).flat
+    return EncodedSplit.from_frame(encoded, window).flat
 
 
 def _write_rejected(table: pa.Table, labels: list[str], rejected_problem: dict[str, Any], path: Path) -> None:

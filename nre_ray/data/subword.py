@@ -24,8 +24,8 @@ original model path.
 
 Output columns per row (the ones :meth:`nre_ray.data.encode.EncodedSplit.from_frame` stores flat, unpadded):
 ``token_ids`` (input ids with the special tokens), ``length``, ``head_span``/``tail_span`` (``[start marker, end
-marker + 1)`` in ``token_ids``: ``span[0]`` is the start marker the encoder pools), ``head_pos``/``tail_pos``
-(relative positions, as for the other encoders), ``segments`` (PCNN pieces) and ``label``.
+marker + 1)`` in ``token_ids``: ``span[0]`` is the start marker the encoder pools) and ``label``. The relative
+positions and PCNN pieces follow from the spans: batches derive them (:func:`nre_ray.data.batches.derived_features`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from nre_ray import storage
 from nre_ray.config import ConfigError
 from nre_ray.data.batches import label_ids
 from nre_ray.data.markers import MARKERS, clean_type, insert_markers, marker_vocabulary, typed_markers  # noqa: F401
-from nre_ray.data.tokenize import Span, pcnn_segments, relative_positions, truncation_window
+from nre_ray.data.tokenize import Span, truncation_window
 from nre_ray.pretrained_io import WEIGHT_SUFFIXES, from_pretrained, max_positions, pretrained_copy, quiet_transformers
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def _locate(ids: Sequence[int], offsets: Sequence[tuple[int, int]], marker_id: i
 
 
 def encode_rows_with(tok: MarkerTokenizer, batch: pd.DataFrame, max_length: int, typed: bool,
-                     labels: Sequence[str] | None, window: int = 50) -> pd.DataFrame:
+                     labels: Sequence[str] | None) -> pd.DataFrame:
     """Encode checked rows (``sentence``, ``head``, ``head_offset``, ``tail``, ``tail_offset``, ``problem``; optional
     ``head_type``/``tail_type``/``relation``) with ``tok``. Rows with a ``problem`` are left empty (length 0).
 
@@ -189,8 +189,7 @@ def encode_rows_with(tok: MarkerTokenizer, batch: pd.DataFrame, max_length: int,
     encoded = tok.tokenizer([m.text for m in marked], add_special_tokens=False, return_offsets_mapping=True,
                             verbose=False) if marked else {"input_ids": [], "offset_mapping": []}
     budget = max_length - len(tok.prefix) - len(tok.suffix)
-    cols: dict[str, list] = {k: [[] for _ in range(n)] for k in ("token_ids", "head_pos", "tail_pos", "segments",
-                                                                 "head_span", "tail_span")}
+    cols: dict[str, list] = {k: [[] for _ in range(n)] for k in ("token_ids", "head_span", "tail_span")}
     cols["length"] = [0] * n
     problems = list(problems)
     for j, i in enumerate(good):
@@ -214,9 +213,6 @@ def encode_rows_with(tok: MarkerTokenizer, batch: pd.DataFrame, max_length: int,
         cols["token_ids"][i] = token_ids
         cols["length"][i] = length
         cols["head_span"][i], cols["tail_span"][i] = list(spans[0]), list(spans[1])
-        cols["head_pos"][i] = relative_positions(length, spans[0], window)
-        cols["tail_pos"][i] = relative_positions(length, spans[1], window)
-        cols["segments"][i] = pcnn_segments(length, spans[0], spans[1])
     out = batch.copy()
     for key, values in cols.items():
         out[key] = values
@@ -237,10 +233,10 @@ def _piece_end(pieces: list[Span], start: int) -> int:
 
 
 def encode_subword_batch(batch: pd.DataFrame, tokenizer_dir: str, max_length: int, typed: bool,
-                         labels: list[str] | None, window: int = 50) -> pd.DataFrame:
+                         labels: list[str] | None) -> pd.DataFrame:
     """:func:`encode_rows_with` for Ray Data ``map_batches`` (pandas batches): the tokenizer in ``tokenizer_dir``
     (a folder this process can read) is loaded once per process."""
-    return encode_rows_with(cached_tokenizer(str(tokenizer_dir)), batch, max_length, typed, labels, window)
+    return encode_rows_with(cached_tokenizer(str(tokenizer_dir)), batch, max_length, typed, labels)
 
 
 def entity_types(frame: pd.DataFrame) -> tuple[list[str], list[str]]:

@@ -124,8 +124,8 @@ def tiny_subword_data(tok_dir) -> dict:
     """The loop's ``data`` dict for the tiny templates, encoded with the subword tokenizer."""
     labels = sorted(TEMPLATES)
     encoded = encode_subword_batch(tiny_frame(), str(tok_dir), 32, False, labels)
-    splits = {"train": EncodedSplit.from_frame(encoded), "valid": EncodedSplit.from_frame(encoded.iloc[::3]),
-              "test": EncodedSplit.from_frame(encoded.iloc[1::3])}
+    splits = {"train": EncodedSplit.from_frame(encoded, 50), "valid": EncodedSplit.from_frame(encoded.iloc[::3], 50),
+              "test": EncodedSplit.from_frame(encoded.iloc[1::3], 50)}
     vocab = Vocab(MarkerTokenizer.load(tok_dir).vocabulary(), subword=True)
     return {"splits": {k: v.arrays for k, v in splits.items()}, "vocab": vocab.as_json(), "labels": labels,
             "num_positions": 102, "assets": pretrained_assets(tok_dir)}
@@ -178,7 +178,7 @@ def test_gradient_accumulation_matches_one_larger_batch(monkeypatch):
     monkeypatch.setattr(loop.ray.train.torch, "get_device", lambda: torch.device("cpu"))
     data = tiny_data()
     split = EncodedSplit({k: np.array(v) for k, v in data["splits"]["train"].items()})  # 36 rows
-    cfg = ModelConfig(model="cnn", word_dim=8, pos_dim=3, hidden_size=6, dropout=0.0)
+    cfg = ModelConfig(model="cnn", word_dim=8, pos_dim=3, hidden_size=6, dropout=0.0, embedding_dropout=0.0)
     spec = ModelSpec(len(data["vocab"]), 3, data["num_positions"])
     params = []
     for batch_size, accum in ((8, 1), (4, 2)):

@@ -122,7 +122,8 @@ def test_cpu_train_step_is_unchanged_by_the_amp_flag(monkeypatch):
     weights = []
     for amp in (True, False):
         torch.manual_seed(0)
-        model = build_model(ModelConfig(model="bilstm", word_dim=8, pos_dim=3, hidden_size=6, dropout=0.0), spec)
+        model = build_model(ModelConfig(model="bilstm", word_dim=8, pos_dim=3, hidden_size=6, dropout=0.0,
+                                        embedding_dropout=0.0), spec)
         loader = torch.utils.data.DataLoader(EncodedDataset(split), batch_size=8, collate_fn=identity_collate)
         _train_epoch(model, loader, torch.optim.Adam(model.parameters(), lr=0.01), 5.0, amp)
         weights.append(model.state_dict())
