@@ -93,7 +93,7 @@ class ModelConfig:
     hidden_size: int = _f(320, "Encoder size: CNN/PCNN filters, BiLSTM units of both directions together, "
                                "Transformer d_model.")
     kernel_size: int = _f(3, "CNN/PCNN convolution width.")
-    dropout: float = _f(0.5, "Dropout before the classifier.")
+    dropout: float = _f(0.4, "Dropout before the classifier.")
     embedding_dropout: float = _f(0.2, "Dropout on the word and position embeddings of the encoders trained from "
                                        "scratch.")
     num_layers: int | None = _f(None, "BiLSTM / Transformer layers; when not given: 1 for bilstm, 2 for transformer.")
@@ -120,7 +120,8 @@ class TrainConfig:
     epochs: int = _f(100, "The most epochs to train; early stopping (--patience) usually ends training sooner.")
     batch_size: int = _f(32, "Examples per step on each worker (the global batch is this times --num-workers).")
     lr: float = _f(2e-3, "Adam learning rate (--model bert: the classifier head's).")
-    weight_decay: float = _f(0.0, "Adam weight decay.")
+    weight_decay: float = _f(1e-4, "Weight decay: Adam's L2 penalty (--model bert: AdamW's decoupled decay, not on "
+                                   "biases and norms).")
     grad_clip: float = _f(5.0, "Clip the gradient norm to this value (0 disables).")
     label_smoothing: float = _f(0.1, "Label smoothing of the training loss (0: plain cross-entropy).")
     lr_factor: float = _f(0.3, "ReduceLROnPlateau factor, applied when the selection metric stops improving.")

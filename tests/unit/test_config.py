@@ -94,7 +94,8 @@ def test_a_model_has_its_own_defaults_for_what_is_not_given():
     assert (bert.train.epochs, bert.train.batch_size, bert.model.dropout, bert.train.weight_decay) == (3, 16, 0.1, 0.01)
     assert (bert.train.patience, bert.train.label_smoothing, bert.train.grad_clip) == (0, 0.0, 1.0)
     cnn = config_from_args(build_parser().parse_args([]))
-    assert (cnn.train.epochs, cnn.train.patience, cnn.train.batch_size, cnn.model.dropout) == (100, 10, 32, 0.5)
+    assert (cnn.train.epochs, cnn.train.patience, cnn.train.batch_size, cnn.model.dropout) == (100, 10, 32, 0.4)
+    assert cnn.train.weight_decay == 1e-4
     assert cnn.model.hidden_size == 320
     transformer = config_from_args(build_parser().parse_args(["--model", "transformer"]))
     assert transformer.model.hidden_size == 256
