@@ -28,7 +28,8 @@ HEADER = "sentence,head,head_offset,tail,tail_offset,relation"
 
 def reference(files: dict[str, Path], cfg: DataConfig) -> tuple[dict[str, EncodedSplit], Vocab, list[str]]:
     """The same steps in one process over whole files (for data whose splits are all given and all good)."""
-    frames = {s: tokenize_batch(check_rows(read_table(files[s])), cfg.tokenizer, cfg.lowercase)
+    frames = {s: tokenize_batch(check_rows(read_table(files[s])), cfg.tokenizer, cfg.lowercase, cfg.entity_markers,
+                                cfg.typed_markers)
               for s in ("train", "valid", "test")}
     assert all((f["problem"] == "").all() for f in frames.values())
     labels = read_labels(files["labels"])
