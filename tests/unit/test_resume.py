@@ -86,7 +86,7 @@ def test_check_resume_fits_the_checkpoint_records_changes_and_fills_a_missing_ep
     cfg = Config.from_dict({**_config().to_dict(), "train": {"epochs": 20}, "run": {"resume": True, "run_name": "r"}})
 
     tags, missing = train._check_resume(cfg, "/s", "r", prepared, resumed, uri)
-    assert tags == {"nre_ray.resume_changes": '{"train.epochs": "10 -> 20"}'}
+    assert tags == {"nre_ray.resume_changes": '{"train.epochs": "100 -> 20"}'}
     assert missing == {"epoch": 3, "valid_macro_f1": 0.75}  # registered by Ray, never logged: logged on resume
     out = capsys.readouterr().out
     assert f"resuming run 'r' (MLflow run {run_id}) after epoch 3; logging epoch 3's metrics" in out
