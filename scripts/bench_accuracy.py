@@ -173,10 +173,14 @@ def _summary(rows: dict[str, dict[str, dict[str, Any]]], names: list[str]) -> st
         cells = []
         for name in names:
             row = rows[name].get(model)
-            cells.append(f"{100 * row['test_macro_f1']:.2f} ({row['wall_s'] / 60:.0f} min, {row['epochs']} epochs)"
-                         if row and row.get("wall_s") else "not run")
+            if not row or not row.get("wall_s"):
+                cells.append("not run")
+                continue
+            cpu = row["epochs"] * row.get("epoch_cpu_seconds", float("nan")) / 60
+            cells.append(f"{100 * row['test_macro_f1']:.2f}: {row['epochs']} epochs, {cpu:.0f} CPU min of training per "
+                         f"worker; {row['wall_s'] / 60:.0f} min at load {row['machine']['loadavg_at_start'][0]:.0f}")
         lines.append([f"`--model {model}`" + (" (MiniLM-L6)" if model == "bert" else ""), *cells])
-    return table(["encoder", *(f"{t}: test macro-F1 (whole run)" for t in titles)], lines)
+    return table(["encoder", *(f"{t}: test macro-F1, then the run" for t in titles)], lines)
 
 
 def _replace_between(path: Path, begin: str, end: str, section: str, append: bool) -> None:

@@ -65,9 +65,10 @@ def test_bench_accuracy_one_table_per_dataset(bench_accuracy, tmp_path):
     summary = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert summary.startswith("# nre_ray\n\n<!-- bench_accuracy:summary:begin -->\n| encoder |")
     assert summary.endswith("<!-- bench_accuracy:summary:end -->\nrest\n") and "old" not in summary
-    assert "| encoder | FewRel: test macro-F1 (whole run) | DeepKE Chinese: test macro-F1 (whole run) |" in summary
-    assert "| `--model cnn` | 83.82 (2 min, 4 epochs) | 94.69 (2 min, 4 epochs) | not run |" in summary
-    assert "| `--model bert` (MiniLM-L6) | not run | 99.00 (2 min, 4 epochs) | not run |" in summary
+    assert "| encoder | FewRel: test macro-F1, then the run | DeepKE Chinese: test macro-F1, then the run |" in summary
+    assert ("| `--model cnn` | 83.82: 4 epochs, 0 CPU min of training per worker; 2 min at load 2 | 94.69: 4 epochs, 0 "
+            "CPU min of training per worker; 2 min at load 2 | not run |") in summary
+    assert "| `--model bert` (MiniLM-L6) | not run | 99.00: 4 epochs," in summary
     # a second write replaces the section instead of appending another
     bench_accuracy.write_results(rows)
     assert (tmp_path / "results.md").read_text(encoding="utf-8") == text
