@@ -13,6 +13,8 @@ exactly as it was during training.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import re
 import tempfile
@@ -37,6 +39,20 @@ from nre_ray.models.registry import ModelSpec
 
 #: The columns a prediction needs (``relation`` is not needed and is ignored when present).
 INPUT_COLUMNS = ("sentence", "head", "head_offset", "tail", "tail_offset")
+def _typed(vocab: Vocab) -> bool:
+    """Whether the model learnt typed entity markers (its training rows had head_type/tail_type)."""
+    return any(token.startswith(("<e1:", "<e2:")) for token in vocab.tokens)
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_untyped() -> None:
+    """Say once per process that rows without entity types reach a model trained with them."""
+    logging.getLogger(__name__).warning(
+        "this model was trained with entity types (typed entity markers); rows without head_type/tail_type columns "
+        "get untyped markers, which it saw rarely or never in training: give the types (the same names as in "
+        "training) for the accuracy it was measured at")
+
+
 #: What a prediction adds to each row.
 OUTPUT_COLUMNS = ("predicted_relation", "score")
 TOP_K_COLUMNS = ("top_k_labels", "top_k_scores")
@@ -65,6 +81,8 @@ def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: lis
     checked = check_rows(batch)
     if labels is not None:
         checked = _mark_unknown_labels(checked, labels)
+    if data.typed_markers and not {"head_type", "tail_type"} <= set(checked.columns) and _typed(vocab):
+        _warn_untyped()
     if vocab.subword:
         if not assets:
             raise CheckpointError("this --model bert checkpoint carries no pretrained/ tokenizer files")

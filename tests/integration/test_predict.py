@@ -5,6 +5,7 @@ the same file; bad rows stop with a clear message; evaluation gives the same sco
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -81,8 +82,9 @@ def test_training_logs_and_registers_the_model(trained):
     assert run.data.params["train.select_metric"] == "macro_f1" and run.data.tags["mlflow.user"]
 
 
-def test_checkpoint_runs_registered_and_served_models_agree(trained):
+def test_checkpoint_runs_registered_and_served_models_agree(trained, caplog):
     rows = sample_rows()
+    inputs = [*INPUT_COLUMNS, "head_type", "tail_type"]  # the sample has entity types: its model learnt typed markers
     expected = Predictor.from_checkpoint(trained["best_checkpoint"]).predict_frame(rows)
     before = os.environ.get("MLFLOW_TRACKING_URI")
     with mlflow_settings(trained["tracking_uri"]):
@@ -90,11 +92,18 @@ def test_checkpoint_runs_registered_and_served_models_agree(trained):
             model = mlflow.pyfunc.load_model(uri)
             schema = model.metadata.get_input_schema()
             assert [c.name for c in schema.inputs if c.required] == list(INPUT_COLUMNS)
-            got = model.predict(rows[list(INPUT_COLUMNS)])
+            got = model.predict(rows[inputs])
             assert list(got.columns) == ["predicted_relation", "score"]
             assert_same(got, expected)
     assert os.environ.get("MLFLOW_TRACKING_URI") == before  # nothing leaks into later runs of this process
-    assert_same(served_predictions(trained, rows[list(INPUT_COLUMNS)]), expected)
+    assert_same(served_predictions(trained, rows[inputs]), expected)
+    # without the types the rows get untyped markers, which this model never saw: it says so
+    from nre_ray import inference
+
+    inference._warn_untyped.cache_clear()  # said once per process
+    with caplog.at_level(logging.WARNING, logger="nre_ray.inference"):
+        Predictor.from_checkpoint(trained["best_checkpoint"]).predict_frame(rows[list(INPUT_COLUMNS)])
+    assert "trained with entity types" in caplog.text
 
 
 def _free_port() -> int:
