@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import uuid
@@ -156,11 +155,10 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import LoggingConfig
 
-    from nre_ray.session import alive_nodes, plan_resources, ray_quiet_env, start_ray
+    from nre_ray.session import alive_nodes, plan_resources, ray_phase, ray_quiet_env, start_ray
 
     out = console.get()
-    joining = address or os.environ.get("RAY_ADDRESS")
-    with out.phase("ray", f"joining the Ray cluster at {joining}" if joining else "starting a local Ray") as step:
+    with out.phase("ray", ray_phase(address)) as step:
         start_ray(address, num_workers)
         resources = plan_resources(num_workers, False, alive_nodes())
         step.done(f"{num_workers} worker(s), {resources.per_worker} each")

@@ -181,6 +181,12 @@ def _check_fits(num_workers: int, cpus_per_worker: float, fits_per_node: list[in
                          "the CPUs evenly.")
 
 
+def ray_phase(address: str | None) -> str:
+    """What the console's ``ray`` phase says :func:`start_ray` does with ``address``: join a cluster or start one."""
+    joining = address or os.environ.get("RAY_ADDRESS")
+    return f"joining the Ray cluster at {joining}" if joining else "starting a local Ray"
+
+
 def start_ray(address: str | None, num_workers: int, log_to_driver: bool = True) -> None:
     """Join ``address`` (or RAY_ADDRESS), else start a local Ray sized to this machine. ``log_to_driver=False``:
     the workers' output stays in Ray's log files (for commands whose own output is the point)."""

@@ -34,6 +34,7 @@ from nre_ray.session import (
     placement_timeout,
     plan_resources,
     quiet_env_for_workers,
+    ray_phase,
     restore_cwd,
     root_cause,
     start_ray,
@@ -137,8 +138,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
         target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
         step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
-    joining = cfg.run.address or os.environ.get("RAY_ADDRESS")
-    with out.phase("ray", f"joining the Ray cluster at {joining}" if joining else "starting a local Ray") as step:
+    with out.phase("ray", ray_phase(cfg.run.address)) as step:
         resources = connect(cfg, target, step)
     marks.append(time.perf_counter())
     with out.phase("preprocess", "reading, checking and encoding the data (Ray Data)") as step:

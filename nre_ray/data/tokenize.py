@@ -24,7 +24,6 @@ _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _TOKEN_RE = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])[^\W_])+|\S")
 
 
-
 @dataclass(frozen=True)
 class Tokenized:
     """A tokenized example: tokens and the half-open token spans of head and tail."""
