@@ -50,6 +50,8 @@ TICK_S = 0.5
 #: The epoch metric that is > 0 when the epoch improved the selection metric (``nre_ray.loop.SELECTION_RANK``;
 #: kept here so that the console does not import torch; tests/unit/test_console.py checks that the two agree).
 IMPROVED_KEY = "selection_rank"
+#: A worker report that carries only lines for the console (rank 0's list of strings; ``nre_ray.loop.tell_console``).
+NOTES_KEY = "notes"
 
 
 class Progress:
@@ -417,6 +419,9 @@ class TrainingView:
                     self._bar = self._phase.progress(total=self.epochs - self.first_epoch + 1, unit="epoch")
         elif kind == "epoch":
             self.add(event.get("metrics", {}))
+        elif kind == "notes":
+            for text in event.get("lines", []):
+                self.console.line(str(text))
 
     def add(self, metrics: dict[str, Any]) -> None:
         """Print one epoch's line."""

@@ -24,12 +24,14 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
+from ray.train.v2.api.context import LocalTrainContext
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from nre_ray import metrics as M
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.config import Config
+from nre_ray.console import NOTES_KEY
 from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
@@ -208,6 +210,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     scaler = grad_scaler(ray.train.torch.get_device(), cfg.train.amp)
     state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None}
     restore: dict[str, Any] | None = None
+    notes: list[str] = []  # lines for the driver's console (the same number on every rank: tell_console)
     resumed = ray.train.get_checkpoint()
     if resumed:
         with resumed.as_directory() as folder:
@@ -216,8 +219,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         restore = loaded.state  # loaded into the model, optimizer, schedule and scaler once the model is placed
         state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
         state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
+        notes.append(f"resuming after epoch {state['epoch']} from {resumed.path}")
         if rank == 0:
-            log.warning("resuming after epoch %d from %s", state["epoch"], resumed.path)
             tracker.set_tags({"nre_ray.resumed_from_epoch": str(state["epoch"])})
     else:
         hits = None
@@ -231,9 +234,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                               "threads_per_worker": str(torch.get_num_threads())})
             if hits is not None:
                 tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
-                print(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}",
-                      flush=True)
+            notes.append(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}")
 
+    if notes:
+        tell_console(notes, rank)
     model = place_and_restore(model, optimizer, scheduler, scaler, restore)
     generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
@@ -284,6 +288,21 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             break
 
     _final(model, state, splits, labels, cfg, rank, world_size, tracker, vocab, spec, assets)
+
+
+def tell_console(notes: list[str], rank: int) -> None:
+    """Show rank 0's ``notes`` on the driver's console, as plain lines (not a worker's output with Ray's prefix).
+
+    Every rank calls this at the same point (a Ray Train report is collective): the lines travel in a report without
+    a checkpoint under :data:`nre_ray.console.NOTES_KEY`, which the controller's callback passes to the console
+    (:mod:`nre_ray.tracking_callback`). In Ray's local mode (``num_workers=0``) the loop runs in the driver and prints
+    them itself.
+    """
+    if isinstance(ray.train.get_context(), LocalTrainContext):
+        if rank == 0:
+            print("\n".join(notes), flush=True)
+        return
+    ray.train.report({NOTES_KEY: notes if rank == 0 else []}, checkpoint=None)
 
 
 def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,

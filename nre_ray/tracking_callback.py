@@ -19,7 +19,7 @@ from typing import Any
 
 import ray.train
 
-from nre_ray.console import append_event, format_epoch
+from nre_ray.console import NOTES_KEY, append_event, format_epoch
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,10 @@ class EpochMetricsLogger(ray.train.UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         """Called by the controller after the checkpoint manager registered the report (``checkpoint`` persisted)."""
+        if metrics and NOTES_KEY in metrics[0]:  # lines for the console (nre_ray.loop.tell_console)
+            lines = [str(line) for line in metrics[0][NOTES_KEY]]
+            _tell(self.events, {"event": "notes", "lines": lines}, lambda: "\n".join(lines))
+            return
         if checkpoint is None or not metrics or "epoch" not in metrics[0]:
             return
         try:

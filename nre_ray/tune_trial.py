@@ -83,6 +83,19 @@ def stop_train_run(last_result: dict[str, Any] | None, epochs: int) -> None:
         pass  # abort ends the controller's process: the call does not return a value
 
 
+def _without_notes(callback: type) -> type:
+    """Ray's ``TuneReportCallback`` passing on every report but the console's notes (``nre_ray.loop.tell_console``):
+    a result without the sweep's metric would make Tune fail the trial."""
+    from nre_ray.console import NOTES_KEY
+
+    class Report(callback):  # type: ignore[misc, valid-type]
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            if not (metrics and NOTES_KEY in metrics[0]):
+                super().after_report(run_context, metrics, checkpoint)
+
+    return Report
+
+
 def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     """Tune's trainable. ``params``: the sampled ``{"section.field": value}``; ``sweep`` (the same for every trial):
     ``config`` (the fixed Config.to_dict()), ``data`` (:func:`nre_ray.train.trainer_data` of train and valid),
@@ -108,7 +121,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     _RUN.update(queue=Queue(1, actor_options={"num_cpus": 0}), controller=None, stopping=False)
     trainer = build_trainer(cfg, target, sweep["data"], Resources(dict(sweep["per_worker"]), sweep["threads"]),
                             run_id, time.time(), extra_callbacks=(ControllerHandle(_RUN["queue"]),
-                                                                  TuneReportCallback()))
+                                                                  _without_notes(TuneReportCallback)()))
     try:
         result = trainer.fit()
     except Exception as err:

@@ -26,13 +26,12 @@ SHARED = REPO.parent / "shared" / "datasets"
 FEWREL_TRAIN = SHARED / "fewrel" / "csv" / "train.csv"
 FEWREL_TEST = SHARED / "fewrel" / "csv" / "test.csv"
 
-#: Environment of every benchmarked subprocess: quiet Ray, and Train's placement-group cleaner kept away from the
-#: other Ray clusters that may run on a shared machine (see the notes on two clusters on one host).
+#: Environment of every benchmarked subprocess: quiet Ray. (nre_ray pins Ray Train's placement-group cleaner to its
+#: own cluster: ``nre_ray.session.pin_state_api``.)
 BENCH_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
     "RAY_AUTH_MODE": "disabled",
-    "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
     "PYTHONUNBUFFERED": "1",
 }
 

@@ -33,8 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 FEWREL = REPO.parent / "shared" / "datasets" / "fewrel" / "csv"
-QUIET = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "RAY_AUTH_MODE": "disabled",
-         "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+QUIET = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "RAY_AUTH_MODE": "disabled"}
 
 
 def train_model(work: Path, train: Path, test: Path) -> dict[str, Any]:

@@ -70,12 +70,16 @@ def test_epoch_lines_come_from_events_with_a_legend_and_an_early_stop(tmp_path):
     with EventFollower(events, view.handle, every_s=0.01):
         append_event(events, {"event": "workers_started", "count": 2})
         append_event(events, {"event": "training_started"})
+        append_event(events, {"event": "notes", "lines": ["embeddings: 4 of 9 vocabulary words found in v.txt"]})
         for metrics in (_epoch(1, True, 1), _epoch(2, False, 1), _epoch(3, False, 1)):
             append_event(events, {"event": "epoch", "metrics": metrics})
     view.close()
     text = out.getvalue()
     assert "workers: starting 2 worker(s)" in text and "workers: 2 up" in text
     assert "valid_macro_f1 selects the best checkpoint; * marks an epoch that improved it" in text
+    note = next(line for line in text.splitlines() if "embeddings:" in line)  # a plain line, before the epochs
+    assert note.endswith("] embeddings: 4 of 9 vocabulary words found in v.txt") and "pid=" not in note
+    assert text.index(note) < text.index("epoch   1/10")
     lines = [line for line in text.splitlines() if line.startswith("epoch ")]
     assert lines == [format_epoch(_epoch(e, e == 1, 1), 10, "macro_f1") for e in (1, 2, 3)]
     assert lines[0].startswith("epoch   1/10  train_loss 1.0000") and lines[0].endswith("1234 ex/s  *")

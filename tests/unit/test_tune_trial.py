@@ -41,3 +41,23 @@ def test_a_trial_whose_epochs_all_reached_mlflow_logs_nothing(tmp_path):
     assert log_missed_epoch(uri, run_id, {**EPOCH, "epoch": 3, "valid_macro_f1": 0.8}) is None
     assert log_missed_epoch(uri, run_id, None) is None  # no checkpoint ever reported
     assert _steps(uri, run_id) == [(1, 0.6), (2, 0.7), (3, 0.8)]
+
+
+class _Forwarded:
+    """Records what a Train callback passes on (the base of Ray's TuneReportCallback needs a live Tune session)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def after_report(self, run_context, metrics, checkpoint) -> None:
+        self.seen.append(metrics[0])
+
+
+def test_a_trial_passes_epochs_to_tune_but_not_the_consoles_notes():
+    from nre_ray.console import NOTES_KEY
+    from nre_ray.tune_trial import _without_notes
+
+    report = _without_notes(_Forwarded)()
+    report.after_report(None, [{NOTES_KEY: ["resuming after epoch 2 from /x"]}, {NOTES_KEY: []}], None)
+    report.after_report(None, [{**EPOCH, "epoch": 3}], object())
+    assert report.seen == [{**EPOCH, "epoch": 3}]  # a result without the sweep's metric would fail the trial
