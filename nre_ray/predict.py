@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -260,6 +261,7 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
              use_gpu: bool) -> Iterator[pd.DataFrame]:
     import ray
     import ray.data
+    from ray.util.annotations import RayDeprecationWarning
 
     from nre_ray.data.pipeline import quiet_ray_data
     from nre_ray.session import alive_nodes, plan_resources
@@ -277,14 +279,30 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     shipped = ray.put(dataclasses.replace(plan, chunks=[]))
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     ds = ds.map_batches(read_chunks, batch_size=1, batch_format="pandas", fn_kwargs={"plan": shipped}, num_cpus=cpu)
-    ds = ds.map_batches(
-        PredictChunks, batch_size=None, batch_format="pandas",
-        compute=ray.data.ActorPoolStrategy(size=min(num_workers, len(items))),  # no idle actor (and no warning)
-        fn_constructor_kwargs={"checkpoint": [ray.put(loaded)], "batch_size": batch_size, "top_k": top_k,
-                               "threads": resources.threads, "device": "cuda" if use_gpu else "cpu"},
-        num_cpus=cpu, num_gpus=1 if use_gpu else 0,
-    )
+    # No actor restarts: Ray cannot promise one for an actor whose constructor arguments sit in the object store,
+    # as Ray Data's always do (ray-project/ray#53727; with restarts on, the driver prints a core_worker.cc warning
+    # saying so). An actor that dies ends the command with a clear error (main), and nothing is written. Ray 2.60
+    # (pinned) takes max_restarts only through the deprecated **ray_remote_args, hence the filter.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RayDeprecationWarning)
+        ds = ds.map_batches(
+            PredictChunks, batch_size=None, batch_format="pandas",
+            compute=ray.data.ActorPoolStrategy(size=min(num_workers, len(items))),  # no idle actor (and no warning)
+            fn_constructor_kwargs={"checkpoint": [ray.put(loaded)], "batch_size": batch_size, "top_k": top_k,
+                                   "threads": resources.threads, "device": "cuda" if use_gpu else "cpu"},
+            num_cpus=cpu, num_gpus=1 if use_gpu else 0, max_restarts=0,
+        )
     return ds.iter_batches(batch_size=None, batch_format="pandas")
+
+
+def _worker_died(err: BaseException) -> bool:
+    """True when ``err`` (or an error it wraps) is a Ray actor's or worker's death."""
+    while err is not None:
+        if type(err).__name__ in ("ActorDiedError", "RayActorError", "WorkerCrashedError", "OutOfMemoryError",
+                                  "ActorUnavailableError"):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _rejected_path(output: Path) -> Path:
@@ -443,10 +461,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as err:
         data_error = _data_error(err)
-        if data_error is None:
+        if data_error is not None:
+            print(f"error: bad input data\n{data_error}", file=sys.stderr)
+            return 2
+        if not _worker_died(err):
             raise
-        print(f"error: bad input data\n{data_error}", file=sys.stderr)
-        return 2
+        print(f"error: a prediction worker died ({type(err).__name__}), most often killed for memory: nothing was "
+              f"written to {args.output}. Run the command again, with a smaller --batch-size or --num-workers if "
+              "memory is short.", file=sys.stderr)
+        return 1
     where = "in this process" if summary.in_process else f"{summary.workers} Ray worker(s)"
     print(f"predicted {summary.rows} rows in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} rows/s, "
           f"{where}) -> {summary.output}", flush=True)

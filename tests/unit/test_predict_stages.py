@@ -127,3 +127,19 @@ def test_a_small_input_is_labelled_in_this_process_without_ray(checkpoint, tmp_p
     assert list(here.columns) == list(stages.columns)
     pd.testing.assert_frame_equal(here.drop(columns="score"), stages.drop(columns="score"))
     assert here["score"].astype(float).tolist() == pytest.approx(stages["score"].astype(float).tolist(), abs=1e-6)
+
+
+def test_a_dead_prediction_actor_is_recognised_through_the_errors_that_wrap_it():
+    import ray.exceptions
+
+    from nre_ray.predict import _worker_died
+
+    died = ray.exceptions.ActorDiedError()
+    try:
+        try:
+            raise died
+        except ray.exceptions.ActorDiedError as err:
+            raise RuntimeError("Ray Data's execution failed") from err
+    except RuntimeError as wrapped:
+        assert _worker_died(wrapped)
+    assert not _worker_died(ValueError("a bug of ours")) and not _worker_died(DataError([]))
