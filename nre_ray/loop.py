@@ -38,7 +38,7 @@ from nre_ray.models import build_model
 from nre_ray.models.pretrained import load_word_vectors, word_embedding
 from nre_ray.models.registry import ModelSpec
 from nre_ray.optim import Schedule, build_optimizer, steps_per_epoch
-from nre_ray.tracking import Tracker, make_tracker
+from nre_ray.tracking import FIRST_STEP_AT, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 256
@@ -186,7 +186,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     ``loop_config``: ``config`` (Config.to_dict()), ``data`` (dict or ObjectRef of a dict with ``cache`` (where the
     splits' files are) or ``splits`` (name -> arrays, in memory), see :func:`open_splits`; ``vocab``, ``labels``,
     ``num_positions``, optionally ``assets``), ``tracking_uri`` and ``run_id`` (or None), ``threads``, and
-    optionally ``startup`` (the driver's Unix times ``command`` and ``fit``: rank 0 logs the start-up split).
+    optionally ``startup`` (the driver's Unix times ``command`` and ``fit``: the first epoch reports the start-up
+    split, which the controller logs at step 0, stamped with the first step's time).
     """
     entered = time.time()
     cfg = Config.from_dict(loop_config["config"])
@@ -227,13 +228,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if cfg.model.embeddings:  # every rank loads the same vectors (DDP would broadcast rank 0's anyway)
             hits = load_word_vectors(cfg.model.embeddings, vocab.index, word_embedding(model),
                                      lowercase=cfg.data.lowercase)
-        if rank == 0:
-            tracker.log_params({**cfg.flat(), "data.vocab_size": len(vocab), "data.num_classes": len(labels),
-                                **{f"data.{name}_rows": len(s) for name, s in splits.items()}})
-            tracker.set_tags({"workers": str(world_size), "device": str(ray.train.torch.get_device()),
-                              "threads_per_worker": str(torch.get_num_threads())})
-            if hits is not None:
-                tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
+        # The run's parameters and tags were logged by the driver (nre_ray.train, nre_ray.tune_trial): this process
+        # imports MLflow only if it logs (vectors here, a resume above, the final reports), never before its first step.
+        if rank == 0 and hits is not None:
+            tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
             notes.append(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}")
 
     if notes:
@@ -248,10 +246,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     select = cfg.select_metric
     stale = state["epoch"] - state["best_epoch"]  # epochs without improvement (also after a resume)
     startup = loop_config.get("startup")
-    if startup and rank == 0 and state["epoch"] == 0:  # the first training step is next (driver's marks: train.py)
+    marks: dict[str, float] = {}  # the start-up split, reported with the first epoch (logged by the controller)
+    if startup and state["epoch"] == 0:  # the first training step is next (driver's marks: train.py)
         now = time.time()
-        tracker.log_metrics({"startup_workers_s": now - startup["fit"], "startup_total_s": now - startup["command"],
-                             "startup_loop_setup_s": now - entered}, step=0)
+        marks = {"startup_workers_s": now - startup["fit"], "startup_total_s": now - startup["command"],
+                 "startup_loop_setup_s": now - entered, FIRST_STEP_AT: now}
 
     for epoch in range(state["epoch"] + 1, cfg.train.epochs + 1):
         if hasattr(train_loader.sampler, "set_epoch"):
@@ -279,8 +278,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             **{f"valid_{k}": _finite(v) for k, v in valid.items()},
             "lr": optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
             "epoch_seconds": elapsed, "epoch_cpu_seconds": cpu_seconds, "best_epoch": state["best_epoch"],
-            SELECTION_RANK: epoch if improved else 0,
+            SELECTION_RANK: epoch if improved else 0, **marks,
         }
+        marks = {}
         _report(rank, metrics, model, optimizer, scheduler, scaler, state, epoch, cfg, vocab, labels, spec, assets)
         # The epoch's metrics reach MLflow and the driver's console from the controller once Ray registers this
         # checkpoint (tracking_callback): the epoch line and an early stop are printed there, not here.

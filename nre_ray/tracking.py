@@ -20,6 +20,7 @@ charts open with the learning curves:
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import json
@@ -27,11 +28,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlflow
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
-from mlflow.tracking import MlflowClient
+if TYPE_CHECKING:
+    from mlflow.entities import DatasetInput
+    from mlflow.tracking import MlflowClient
 
 _MAX_PARAM_LEN = 6000
 
@@ -41,8 +42,11 @@ CURVES, TEST, SYSTEM = "epoch/", "test/", "system/"
 SYSTEM_KEYS = frozenset({"examples_per_sec", "epoch_seconds", "epoch_cpu_seconds"})
 #: Bookkeeping kept as run tags (the latest value), not as metrics.
 TAG_KEYS = frozenset({"best_epoch", "rejected_rows"})
+#: The Unix time of the first training step, which the first epoch reports beside the ``startup_*`` timings: their
+#: MLflow timestamp (so that a benchmark can tell when training started), not a metric.
+FIRST_STEP_AT = "startup_first_step_at"
 #: Not logged: ``epoch`` is the step itself, ``selection_rank`` Ray Train's checkpoint ranking (loop.SELECTION_RANK).
-DROPPED_KEYS = frozenset({"epoch", "selection_rank"})
+DROPPED_KEYS = frozenset({"epoch", "selection_rank", FIRST_STEP_AT})
 #: The per-epoch learning curves besides the validation scores (``valid_*``): under ``epoch/``.
 CURVE_KEYS = frozenset({"train_loss", "lr"})
 #: Curves renamed so that the charts sort as they read: the learning rate next to the training loss, after it.
@@ -74,8 +78,9 @@ def loop_name(name: str) -> str:
 
 
 def mlflow_metrics(metrics: dict[str, Any], step: int) -> tuple[list[tuple[str, float, int]], dict[str, str]]:
-    """The loop's ``metrics`` at ``step`` as MLflow ``(name, value, step)`` triples and run tags. Test scores go to
-    step 0: one value each, which MLflow's UI draws as a bar (a lone point at a later step is drawn as a dot)."""
+    """The loop's ``metrics`` at ``step`` as MLflow ``(name, value, step)`` triples and run tags. Test scores and
+    start-up timings go to step 0: one value each, which MLflow's UI draws as a bar (a lone point at a later step is
+    drawn as a dot)."""
     logged, tags = [], {}
     for key, value in metrics.items():
         if key in TAG_KEYS:
@@ -83,8 +88,16 @@ def mlflow_metrics(metrics: dict[str, Any], step: int) -> tuple[list[tuple[str, 
             continue
         name = mlflow_name(key)
         if name is not None:
-            logged.append((name, float(value), 0 if name.startswith(TEST) else step))
+            logged.append((name, float(value), 0 if name.startswith(TEST) or key.startswith("startup_") else step))
     return logged, tags
+
+
+def _client(tracking_uri: str) -> MlflowClient:
+    """An MLflow client. MLflow is imported here, on first use, not with this module: a training worker imports the
+    loop (and so this module) at start-up and needs MLflow only when rank 0 first logs (about a second saved)."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri)
 
 
 class Tracker:
@@ -110,10 +123,15 @@ class MlflowTracker(Tracker):
     """Writes into an existing MLflow run by id, through the client API (no global active-run state)."""
 
     def __init__(self, tracking_uri: str, run_id: str) -> None:
-        self.client = MlflowClient(tracking_uri)
-        self.run_id = run_id
+        self.tracking_uri, self.run_id = tracking_uri, run_id
+
+    @functools.cached_property
+    def client(self) -> MlflowClient:
+        return _client(self.tracking_uri)
 
     def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
         existing = self.client.get_run(self.run_id).data.params
         fresh = [Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in params.items() if k not in existing]
         for i in range(0, len(fresh), 100):
@@ -121,9 +139,13 @@ class MlflowTracker(Tracker):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """``metrics`` under the loop's names; logged under their MLflow names (:func:`mlflow_metrics`)."""
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
+        first_step = int(float(metrics[FIRST_STEP_AT]) * 1000) if FIRST_STEP_AT in metrics else now
         logged, tags = mlflow_metrics(metrics, step)
-        batch = [Metric(name, value, now, at) for name, value, at in logged]
+        batch = [Metric(name, value, first_step if name.startswith(SYSTEM + "startup_") else now, at)
+                 for name, value, at in logged]
         for i in range(0, len(batch), 500):
             self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
         if tags:
@@ -136,6 +158,8 @@ class MlflowTracker(Tracker):
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
@@ -172,7 +196,7 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 def start_run(tracking_uri: str, experiment_name: str, run_name: str, tags: dict[str, str]) -> str:
     """Create (or reuse) the experiment and create a run; returns the run id."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         experiment_id = client.create_experiment(experiment_name,
@@ -203,7 +227,7 @@ def source_tags() -> dict[str, str]:
 def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_path: str) -> Any | None:
     """The newest MLflow run of ``experiment_name`` tagged ``nre_ray.run_name=run_name`` and ``storage_path``
     (the tags :mod:`nre_ray.train` sets), or None. Returns an ``mlflow.entities.Run``."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return None
@@ -226,7 +250,7 @@ def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_pat
 def metric_steps(tracking_uri: str, run_id: str, key: str) -> set[int]:
     """The steps at which the loop's metric ``key`` has been logged in the run (``"epoch"``: the epochs of which any
     learning-curve metric was logged)."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     if key == "epoch":
         names = [name for name in client.get_run(run_id).data.metrics if name.startswith(CURVES)]
     else:
@@ -236,24 +260,24 @@ def metric_steps(tracking_uri: str, run_id: str, key: str) -> set[int]:
 
 def reopen_run(tracking_uri: str, run_id: str) -> None:
     """Mark a stopped run RUNNING again (what ``mlflow.start_run(run_id=...)`` does), to continue logging into it."""
-    MlflowClient(tracking_uri).update_run(run_id, status="RUNNING")
+    _client(tracking_uri).update_run(run_id, status="RUNNING")
 
 
 def end_run(tracking_uri: str, run_id: str, status: str) -> None:
     """Mark the run FINISHED, FAILED or KILLED."""
-    MlflowClient(tracking_uri).set_terminated(run_id, status=status)
+    _client(tracking_uri).set_terminated(run_id, status=status)
 
 
 def set_run_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
     """Set tags on a run (also on one that has ended)."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
 
 
 def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     """The latest value of every metric of a run, under the loop's names (``test_accuracy``, ``valid_macro_f1``)."""
-    return {loop_name(k): v for k, v in MlflowClient(tracking_uri).get_run(run_id).data.metrics.items()}
+    return {loop_name(k): v for k, v in _client(tracking_uri).get_run(run_id).data.metrics.items()}
 
 
 def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, Any]:
@@ -297,10 +321,19 @@ def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, A
     return params
 
 
+def data_params(data: dict[str, Any]) -> dict[str, Any]:
+    """The run parameters that describe the data the loop trains on (``data``: :func:`nre_ray.train.trainer_data`):
+    vocabulary size, number of classes and rows per split."""
+    vocab = data["vocab"]
+    return {"data.vocab_size": len(vocab["tokens"] if isinstance(vocab, dict) else vocab),
+            "data.num_classes": len(data["labels"]), **{f"data.{name}_rows": n for name, n in data["rows"].items()}}
+
+
 def split_datasets(prepared: Any) -> list[DatasetInput]:
     """The splits as MLflow dataset inputs (what the runs table's Dataset column shows): name ``<folder>/<split>``,
     source (the file's path or URI), digest and rows. The digest identifies the split as training saw it: the input
     files' bytes and the preprocessing settings (the cache key) and the split's name."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.types import ColSpec, Schema
 
     schema = Schema([ColSpec("string", "sentence"), ColSpec("string", "head"), ColSpec("long", "head_offset"),
@@ -322,7 +355,7 @@ def split_datasets(prepared: Any) -> list[DatasetInput]:
 
 def log_datasets(tracking_uri: str, run_id: str, prepared: Any) -> None:
     """Log the splits (:func:`split_datasets`) as the run's dataset inputs, those it does not have yet."""
-    client = MlflowClient(tracking_uri)
+    client = _client(tracking_uri)
     have = {(d.dataset.name, d.dataset.digest) for d in client.get_run(run_id).inputs.dataset_inputs}
     fresh = [d for d in split_datasets(prepared) if (d.dataset.name, d.dataset.digest) not in have]
     if fresh:
@@ -333,7 +366,9 @@ def link_model_metrics(tracking_uri: str, run_id: str, model_id: str, epoch: int
     """Link the scores of the logged model (the checkpoint of ``epoch``) to it, each with the split it was measured
     on: the test scores and the validation scores of that epoch. MLflow's model page lists them. The run's own
     metric history is unchanged (the same points, now also linked). Returns how many were linked."""
-    client = MlflowClient(tracking_uri)
+    from mlflow.entities import Metric
+
+    client = _client(tracking_uri)
     run = client.get_run(run_id)
     splits = {next((t.value for t in d.tags if t.key == "mlflow.data.context"), None): d.dataset
               for d in run.inputs.dataset_inputs}
@@ -356,6 +391,24 @@ def link_model_metrics(tracking_uri: str, run_id: str, model_id: str, epoch: int
     return len(linked)
 
 
-__all__ = ["MlflowTracker", "RunStatus", "Tracker", "end_run", "find_run", "link_model_metrics", "log_datasets",
-           "loop_name", "make_tracker", "metric_steps", "mlflow", "mlflow_metrics", "mlflow_name", "reopen_run",
-           "resolve_tracking_uri", "resolved_params", "run_metrics", "source_tags", "split_datasets", "start_run"]
+__all__ = [
+    "MlflowTracker",
+    "Tracker",
+    "data_params",
+    "end_run",
+    "find_run",
+    "link_model_metrics",
+    "log_datasets",
+    "loop_name",
+    "make_tracker",
+    "metric_steps",
+    "mlflow_metrics",
+    "mlflow_name",
+    "reopen_run",
+    "resolve_tracking_uri",
+    "resolved_params",
+    "run_metrics",
+    "source_tags",
+    "split_datasets",
+    "start_run",
+]

@@ -146,15 +146,19 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     marks.append(time.perf_counter())
     with out.phase("mlflow", f"creating the run in {target.tracking_uri}") as step:
         run_id, tracker = open_tracking(cfg, target, prepared)
-        from nre_ray.tracking import resolved_params  # (mlflow is imported by now)
+        from nre_ray import tracking
 
-        tracker.log_params(resolved_params(cfg, target, resources))  # what was used, not what was typed
+        tracker.log_params(tracking.resolved_params(cfg, target, resources))  # what was used, not what was typed
         tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
                              "startup_preprocess_s": marks[2] - marks[1]}, step=0)
         step.done(f"run {run_id} in experiment {cfg.run.experiment_name!r}")
     events = _events_file(cfg)
     try:
-        trainer = build_trainer(cfg, target, prepared, resources, run_id, started, events=events)
+        data = trainer_data(prepared)
+        if target.resumed is None:  # the loop's data and placement (the workers log nothing before their first step)
+            tracker.log_params(tracking.data_params(data))
+            tracker.set_tags({"threads_per_worker": str(resources.threads)})
+        trainer = build_trainer(cfg, target, data, resources, run_id, started, events=events)
         return fit(trainer, cfg, target, run_id, events, resources)
     finally:
         if events:
@@ -323,6 +327,7 @@ def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[s
     return {
         "cache": {"dir": str(Path(prepared.cache_dir).absolute()), "shared": prepared.shared_cache_dir,
                   "splits": [s for s in prepared.splits if splits is None or s in splits]},
+        "rows": {s: len(rows) for s, rows in prepared.splits.items() if splits is None or s in splits},
         "vocab": prepared.vocab.as_json(), "labels": prepared.labels, "num_positions": prepared.num_positions,
         "assets": pretrained_assets(prepared.pretrained_dir),  # the tokenizer and config every checkpoint carries
     }

@@ -116,7 +116,10 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     trial_id, trial_name = context.get_trial_id(), context.get_trial_name()
     cfg = Config.from_dict(apply(sweep["config"], params), source=f"trial {trial_id}")
     run_id = open_child_run(sweep["tracking_uri"], sweep["experiment"], sweep["parent_run_id"], sweep["sweep_name"],
-                            trial_id, trial_name, params)
+                            trial_id, trial_name, params,
+                            logged={**cfg.flat(), **tracking.data_params(sweep["data"])},
+                            tags={"workers": str(cfg.train.num_workers), "threads_per_worker": str(sweep["threads"]),
+                                  "device": "gpu" if cfg.train.use_gpu else "cpu"})
     target = Target(run_name=trial_id, storage=sweep["trials_storage"], tracking_uri=sweep["tracking_uri"])
     _RUN.update(queue=Queue(1, actor_options={"num_cpus": 0}), controller=None, stopping=False)
     trainer = build_trainer(cfg, target, sweep["data"], Resources(dict(sweep["per_worker"]), sweep["threads"]),
@@ -152,18 +155,23 @@ def log_missed_epoch(tracking_uri: str, run_id: str, metrics: dict[str, Any] | N
 
 
 def open_child_run(tracking_uri: str, experiment: str, parent_run_id: str, sweep_name: str, trial_id: str,
-                   trial_name: str, params: dict[str, Any]) -> str:
+                   trial_name: str, params: dict[str, Any], logged: dict[str, Any] | None = None,
+                   tags: dict[str, str] | None = None) -> str:
     """The trial's MLflow child run: the one already there for this trial (a resumed sweep: marked RUNNING again,
-    the loop continues its curves), else a new one under the parent. Returns its run id."""
+    the loop continues its curves), else a new one under the parent, with the run parameters ``logged`` and the
+    ``tags``. Returns its run id."""
     from nre_ray import tracking
 
     found = find_child_run(tracking_uri, parent_run_id, trial_id)
     if found is not None:
         tracking.reopen_run(tracking_uri, found)
         return found
-    tags = {PARENT_TAG: parent_run_id, TRIAL_TAG: trial_id, "nre_ray.run_name": f"{sweep_name}/{trial_id}",
-            "nre_ray.searched": json.dumps(params, sort_keys=True)}
-    return tracking.start_run(tracking_uri, experiment, trial_name, tags)
+    tags = {**(tags or {}), PARENT_TAG: parent_run_id, TRIAL_TAG: trial_id,
+            "nre_ray.run_name": f"{sweep_name}/{trial_id}", "nre_ray.searched": json.dumps(params, sort_keys=True)}
+    run_id = tracking.start_run(tracking_uri, experiment, trial_name, tags)
+    if logged:
+        tracking.MlflowTracker(tracking_uri, run_id).log_params(logged)
+    return run_id
 
 
 def find_child_run(tracking_uri: str, parent_run_id: str, trial_id: str) -> str | None:

@@ -48,7 +48,16 @@ def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch
     run = client.get_run(summary["run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "sample"
     assert run.data.params["train.epochs"] == "2" and run.data.params["model.model"] == "cnn"
-    assert run.data.tags["workers"] == "2"
+    assert run.data.tags["workers"] == "2" and int(run.data.tags["threads_per_worker"]) >= 1
+    assert int(run.data.params["data.train_rows"]) > 0 and int(run.data.params["data.num_classes"]) == 9
+    # the start-up split, reported with the first epoch: one value each at step 0, stamped at the first step
+    startup = {name: client.get_metric_history(run.info.run_id, f"system/startup_{name}_s")
+               for name in ("imports", "ray", "preprocess", "workers", "loop_setup", "total")}
+    assert all(len(points) == 1 and points[0].step == 0 for points in startup.values()), startup
+    assert startup["total"][0].timestamp == startup["workers"][0].timestamp
+    assert startup["total"][0].timestamp < min(m.timestamp for m in client.get_metric_history(
+        run.info.run_id, "epoch/train_loss"))
+    assert "system/startup_first_step_at" not in run.data.metrics
     history = client.get_metric_history(run.info.run_id, "epoch/valid_macro_f1")
     assert sorted(m.step for m in history) == [1, 2]
     for name in ("epoch/train_loss", "epoch/valid_accuracy", "epoch/valid_micro_f1", "epoch/train_lr",

@@ -28,8 +28,9 @@ def test_metric_names_put_curves_first_and_bookkeeping_aside():
                      "epoch/valid_accuracy": 2, "epoch/train_lr": 2, "system/examples_per_sec": 2,
                      "system/epoch_seconds": 2, "system/epoch_cpu_seconds": 2}
     assert tags == {"best_epoch": "1"}
-    logged, tags = tracking.mlflow_metrics({"test_macro_f1": 0.7, "best_epoch": 3, "startup_total_s": 9.5}, step=3)
-    assert logged == [("test/macro_f1", 0.7, 0), ("system/startup_total_s", 9.5, 3)] and tags == {"best_epoch": "3"}
+    logged, tags = tracking.mlflow_metrics({"test_macro_f1": 0.7, "best_epoch": 3, "startup_total_s": 9.5,
+                                            tracking.FIRST_STEP_AT: 1.7e9}, step=3)
+    assert logged == [("test/macro_f1", 0.7, 0), ("system/startup_total_s", 9.5, 0)] and tags == {"best_epoch": "3"}
     assert tracking.mlflow_name("trials_completed") == "trials_completed"  # not a curve: as it is
     for key in ("train_loss", "lr", "valid_pos_macro_f1", "test_accuracy", "startup_ray_s", "examples_per_sec"):
         assert tracking.loop_name(tracking.mlflow_name(key)) == key
@@ -76,15 +77,17 @@ def test_run_has_source_user_datasets_and_resolved_params(store, tmp_path):
 def test_metrics_read_back_under_the_loop_names(store):
     uri, run_id, client = store
     tracker = tracking.MlflowTracker(uri, run_id)
-    tracker.log_metrics({"startup_total_s": 9.0}, step=0)
-    tracker.log_metrics(EPOCH, step=1)
+    # the first epoch reports the start-up split, stamped with the first step's time
+    tracker.log_metrics({**EPOCH, "startup_total_s": 9.0, tracking.FIRST_STEP_AT: 1_700_000_000.5}, step=1)
     tracker.log_metrics({**EPOCH, "epoch": 2, "valid_macro_f1": 0.4, "selection_rank": 0}, step=2)
     tracker.log_metrics({"best_epoch": 1, "test_macro_f1": 0.55}, step=1)
     assert tracking.metric_steps(uri, run_id, "epoch") == {1, 2}
     metrics = tracking.run_metrics(uri, run_id)
     assert metrics["test_macro_f1"] == 0.55 and metrics["valid_macro_f1"] == 0.4 and metrics["startup_total_s"] == 9
     run = client.get_run(run_id)
-    assert not {"epoch", "selection_rank", "best_epoch"} & set(run.data.metrics)
+    assert not {"epoch", "selection_rank", "best_epoch", tracking.FIRST_STEP_AT} & set(run.data.metrics)
+    (startup,) = client.get_metric_history(run_id, "system/startup_total_s")
+    assert (startup.step, startup.timestamp) == (0, 1_700_000_000_500)
     assert run.data.tags["best_epoch"] == "1"
     assert [m.step for m in client.get_metric_history(run_id, "test/macro_f1")] == [0]
 
