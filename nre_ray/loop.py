@@ -230,11 +230,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                                      lowercase=cfg.data.lowercase)
         # The run's parameters and tags were logged by the driver (nre_ray.train, nre_ray.tune_trial): this process
         # imports MLflow only if it logs (vectors here, a resume above, the final reports), never before its first step.
-        if rank == 0 and hits is not None:
-            tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
+        if hits is not None:
             notes.append(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}")
+            if rank == 0:
+                tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
 
-    if notes:
+    if notes:  # every rank has the same number of notes (from the same checkpoint and settings), or none
         tell_console(notes, rank)
     model = place_and_restore(model, optimizer, scheduler, scaler, restore)
     generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])

@@ -137,6 +137,9 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     with out.phase("setup", "checking the settings, the inputs and the run's storage") as step:
         target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
         step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
+    from nre_ray import tracking
+
+    warm = tracking.warm_up(target.tracking_uri)  # MLflow's import and store, while Ray starts
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
     with out.phase("ray", ray_phase(cfg.run.address)) as step:
         resources = connect(cfg, target, step)
@@ -145,9 +148,8 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
         prepared = prepare_data(cfg, target, step)
     marks.append(time.perf_counter())
     with out.phase("mlflow", f"creating the run in {target.tracking_uri}") as step:
+        warm.join()
         run_id, tracker = open_tracking(cfg, target, prepared)
-        from nre_ray import tracking
-
         tracker.log_params(tracking.resolved_params(cfg, target, resources))  # what was used, not what was typed
         tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
                              "startup_preprocess_s": marks[2] - marks[1]}, step=0)

@@ -85,6 +85,24 @@ def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch
     assert "already has checkpoints" in capsys.readouterr().err
 
 
+def test_word_vectors_on_two_workers_say_so_on_the_console(ray_cluster, tmp_path, monkeypatch, capsys):
+    """Every rank loads the vectors; rank 0's note reaches the driver's console as a plain line, and the workers
+    go on (a report that one rank made and the other did not would hang them)."""
+    monkeypatch.chdir(tmp_path)
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("".join(f"{w} " + " ".join(["0.25"] * 8) + "\n" for w in ("the", "of", "in", "zzzq")),
+                       encoding="utf-8")
+    code = main(["--num-workers", "2", "--epochs", "1", "--run-name", "vectors", "--word-dim", "8",
+                 "--embeddings", str(vectors), "--summary-json", "s.json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(r"^\[ *\d+\.\ds\] embeddings: 3 of \d+ vocabulary words found in " + re.escape(str(vectors)), out,
+                     re.M), out
+    assert "pid=" not in out
+    run = _client(tmp_path).get_run(json.loads(Path("s.json").read_text())["run_id"])
+    assert run.data.params["embeddings.hits"] == "3"
+
+
 def test_chinese_data_without_valid_file(ray_cluster, tmp_path, monkeypatch, shared_datasets):
     """DeepKE's Chinese data: no valid file (a stratified split of train), extra columns, CJK tokens."""
     monkeypatch.chdir(tmp_path)
