@@ -39,7 +39,7 @@ from nre_ray.models.registry import ModelSpec
 
 #: The columns a prediction needs (``relation`` is not needed and is ignored when present).
 INPUT_COLUMNS = ("sentence", "head", "head_offset", "tail", "tail_offset")
-def _typed(vocab: Vocab) -> bool:
+def learnt_types(vocab: Vocab) -> bool:
     """Whether the model learnt typed entity markers (its training rows had head_type/tail_type)."""
     return any(token.startswith(("<e1:", "<e2:")) for token in vocab.tokens)
 
@@ -81,7 +81,7 @@ def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: lis
     checked = check_rows(batch)
     if labels is not None:
         checked = _mark_unknown_labels(checked, labels)
-    if data.typed_markers and not {"head_type", "tail_type"} <= set(checked.columns) and _typed(vocab):
+    if data.typed_markers and not {"head_type", "tail_type"} <= set(checked.columns) and learnt_types(vocab):
         _warn_untyped()
     if vocab.subword:
         if not assets:

@@ -87,12 +87,21 @@ def signature() -> Any:
     return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
 
 
-def input_example(rows: int = 2) -> pd.DataFrame:
-    """The first rows of the bundled sample's test file, as the model takes them."""
+def input_example(rows: int = 2, typed: bool = False) -> pd.DataFrame:
+    """The first rows of the bundled sample's test file, as the model takes them: with ``head_type``/``tail_type``
+    for a model trained with typed entity markers (``typed``), which reads them."""
     path = Path(str(resources.files("nre_ray.data") / "sample" / "test.csv"))
     frame = pd.read_csv(path, nrows=rows, keep_default_na=False)
-    return frame[["sentence", "head", "head_offset", "tail", "tail_offset"]].astype(
-        {"head_offset": "int64", "tail_offset": "int64"})
+    columns = ["sentence", "head", "head_offset", "tail", "tail_offset", *(["head_type", "tail_type"] if typed else [])]
+    return frame[columns].astype({"head_offset": "int64", "tail_offset": "int64"})
+
+
+def _typed(checkpoint: Path) -> bool:
+    """Whether the checkpoint's model learnt typed entity markers (its vocabulary has them)."""
+    from nre_ray.data.vocab import Vocab
+    from nre_ray.inference import learnt_types
+
+    return learnt_types(Vocab.from_json(json.loads((checkpoint / "vocab.json").read_text(encoding="utf-8"))))
 
 
 def pip_requirements(extra: tuple[str, ...] = ()) -> list[str]:
@@ -153,7 +162,7 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
                                                    experiment_id=run.info.experiment_id, params=run.data.params)
             info = mlflow.pyfunc.log_model(
                 name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)}, model_id=model.model_id,
-                code_paths=[str(code)], signature=signature(), input_example=input_example(),
+                code_paths=[str(code)], signature=signature(), input_example=input_example(typed=_typed(slim)),
                 pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
                 registered_model_name=registered_model_name,
             )

@@ -21,6 +21,8 @@ def test_signature_example_and_requirements():
     assert sig.params.params[0].name == "top_k"
     example = input_example()
     assert list(example.columns) == required and example["head_offset"].dtype == "int64"
+    typed = input_example(typed=True)  # what a model trained with typed markers reads
+    assert list(typed.columns) == [*required, "head_type", "tail_type"] and (typed["head_type"] != "").all()
     pins = pip_requirements()
     assert any(p.startswith("torch==") for p in pins) and any(p.startswith("mlflow==") for p in pins)
     assert all("+" not in p for p in pins)
