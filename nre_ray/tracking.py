@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,24 +100,18 @@ def _client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri)
 
 
-def warm_up(tracking_uri: str) -> threading.Thread:
-    """Import MLflow, and open the store when it is a sqlite file that exists, in a background thread: the driver
-    does this while Ray starts and the data is preprocessed, which mostly wait on other processes. Join the thread
-    before using MLflow. A new sqlite file is not created here (a run that fails before MLflow leaves none), and any
-    error is left for the real call to report."""
-    def work() -> None:
-        try:
-            import mlflow.tracking  # noqa: F401
+def warm_up(tracking_uri: str) -> None:
+    """Import MLflow, and open the store when it is a sqlite file that exists: what the driver does in a background
+    thread while Ray starts (:func:`nre_ray.train.warm_up`). A new sqlite file is not created here (a run that fails
+    before MLflow leaves none), and any error is left for the real call to report."""
+    try:
+        import mlflow.tracking  # noqa: F401
 
-            path = tracking_uri[len("sqlite:///"):] if tracking_uri.startswith("sqlite:///") else None
-            if path and Path(path).is_file():  # (a client of a new sqlite path would create the file)
-                _client(tracking_uri).get_experiment_by_name("Default")  # the store's engine, its schema checked
-        except Exception:  # the run's own MLflow calls report it
-            pass
-
-    thread = threading.Thread(target=work, name="nre_ray-mlflow-warm-up", daemon=True)
-    thread.start()
-    return thread
+        path = tracking_uri[len("sqlite:///"):] if tracking_uri.startswith("sqlite:///") else None
+        if path and Path(path).is_file():  # (a client of a new sqlite path would create the file)
+            _client(tracking_uri).get_experiment_by_name("Default")  # the store's engine, its schema checked
+    except Exception:  # the run's own MLflow calls report it
+        pass
 
 
 class Tracker:

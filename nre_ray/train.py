@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +140,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
         step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
     from nre_ray import tracking
 
-    warm = tracking.warm_up(target.tracking_uri)  # MLflow's import and store, while Ray starts
+    warm = warm_up(target.tracking_uri)  # MLflow and torch imported while Ray starts
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
     with out.phase("ray", ray_phase(cfg.run.address)) as step:
         resources = connect(cfg, target, step)
@@ -209,6 +210,24 @@ def resolve_target(cfg: Config) -> Target:
         # The cache is published under the storage path; the local copy stays out of the job's working directory.
         cfg.data.cache_dir = str(Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "cache")
     return Target(run_name, storage, tracking_uri, resumed)
+
+
+def warm_up(tracking_uri: str) -> threading.Thread:
+    """Start a thread that imports MLflow (and opens its store: :func:`nre_ray.tracking.warm_up`), then torch, which
+    the driver needs after Ray has started: starting Ray mostly waits on Ray's own processes. Join it before using
+    MLflow. (Neither imports Ray, nor Ray them: the two threads' imports never wait on each other in a cycle.)"""
+    def work() -> None:
+        from nre_ray import tracking
+
+        tracking.warm_up(tracking_uri)
+        try:
+            import torch  # noqa: F401
+        except ImportError:  # reported where it is needed
+            pass
+
+    thread = threading.Thread(target=work, name="nre_ray-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> Resources:

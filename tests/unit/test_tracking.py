@@ -122,8 +122,6 @@ def test_logged_model_carries_the_scores_of_its_epoch(store, tmp_path):
 def test_the_warm_up_creates_no_store_and_leaves_errors_to_the_run(store, tmp_path):
     missing = tmp_path / "new" / "mlflow.db"
     for uri in (f"sqlite:///{missing}", store[0], "http://127.0.0.1:9"):  # a new file, the store, a dead server
-        thread = tracking.warm_up(uri)
-        thread.join(timeout=60)
-        assert not thread.is_alive()
+        tracking.warm_up(uri)
     assert not missing.exists() and not missing.parent.exists()
     assert tracking.find_run(store[0], "t", "run-1", "missing") is None  # the warmed store still answers
