@@ -218,7 +218,8 @@ def start_run(tracking_uri: str, experiment_name: str, run_name: str, tags: dict
     else:
         experiment_id = experiment.experiment_id
     if experiment is None or EXPERIMENT_KIND[0] not in experiment.tags:
-        # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces); this opens its runs
+        # MLflow 3's UI treats an experiment without this tag as a GenAI one (traces); the view a browser opens in
+        # is its own choice, which the address that run_page gives sets
         client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
     run = client.create_run(experiment_id, run_name=run_name, tags={**source_tags(), **tags})
     return run.info.run_id
@@ -287,6 +288,18 @@ def set_run_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
     client = _client(tracking_uri)
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
+
+
+def experiment_id(tracking_uri: str, run_id: str) -> str:
+    """The id of the experiment the run is in."""
+    return _client(tracking_uri).get_run(run_id).info.experiment_id
+
+
+def run_page(ui: str, experiment: str | None, run_id: str) -> str:
+    """The address of the run's page in the MLflow UI at ``ui``, in its "Model training" view: MLflow 3's UI opens
+    in its GenAI view (traces) until a browser has chosen otherwise, whatever the experiment's kind."""
+    where = f"#/experiments/{experiment}/runs/{run_id}" if experiment else "#/experiments"
+    return f"{ui.rstrip('/')}/{where}?workflowType=machine_learning"
 
 
 def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
@@ -410,6 +423,7 @@ __all__ = [
     "Tracker",
     "data_params",
     "end_run",
+    "experiment_id",
     "find_run",
     "link_model_metrics",
     "log_datasets",
@@ -422,6 +436,7 @@ __all__ = [
     "resolve_tracking_uri",
     "resolved_params",
     "run_metrics",
+    "run_page",
     "source_tags",
     "split_datasets",
     "start_run",

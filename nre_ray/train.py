@@ -452,6 +452,7 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
         tracking.set_run_tags(target.tracking_uri, run_id, {"nre_ray.stop_reason": stopped})
     return {
         "run_id": run_id, "run_name": target.run_name, "experiment": cfg.run.experiment_name,
+        "experiment_id": tracking.experiment_id(target.tracking_uri, run_id),
         "tracking_uri": target.tracking_uri, "storage_path": target.storage,
         "best_checkpoint": _full_path(best.path, target.storage) if best else None,
         "best_epoch": int(best_metrics.get("epoch", 0)) if best_metrics else None,
@@ -519,14 +520,22 @@ def print_summary(summary: dict[str, Any]) -> None:
     print_model_and_ui(summary)
 
 
+#: Where ``mlflow ui`` (and ``make ui``) serves by default.
+UI_ADDRESS = "http://127.0.0.1:5000"
+
+
 def print_model_and_ui(summary: dict[str, Any]) -> None:
     """The summary's last lines (a run's and a sweep's): the logged model, and how to look at the runs."""
     if summary.get("model_uri"):
         print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
                                                   if summary.get("registered_model_uri") else ""))
+    from nre_ray.tracking import run_page
+
     uri = summary["tracking_uri"]
-    print(f"look at it: open {uri} in a browser" if uri.startswith(("http://", "https://"))
-          else f"look at it: mlflow ui --backend-store-uri {uri}", flush=True)
+    server = uri.startswith(("http://", "https://"))
+    page = run_page(uri if server else UI_ADDRESS, summary.get("experiment_id"), summary["run_id"])
+    print(f"look at it: open {page}" if server
+          else f"look at it: mlflow ui --backend-store-uri {uri} (or make ui), then open {page}", flush=True)
 
 
 EXAMPLES = """\

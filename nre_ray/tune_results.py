@@ -132,7 +132,8 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
     tracker.log_metrics({f"best_{metric}": best[f"best_{metric}"], "best_epoch": best["best_epoch"]}, step=0)
     test, model = score_and_log(cfg, target, prepared, checkpoint, tracker, parent)
     return {"sweep": target.run_name, "run_id": parent, "experiment": cfg.run.experiment_name,
-            "tracking_uri": target.tracking_uri, "storage_path": path, "select_metric": metric,
+            "experiment_id": tracking.experiment_id(target.tracking_uri, parent), "tracking_uri": target.tracking_uri,
+            "storage_path": path, "select_metric": metric,
             "trials": trials, "best_trial": best["trial_id"], "best_run_id": best["mlflow_run_id"],
             "best_params": {k: best[k] for k in keys}, "best_valid": best[f"best_{metric}"],
             "best_epoch": best["best_epoch"], "best_checkpoint": checkpoint.path, "test": test, **model}

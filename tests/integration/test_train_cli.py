@@ -37,6 +37,9 @@ def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch
     assert len(re.findall(r"^epoch   \d/2  ", out, re.M)) == 2
     assert "RayTrainWorker" not in out and "\x1b[" not in out
     assert "warning" not in out  # (logging the model once warned of rows without entity types: its own example)
+    assert re.search(r"^look at it: mlflow ui --backend-store-uri sqlite:///.* then open "
+                     r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}\?workflowType=machine_learning$",
+                     out, re.M), out[-500:]
 
     summary = json.loads(summary_path.read_text())
     assert summary["run_name"] == "sample" and summary["best_epoch"] in (1, 2)

@@ -125,3 +125,9 @@ def test_the_warm_up_creates_no_store_and_leaves_errors_to_the_run(store, tmp_pa
         tracking.warm_up(uri)
     assert not missing.exists() and not missing.parent.exists()
     assert tracking.find_run(store[0], "t", "run-1", "missing") is None  # the warmed store still answers
+
+
+def test_the_run_page_opens_in_the_model_training_view():
+    assert tracking.run_page("http://127.0.0.1:5000/", "3", "abc") == \
+        "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert tracking.run_page("http://h:5000", None, "abc") == "http://h:5000/#/experiments?workflowType=machine_learning"
