@@ -73,7 +73,7 @@ class DataConfig:
     negative_label: str | None = _f(None, "The 'no relation' label (e.g. Other, no_relation, NA); adds the "
                                           "positive-class scores and makes them the default selection metric.")
     cache_dir: str | None = _f(None, "Folder for the preprocessing cache (default: .nre_ray_cache in the working "
-                                     "directory).")
+                                     "directory; under the storage path with --allow-local-storage).")
     no_cache: bool = _f(False, "Rebuild the preprocessed data even when a cached copy exists.")
     entity_markers: bool = _f(True, "Wrap the head and the tail in marker tokens ([E1] ... [/E1], [E2] ... [/E2]) "
                                     "that the encoders trained from scratch read as words (--model bert always "
@@ -171,7 +171,9 @@ class RunConfig:
                                "(runs:/<run_id>/model), which labels raw rows and can be served.")
     allow_local_storage: bool = _f(False, "On a cluster of several nodes, accept a --storage-path on this machine's "
                                           "disk or a tracking URI only this machine reaches (with a warning): for a "
-                                          "folder mounted at the same path on every node, such as NFS.")
+                                          "folder mounted at the same path on every node, such as NFS. The "
+                                          "preprocessing cache then goes under it (.nre_ray_cache) unless "
+                                          "--cache-dir is given.")
     register_model: str | None = _f(None, "Also register that model in the MLflow model registry under this name "
                                           "(models:/NAME/1, 2, ...).")
 

@@ -209,6 +209,10 @@ def resolve_target(cfg: Config) -> Target:
     if cfg.data.cache_dir is None and fs.is_uri(storage):
         # The cache is published under the storage path; the local copy stays out of the job's working directory.
         cfg.data.cache_dir = str(Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "cache")
+    elif cfg.data.cache_dir is None and cfg.run.allow_local_storage:
+        # A folder mounted at the same path on every node: the cache goes there too, so that every node reads it
+        # (the working directory of a job is a folder of the head node) and preprocessing can run on any node.
+        cfg.data.cache_dir = str(Path(storage) / ".nre_ray_cache")
     return Target(run_name, storage, tracking_uri, resumed)
 
 
@@ -252,6 +256,16 @@ def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> R
     return resources
 
 
+def cache_on_every_node(cfg: Config, storage: str) -> bool:
+    """The preprocessing cache is on every node: under a local ``--storage-path`` that ``--allow-local-storage``
+    says is mounted at the same path on every node."""
+    from nre_ray import storage as fs
+
+    if not cfg.run.allow_local_storage or fs.is_uri(storage) or not cfg.data.cache_dir:
+        return False
+    return Path(cfg.data.cache_dir).absolute().is_relative_to(Path(storage).absolute())
+
+
 def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None) -> Any:
     """Preprocess with Ray Data (cached; under the storage path too when that is remote) and say what came out
     (``step``: the console phase that says so). Checks that ``--select-metric`` exists for these labels."""
@@ -261,7 +275,8 @@ def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None)
     step = step or console.Phase(console.get(), "preprocess", "preprocessing")
     pretrained = cfg.model.pretrained if cfg.model.model == "bert" else None
     shared = fs.join(target.storage, ".nre_ray_cache") if fs.is_uri(target.storage) else None
-    prepared = prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared)
+    prepared = prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared,
+                       on_every_node=cache_on_every_node(cfg, target.storage))
     rows = ", ".join(f"{name} {len(split)}" for name, split in prepared.splits.items())
     step.done(f"{rows} rows; {len(prepared.labels)} labels; vocabulary {len(prepared.vocab)}"
               + ("; reused from the cache" if prepared.cache_hit else "")

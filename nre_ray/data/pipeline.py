@@ -232,7 +232,8 @@ def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_
         return False
 
 
-def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None) -> Prepared:
+def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
+            on_every_node: bool = False) -> Prepared:
     """Read, validate, tokenize, build the vocabulary, encode every split and audit the data (cached).
 
     ``pretrained`` (``--model bert``): encode with that model's fast tokenizer and entity markers instead (see
@@ -251,6 +252,11 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
     it is downloaded (into a private folder, then renamed like a build) and used (``cache_hit``); otherwise the
     result is built here and published there, ``meta.json`` last. A shared cache that cannot be read or written is
     logged as a warning and preprocessing goes on without it.
+
+    ``on_every_node``: the cache folder is mounted at the same path on every node (``--allow-local-storage`` with
+    the cache under the storage path): the tasks that tokenize, count and encode then run on any node, writing their
+    files into the build folder there. Otherwise, on a cluster of several nodes, they run on the driver's node,
+    where the build folder is. Tasks that read local input files always run there.
 
     Raises :class:`DataError` for bad input (with ``--on-bad-rows error``, bad rows too: the first problems and a
     count).
@@ -277,7 +283,7 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
              cache, f" and published to {shared}" if shared else "")
     private = _private_folder(cache)
     try:
-        built = _prepare(cfg, files, seed, private, pretrained)
+        built = _prepare(cfg, files, seed, private, pretrained, on_every_node)
         save_prepared(built, private)
         prepared = _install_built(built, private, cache, replace=cfg.no_cache)
     finally:
@@ -637,28 +643,30 @@ def check_inputs(cfg: DataConfig, files: dict[str, Source] | None = None) -> tup
 
 
 def _prepare(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path,
-             pretrained: str | None = None) -> Prepared:
+             pretrained: str | None = None, on_every_node: bool = False) -> Prepared:
     """Build the result in ``folder`` (a private build folder): the Ray passes write their files under
-    ``folder/work/``, removed at the end; the encoded splits end up in ``folder`` itself."""
+    ``folder/work/``, removed at the end; the encoded splits end up in ``folder`` itself. ``on_every_node``: see
+    :func:`prepare`."""
     column_map, label_list = check_inputs(cfg, files)
     work = folder / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        return _prepare_in(cfg, files, seed, folder, work, column_map, label_list, pretrained)
+        return _prepare_in(cfg, files, seed, folder, work, column_map, label_list, pretrained, on_every_node)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path, work: Path,
                 column_map: dict[str, str] | None, label_list: list[str] | None,
-                pretrained: str | None = None) -> Prepared:
+                pretrained: str | None = None, on_every_node: bool = False) -> Prepared:
     import ray
     import ray.data
 
     quiet_ray_data()
     inputs = [split for split in SPLITS if split in files]
-    on_driver = _driver_node_args()
+    driver_node = _driver_node_args()  # where local input files are read
+    on_driver = {} if on_every_node else driver_node  # where the tasks that write into the build folder run
     valid_from_train = "valid" not in files
 
     # 1. read, check, tokenize, stage (Ray Data): the driver takes the blocks' summaries only
@@ -668,7 +676,7 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     summaries = (
         dataset
         .map_batches(stages.read_files, batch_size=1, batch_format="pandas", num_cpus=0,
-                     **_reader_args(files, inputs, on_driver),
+                     **_reader_args(files, inputs, driver_node),
                      fn_kwargs={"fmt": cfg.format, "column_map": column_map, "rows_per_chunk": ROWS_PER_CHUNK})
         .map_batches(stages.stage_block, batch_size=None, batch_format="pandas", **on_driver,
                      fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "folder": str(work),

@@ -55,12 +55,6 @@ def workdir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture
-def cache_dir(tmp_path_factory) -> Path:
-    """The preprocessing cache the other CLI tests of the session use (filled by the first of them)."""
-    return tmp_path_factory.getbasetemp() / "nre_ray_cache"
-
-
 def _start_node(started: list, workdir: Path, name: str, args: list[str]):
     """``ray start ARGS`` (blocking, so the test owns the node's processes); a second try if Ray's fixed 30 s for a
     raylet to register runs out, which happens when the machine is very busy."""
@@ -79,7 +73,7 @@ def _start_node(started: list, workdir: Path, name: str, args: list[str]):
     raise AssertionError("unreachable")
 
 
-def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
+def test_two_nodes_with_an_mlflow_server(workdir):
     started = []
     try:
         # MLflow tracking server: sqlite store, artifacts proxied by the server into ./mlartifacts (its cwd).
@@ -103,9 +97,10 @@ def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
         storage, summary, log = workdir / "storage", workdir / "summary.json", workdir / "train.log"
         train = start(cli("--address", f"127.0.0.1:{port}", "--num-workers", "2", "--epochs", "2",
                           "--run-name", "two-nodes", "--experiment-name", "multinode", "--tracking-uri", tracking_uri,
-                          "--storage-path", str(storage), "--cache-dir", str(cache_dir),
+                          "--storage-path", str(storage),
                           # the two nodes share this machine's disk, as NFS would: a local path is allowed, with a
-                          # warning (without the flag it is refused on a cluster of several nodes)
+                          # warning (without the flag it is refused on a cluster of several nodes), and the
+                          # preprocessing cache goes under it, where every node reads it (no --cache-dir)
                           "--allow-local-storage", "--summary-json", str(summary)), log, workdir)
         started.append(train)
         # The worker processes are children of each node's raylet: one below each `ray start`.
@@ -123,6 +118,8 @@ def test_two_nodes_with_an_mlflow_server(workdir, cache_dir):
         assert run.info.status == "FINISHED" and run.data.tags["workers"] == "2"
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch/train_loss")) == [1, 2]
         assert "test/macro_f1" in run.data.metrics and run.data.params["train.num_workers"] == "2"
+        assert run.data.params["data.cache_dir"] == str(storage / ".nre_ray_cache")
+        assert len(list((storage / ".nre_ray_cache").glob("*/meta.json"))) == 1  # built and published there
         assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # the server decides where artifacts go
         listed = {a.path for a in client.list_artifacts(run.info.run_id, "best_checkpoint")}
         assert {"best_checkpoint/state.pt", "best_checkpoint/meta.json", "best_checkpoint/vocab.json"} <= listed

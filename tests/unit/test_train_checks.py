@@ -44,3 +44,21 @@ def test_select_metric_and_model_are_checked_before_ray_starts(in_tmp, capsys):
 def test_summary_json_folder_must_exist(in_tmp, capsys):
     err = _refused(["--summary-json", "missing/summary.json"], capsys)
     assert "--summary-json missing/summary.json: the folder" in err
+
+
+def test_allow_local_storage_puts_the_cache_under_the_storage_path_where_every_node_reads_it(tmp_path, monkeypatch):
+    from nre_ray.config import Config
+    from nre_ray.train import cache_on_every_node, resolve_target
+
+    monkeypatch.chdir(tmp_path)
+    storage = tmp_path / "nfs" / "runs"
+    cfg = Config.from_dict({"run": {"storage_path": str(storage), "allow_local_storage": True, "run_name": "r"}})
+    resolve_target(cfg)
+    assert cfg.data.cache_dir == str(storage / ".nre_ray_cache") and cache_on_every_node(cfg, str(storage))
+    own = Config.from_dict({"run": {"storage_path": str(storage), "allow_local_storage": True, "run_name": "r"},
+                            "data": {"cache_dir": str(tmp_path / "local_cache")}})
+    resolve_target(own)  # a --cache-dir of the user's stays, and off the storage path it is this node's only
+    assert own.data.cache_dir == str(tmp_path / "local_cache") and not cache_on_every_node(own, str(storage))
+    plain = Config.from_dict({"run": {"storage_path": str(storage), "run_name": "r"}})
+    resolve_target(plain)
+    assert plain.data.cache_dir is None and not cache_on_every_node(plain, str(storage))
