@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import sys
@@ -272,6 +273,9 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
         plan_resources(num_workers, True, alive_nodes())
     cpu = resources.per_worker["CPU"]
     quiet_ray_data()
+    for handler in logging.getLogger("ray.data").handlers:  # (its loggers' records all go through these)
+        if not any(isinstance(f, _ActorDeathFilter) for f in handler.filters):
+            handler.addFilter(_ActorDeathFilter())
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
 
@@ -293,6 +297,16 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
             num_cpus=cpu, num_gpus=1 if use_gpu else 0, max_restarts=0,
         )
     return ds.iter_batches(batch_size=None, batch_format="pandas")
+
+
+class _ActorDeathFilter(logging.Filter):
+    """Drops Ray Data's reports of an actor's death (stack traces, "Exception occurred in Ray Data or Ray Core
+    internal code ..."): :func:`main` says what happened in one line. Ray Data logs them while it handles the error,
+    so the record's exception, or else the one being handled, is the one reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        return err is None or not _worker_died(err)
 
 
 def _worker_died(err: BaseException) -> bool:

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -194,6 +195,8 @@ def start_ray(address: str | None, num_workers: int, log_to_driver: bool = True)
 
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")     # in a log file
     address = address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
         return

@@ -593,8 +593,6 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
         os.environ.setdefault(key, value)
     console.use(console.Console(started=started))
-    if not sys.stdout.isatty():  # lines Ray forwards from its processes: no colour codes in a log file
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("nre_ray").setLevel(logging.INFO)
     for noisy in ("ray.data", "mlflow"):

@@ -225,3 +225,34 @@ def test_evaluate_gives_identical_scores_on_1_2_and_3_workers(trained, tmp_path,
     err = capsys.readouterr().err
     assert f"{path}:5: relation: label 'parent_of' is not one of the checkpoint's" in err
     assert "Labels the checkpoint does not know: 'parent_of'" in err
+
+
+def test_a_prediction_worker_that_dies_ends_the_command_with_one_clear_error(trained, tmp_path):
+    """The actor pool's worker process killed (as the OOM killer would) while it labels: exit status 1, a one-line
+    error that says what to do, no traceback, and no output file (actors are not restarted: predict.py says why)."""
+    from tests.procs import cmdline, descendants, env, stop_tree
+
+    rows = pd.concat([sample_rows(500)] * 200, ignore_index=True)  # 100,000 rows: the actor labels for seconds
+    source, out = tmp_path / "big.csv", tmp_path / "out.csv"
+    rows.to_csv(source, index=False)
+    proc = subprocess.Popen([sys.executable, "-m", "nre_ray.predict", "--model", trained["best_checkpoint"], "--input",
+                             str(source), "--output", str(out), "--local-max-rows", "0", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            actors = [p for p in descendants(proc.pid) if "MapWorker" in cmdline(p) and "PredictChunks" in cmdline(p)]
+            if actors:
+                time.sleep(1)  # labelling by now
+                os.kill(actors[0], signal.SIGKILL)
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no prediction actor appeared")
+        said, _ = proc.communicate(timeout=180)
+    finally:
+        stop_tree(proc)
+    assert proc.returncode == 1, said
+    assert "error: a prediction worker died (ActorDiedError), most often killed for memory: nothing was written" \
+        in said and "Traceback" not in said and "\x1b[" not in said, said
+    assert not out.exists() and not (tmp_path / "out.csv.partial").exists()
