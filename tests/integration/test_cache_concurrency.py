@@ -149,7 +149,8 @@ def procs_cwd() -> Path:
 def _stand_in(calls: list[Path], tag: str = "built") -> object:
     """A ``pipeline._prepare`` that records the folder it builds in and writes rejected.csv and pretrained/ there."""
 
-    def build(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None) -> object:
+    def build(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None,
+              on_every_node: bool = False) -> object:
         calls.append(folder)
         assert folder.is_dir()
         arrays = {k: np.arange(6, dtype=np.int32).reshape(3, 2) if k.endswith("span") else
@@ -250,7 +251,8 @@ def test_a_builder_that_loses_the_race_uses_the_published_cache(data_cfg: DataCo
     calls: list[Path] = []
     build = _stand_in(calls, tag="mine")
 
-    def lose(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None) -> object:
+    def lose(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None,
+             on_every_node: bool = False) -> object:
         other = cache.parent / "other-run"  # the other run publishes first
         other.mkdir()
         pipeline.save_prepared(_stand_in([], tag="theirs")(cfg, files, seed, other), other)
@@ -291,7 +293,8 @@ def test_a_failed_build_leaves_nothing_and_only_dead_builders_folders_are_cleane
     for path in (folders["old elsewhere"] / "staging", folders["old elsewhere"]):
         os.utime(path, (week_ago, week_ago))
 
-    def fail(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None) -> object:
+    def fail(cfg: DataConfig, files: dict, seed: int, folder: Path, pretrained: str | None = None,
+             on_every_node: bool = False) -> object:
         (folder / "staging").mkdir()
         raise pipeline.DataError([pipeline.Problem("f.csv", 1, None, "bad")])
 
