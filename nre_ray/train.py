@@ -148,19 +148,17 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     with out.phase("preprocess", "reading, checking and encoding the data (Ray Data)") as step:
         prepared = prepare_data(cfg, target, step)
     marks.append(time.perf_counter())
+    data = trainer_data(prepared)
     with out.phase("mlflow", f"creating the run in {target.tracking_uri}") as step:
         warm.join()
-        run_id, tracker = open_tracking(cfg, target, prepared)
-        tracker.log_params(tracking.resolved_params(cfg, target, resources))  # what was used, not what was typed
+        run_id, tracker = open_tracking(cfg, target, prepared, resources.threads)
+        # What was used, not what was typed, and the loop's data (the workers log nothing before their first step)
+        tracker.log_params({**tracking.resolved_params(cfg, target, resources), **tracking.data_params(data)})
         tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
                              "startup_preprocess_s": marks[2] - marks[1]}, step=0)
         step.done(f"run {run_id} in experiment {cfg.run.experiment_name!r}")
     events = _events_file(cfg)
     try:
-        data = trainer_data(prepared)
-        if target.resumed is None:  # the loop's data and placement (the workers log nothing before their first step)
-            tracker.log_params(tracking.data_params(data))
-            tracker.set_tags({"threads_per_worker": str(resources.threads)})
         trainer = build_trainer(cfg, target, data, resources, run_id, started, events=events)
         return fit(trainer, cfg, target, run_id, events, resources)
     finally:
@@ -303,17 +301,23 @@ def check_select_metric(cfg: Config, labels: list[str]) -> None:
                          f"of {', '.join(available)}")
 
 
-def open_tracking(cfg: Config, target: Target, prepared: Any) -> tuple[str, Any]:
+def placement_tags(cfg: Config, threads: int) -> dict[str, str]:
+    """The run tags that say where it trained: workers, device, torch threads per worker (a run's, a trial's)."""
+    return {"workers": str(cfg.train.num_workers), "device": "gpu" if cfg.train.use_gpu else "cpu",
+            "threads_per_worker": str(threads)}
+
+
+def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> tuple[str, Any]:
     """Create the MLflow run (or reopen the one ``--resume`` continues, after checking the checkpoint fits) and log
-    the data's sources, audit and rejected rows. Returns the run id and a tracker for it."""
+    the data's sources, audit and rejected rows. ``threads``: torch threads per worker (a tag). Returns the run id
+    and a tracker for it."""
     from nre_ray import tracking
     from nre_ray.data.audit import write_audit
 
     resumed = target.resumed
     resume_tags, missing_metrics = (_check_resume(cfg, target.storage, target.run_name, prepared, resumed,
                                                   target.tracking_uri) if resumed is not None else ({}, {}))
-    tags = {"nre_ray.run_name": target.run_name, "workers": str(cfg.train.num_workers),
-            "device": "gpu" if cfg.train.use_gpu else "cpu", "storage_path": target.storage}
+    tags = {"nre_ray.run_name": target.run_name, **placement_tags(cfg, threads), "storage_path": target.storage}
     commit = _git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit

@@ -108,7 +108,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     from nre_ray import tracking
     from nre_ray.config import Config
     from nre_ray.session import PLACEMENT_TIMEOUT_ENV, Resources, root_cause
-    from nre_ray.train import Target, build_trainer
+    from nre_ray.train import Target, build_trainer, placement_tags
     from nre_ray.tune_space import apply
 
     os.environ[PLACEMENT_TIMEOUT_ENV] = str(sweep["placement_timeout"])  # read by the trial's Train controller
@@ -118,8 +118,7 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     run_id = open_child_run(sweep["tracking_uri"], sweep["experiment"], sweep["parent_run_id"], sweep["sweep_name"],
                             trial_id, trial_name, params,
                             logged={**cfg.flat(), **tracking.data_params(sweep["data"])},
-                            tags={"workers": str(cfg.train.num_workers), "threads_per_worker": str(sweep["threads"]),
-                                  "device": "gpu" if cfg.train.use_gpu else "cpu"})
+                            tags=placement_tags(cfg, sweep["threads"]))
     target = Target(run_name=trial_id, storage=sweep["trials_storage"], tracking_uri=sweep["tracking_uri"])
     _RUN.update(queue=Queue(1, actor_options={"num_cpus": 0}), controller=None, stopping=False)
     trainer = build_trainer(cfg, target, sweep["data"], Resources(dict(sweep["per_worker"]), sweep["threads"]),
