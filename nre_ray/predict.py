@@ -272,10 +272,7 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     if use_gpu:
         plan_resources(num_workers, True, alive_nodes())
     cpu = resources.per_worker["CPU"]
-    quiet_ray_data()
-    for handler in logging.getLogger("ray.data").handlers:  # (its loggers' records all go through these)
-        if not any(isinstance(f, _ActorDeathFilter) for f in handler.filters):
-            handler.addFilter(_ActorDeathFilter())
+    quiet_ray_data(_ActorDeathFilter())
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
 

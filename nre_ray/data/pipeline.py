@@ -584,16 +584,19 @@ class _NoProgressNotice(logging.Filter):
         return not record.getMessage().startswith("Progress bars disabled")
 
 
-def quiet_ray_data() -> None:
+def quiet_ray_data(*filters: logging.Filter) -> None:
     """Ray Data's console output: warnings only (no plans or "execution finished" lines), without the progress-bar
-    notice. Its log file in the Ray session (``logs/ray-data/``) still gets everything."""
+    notice, and without what ``filters`` drop (each added once per kind). Its log file in the Ray session
+    (``logs/ray-data/``) still gets everything."""
     import ray.data  # noqa: F401 (configures the "ray.data" logger on import)
 
     for handler in logging.getLogger("ray.data").handlers:
-        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, _NoProgressNotice)
-                                                                  for f in handler.filters):
-            handler.setLevel(logging.WARNING)
-            handler.addFilter(_NoProgressNotice())
+        if not isinstance(handler, logging.StreamHandler):
+            continue
+        handler.setLevel(logging.WARNING)
+        for new in (_NoProgressNotice(), *filters):
+            if not any(type(f) is type(new) for f in handler.filters):
+                handler.addFilter(new)
 
 
 def _block_dataset(items: list[dict[str, str]]) -> Any:
