@@ -39,6 +39,13 @@ from nre_ray.models.registry import ModelSpec
 
 #: The columns a prediction needs (``relation`` is not needed and is ignored when present).
 INPUT_COLUMNS = ("sentence", "head", "head_offset", "tail", "tail_offset")
+#: What a prediction adds to each row.
+OUTPUT_COLUMNS = ("predicted_relation", "score")
+TOP_K_COLUMNS = ("top_k_labels", "top_k_scores")
+ON_BAD_ROWS = ("error", "skip")
+PREDICT_HINT = "Fix these rows, or pass --on-bad-rows skip to predict the good rows only."
+
+
 def learnt_types(vocab: Vocab) -> bool:
     """Whether the model learnt typed entity markers (its training rows had head_type/tail_type)."""
     return any(token.startswith(("<e1:", "<e2:")) for token in vocab.tokens)
@@ -51,13 +58,6 @@ def _warn_untyped() -> None:
         "this model was trained with entity types (typed entity markers); rows without head_type/tail_type columns "
         "get untyped markers, which it saw rarely or never in training: give the types (the same names as in "
         "training) for the accuracy it was measured at")
-
-
-#: What a prediction adds to each row.
-OUTPUT_COLUMNS = ("predicted_relation", "score")
-TOP_K_COLUMNS = ("top_k_labels", "top_k_scores")
-ON_BAD_ROWS = ("error", "skip")
-PREDICT_HINT = "Fix these rows, or pass --on-bad-rows skip to predict the good rows only."
 
 
 def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
