@@ -77,7 +77,7 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model.load_state_dict(payload["state"])
     model.to(ray.train.torch.get_device())  # no DDP: nothing is trained, and ranks may run different batch counts
     data = _resolve(loop_config["data"])
-    # the saved split's files, memory-mapped (this worker reads its shard's rows only), or arrays (flat or padded)
+    # the saved split's files, read by rows (this worker reads its shard's rows only), or arrays (flat or padded)
     split = open_splits(data)["eval"] if "cache" in data else EncodedSplit(data)
     labels = list(loop_config["labels"])
     cm, loss = evaluate(model, eval_loader(split, rank, world_size), len(labels))

@@ -127,11 +127,11 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
     """This worker's view of the encoded splits, from the loop's ``data``.
 
     With ``cache``: ``{"dir": the local cache folder's absolute path, "shared": the shared cache's URI or None,
-    "splits": names}`` (what :func:`nre_ray.train.build_trainer` sends), the splits' ``.npy`` files are memory-mapped
-    from the local folder when it is on this node (one machine, or the same path on every node), else from a copy of
-    the shared cache made once per node (:func:`nre_ray.storage.local_copy`). Nothing is read until a batch asks for
-    its rows, so a worker reads only its shard. With ``splits`` (name -> padded or flat arrays, in memory: tests and
-    local runs), those arrays are used as they are.
+    "splits": names}`` (what :func:`nre_ray.train.build_trainer` sends), the splits' ``.npy`` files are read by rows
+    (:class:`nre_ray.data.rowfile.RowFile`) from the local folder when it is on this node (one machine, or the same
+    path on every node), else from a copy of the shared cache made once per node (:func:`nre_ray.storage.local_copy`).
+    Nothing is read until a batch asks for its rows, so a worker reads only its shard. With ``splits`` (name -> padded
+    or flat arrays, in memory: tests and local runs), those arrays are used as they are.
     """
     if "splits" in data:
         return {name: EncodedSplit(arrays, name) for name, arrays in data["splits"].items()}
@@ -202,7 +202,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     vocab, labels = Vocab.from_json(data["vocab"]), list(data["labels"])
     assets = data.get("assets")  # files every checkpoint carries (a pretrained encoder's tokenizer and config)
-    splits = open_splits(data)  # memory-mapped from the cache folder: this rank reads only the rows it is given
+    splits = open_splits(data)  # read by rows from the cache folder: this rank reads only the rows it is given
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = build_model(cfg.model, spec)
     optimizer, scheduler = build_optimizer(cfg, model, steps_per_epoch(len(splits["train"]), world_size,

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nre_ray.data.markers import MARKER_PATTERN, MARKERS, clean_type, typed_markers, untyped
+from nre_ray.data.rowfile import open_rows
 from nre_ray.data.tokenize import tokenize_example
 from nre_ray.special_tokens import UNK_ID
 
@@ -274,8 +275,8 @@ class EncodedSplit:
     ``tail_pos``, ``segments``, flat like ``tokens``); saved splits leave them out and batches compute them.
 
     Made from padded arrays (``EncodedSplit({"tokens": (N, T), ...})``, as written by older code and tests) or flat
-    ones; :meth:`open` maps a saved split's files without reading them (``np.load(mmap_mode="r")``), so a worker
-    that reads only its shard's rows touches only their pages. :meth:`rows` pads a batch to its own longest row;
+    ones; :meth:`open` opens a saved split's files without reading them (:class:`nre_ray.data.rowfile.RowFile`), so a
+    worker that reads only its shard's rows reads only their bytes. :meth:`rows` pads a batch to its own longest row;
     :attr:`arrays` is the whole split padded (small splits: tests, prediction).
     """
 
@@ -361,11 +362,12 @@ class EncodedSplit:
             np.save(Path(folder) / f"{name}.{key}.npy", np.ascontiguousarray(self.flat[key]), allow_pickle=False)
 
     @classmethod
-    def open(cls, folder: Path | str, name: str, mmap: bool = True) -> EncodedSplit:
-        """The split ``name`` saved by :meth:`save` in ``folder``: memory-mapped (read-only, nothing read until a
-        row is asked for) unless ``mmap`` is False."""
-        flat = {key: np.load(Path(folder) / f"{name}.{key}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
-                for key in STORED_KEYS}
+    def open(cls, folder: Path | str, name: str, lazy: bool = True) -> EncodedSplit:
+        """The split ``name`` saved by :meth:`save` in ``folder``: read by rows when a batch asks for them
+        (:func:`nre_ray.data.rowfile.open_rows`: nothing is read before, nothing kept after) unless ``lazy`` is
+        False (read whole)."""
+        files = {key: Path(folder) / f"{name}.{key}.npy" for key in STORED_KEYS}
+        flat = {key: open_rows(path) if lazy else np.load(path, allow_pickle=False) for key, path in files.items()}
         info = json.loads((Path(folder) / f"{name}.json").read_text(encoding="utf-8"))
         return cls(flat, name, folder, info.get("window"))
 

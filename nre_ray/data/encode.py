@@ -19,8 +19,8 @@ __all__ = ["ARRAY_KEYS", "EncodedDataset", "EncodedSplit", "encode_batch", "enco
 class EncodedDataset(torch.utils.data.Dataset):
     """A map-style dataset over an :class:`EncodedSplit` that hands out whole batches.
 
-    ``__getitems__`` gathers a batch's rows from the split's flat arrays (memory-mapped when the split was opened
-    from its folder: only the pages of the rows asked for are read) and pads them to the longest row of that batch;
+    ``__getitems__`` gathers a batch's rows from the split's flat arrays (read from the files when the split was
+    opened from its folder: only the bytes of the rows asked for) and pads them to the longest row of that batch;
     no per-example Python runs on the training hot path. Use with ``collate_fn=identity_collate``. Only the batch's
     own cells are copied; they become int64.
     """

@@ -851,7 +851,7 @@ def load_prepared(folder: Path) -> Prepared:
     rejected_csv = meta.get("rejected_csv", "rejected.csv" if count else None)
     pretrained_dir = meta.get("pretrained_dir", "pretrained" if meta.get("pretrained") else None)
     return Prepared(
-        splits={name: EncodedSplit.open(folder, name) for name in meta["splits"]},  # memory-mapped
+        splits={name: EncodedSplit.open(folder, name) for name in meta["splits"]},  # read by rows, on demand
         vocab=Vocab.load(folder / "vocab.json"),
         labels=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
         sources=meta["sources"],

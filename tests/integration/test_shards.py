@@ -3,7 +3,7 @@ workers record every row index their datasets are asked for.
 
 The loop's ``EncodedDataset`` is replaced, inside each worker process, by a subclass that records each batch it
 gathers; the run's loop is otherwise the real one. Each rank's training reads must be exactly its
-``DistributedSampler``'s indices, epoch after epoch (no other row is touched: the splits are memory-mapped from the
+``DistributedSampler``'s indices, epoch after epoch (no other row is touched: the splits are read by rows from the
 cache folder and nothing dataset-sized comes through the object store), and each evaluation's reads must be the exact
 ``ShardSampler`` shard: disjoint across ranks, every row once.
 """
@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import ray
 from torch.utils.data import DistributedSampler
@@ -25,6 +24,7 @@ from nre_ray import loop, tracking
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.pipeline import Prepared, save_prepared
+from nre_ray.data.rowfile import RowFile
 from nre_ray.data.vocab import Vocab
 from nre_ray.session import Resources
 from nre_ray.train import Target, build_trainer
@@ -50,7 +50,7 @@ def recording_loop(out: str) -> Any:
             def __init__(self, split: EncodedSplit) -> None:
                 super().__init__(split)
                 self.record = {"split": split.name, "n": len(split), "indices": [],
-                               "memmap": isinstance(split.flat["tokens"], np.memmap)}
+                               "from_files": isinstance(split.flat["tokens"], RowFile)}
                 reads.append(self.record)
 
             def __getitems__(self, indices: list[int]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def test_each_worker_reads_only_its_shard(ray_cluster, tmp_path: Path, monkeypat
         assert "splits" not in sent["keys"] and sent["bytes"] < 20_000, sent  # where the files are, not the rows
         assert sent["cache"]["dir"] == str(tmp_path / "cache" / "key") and sent["cache"]["shared"] is None
         reads = record["reads"]
-        assert all(r["memmap"] for r in reads)  # every split was opened from the cache folder's files
+        assert all(r["from_files"] for r in reads)  # every split was opened from the cache folder's files
         train = [r for r in reads if r["split"] == "train"]
         assert len(train) == 1
         expected: list[int] = []

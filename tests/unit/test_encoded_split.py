@@ -1,4 +1,4 @@
-"""Encoded splits stored without padding: flat arrays and row offsets, memory-mapped from the cache folder, batches
+"""Encoded splits stored without padding: flat arrays and row offsets, read by rows from the cache folder, batches
 padded to their own longest row."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 
 from nre_ray.data.batches import ARRAY_KEYS, FLAT_KEYS, STORED_KEYS, EncodedSplit, flatten
 from nre_ray.data.encode import EncodedDataset
+from nre_ray.data.rowfile import RowFile
 from tests.helpers import tiny_data
 
 
@@ -53,14 +54,17 @@ def test_a_batch_is_padded_to_its_own_longest_row_and_equals_the_padded_rows() -
     assert dataset.__getitems__([])["tokens"].shape == (0, 1)
 
 
-def test_saved_splits_are_npy_files_opened_memory_mapped_with_bytes_close_to_the_tokens(tmp_path: Path) -> None:
+def test_saved_splits_are_npy_files_opened_for_reading_by_rows_with_bytes_close_to_the_tokens(tmp_path: Path) -> None:
     split = EncodedSplit(_padded())
     split.save(tmp_path, "train")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(EncodedSplit.files("train"))
     opened = EncodedSplit.open(tmp_path, "train")
     assert opened.name == "train" and len(opened) == len(split)
     assert set(opened.flat) == set(STORED_KEYS) and opened.window == split.window == 10  # positions are derived
-    assert all(isinstance(opened.flat[k], np.memmap) and not opened.flat[k].flags.writeable for k in STORED_KEYS)
+    assert all(isinstance(opened.flat[k], RowFile) for k in STORED_KEYS)  # nothing read yet
+    whole = EncodedSplit.open(tmp_path, "train", lazy=False)
+    assert all(isinstance(whole.flat[k], np.ndarray) for k in STORED_KEYS)
+    assert all(np.array_equal(whole.arrays[k], split.arrays[k]) for k in ARRAY_KEYS)
     for key in ARRAY_KEYS:
         assert np.array_equal(opened.arrays[key], split.arrays[key]), key
     assert np.array_equal(EncodedDataset(opened).__getitems__([2, 9])["tokens"],

@@ -1,5 +1,5 @@
 """What a training worker opens (:func:`nre_ray.loop.open_splits`): the splits' files in the local cache folder,
-memory-mapped, else a per-node copy of the shared cache; in-memory arrays (tests, local runs) as they are."""
+read by rows, else a per-node copy of the shared cache; in-memory arrays (tests, local runs) as they are."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.pipeline import Prepared, save_prepared, split_files_complete
+from nre_ray.data.rowfile import RowFile
 from nre_ray.data.vocab import Vocab
 from nre_ray.loop import open_splits
 from tests.helpers import tiny_data
@@ -23,12 +24,12 @@ def _cache(folder: Path) -> Path:
     return folder
 
 
-def test_a_worker_opens_the_local_cache_folder_memory_mapped(tmp_path: Path) -> None:
+def test_a_worker_opens_the_local_cache_folder_to_read_by_rows(tmp_path: Path) -> None:
     folder = _cache(tmp_path / "cache")
     assert split_files_complete(folder, ["train", "valid", "test"])
     splits = open_splits({"cache": {"dir": str(folder), "shared": None, "splits": ["train", "valid", "test"]}})
     assert list(splits) == ["train", "valid", "test"]
-    assert isinstance(splits["train"].flat["tokens"], np.memmap)
+    assert isinstance(splits["train"].flat["tokens"], RowFile)
     expected = tiny_data()["splits"]
     for name, split in splits.items():
         assert np.array_equal(split.arrays["tokens"], expected[name]["tokens"])
@@ -38,7 +39,7 @@ def test_a_worker_without_the_local_folder_uses_the_shared_cache(tmp_path: Path)
     shared = _cache(tmp_path / "shared" / "key")  # a local path stands for the URI (local_copy returns it as is)
     splits = open_splits({"cache": {"dir": str(tmp_path / "elsewhere" / "key"), "shared": str(shared),
                                     "splits": ["train"]}})
-    assert Path(splits["train"].flat["tokens"].filename).parent == shared
+    assert Path(splits["train"].flat["tokens"].path).parent == shared
     with pytest.raises(FileNotFoundError, match="not on this node"):
         open_splits({"cache": {"dir": str(tmp_path / "elsewhere" / "key"), "shared": None, "splits": ["train"]}})
 
@@ -64,10 +65,10 @@ def test_a_worker_on_another_node_copies_the_shared_cache_in_the_bucket_once(
     description = {"cache": {"dir": str(tmp_path / "not-on-this-node" / "key"), "shared": shared,
                              "splits": ["train", "test"]}}
     splits = open_splits(description)
-    copy = Path(splits["train"].flat["tokens"].filename).parent
-    assert copy.is_relative_to(tmp_path / "node-copies") and isinstance(splits["test"].flat["labels"], np.memmap)
+    copy = Path(splits["train"].flat["tokens"].path).parent
+    assert copy.is_relative_to(tmp_path / "node-copies") and isinstance(splits["test"].flat["labels"], RowFile)
     for name in ("train", "test"):
         assert np.array_equal(splits[name].arrays["tokens"], tiny_data()["splits"][name]["tokens"])
     again = open_splits(description)  # a second worker of the node: the same copy
-    assert Path(again["train"].flat["tokens"].filename).parent == copy
+    assert Path(again["train"].flat["tokens"].path).parent == copy
     assert len([p for p in (tmp_path / "node-copies").iterdir() if p.is_dir()]) == 1
