@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from ray.train.v2.api.context import LocalTrainContext
 from torch import nn
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from nre_ray import metrics as M
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
@@ -57,6 +57,38 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+class LeanDistributedSampler(DistributedSampler):
+    """torch's ``DistributedSampler``: the same indices in the same order, without a dataset-sized Python list.
+
+    ``DistributedSampler.__iter__`` turns each epoch's permutation into a list of Python ints (``tolist()``) and keeps
+    this rank's share of those int objects alive through the epoch, in pymalloc arenas that stay resident: ~150 MB
+    per worker at 4.5M training rows, growing with the data. This one keeps the permutation as a tensor (8 bytes a
+    row) and hands out Python ints a chunk at a time. Constructed as Ray Train's ``prepare_data_loader`` constructs
+    its own (rank, world size and seed 0 from the process group), which then keeps it.
+    """
+
+    CHUNK = 65536
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            indices = torch.randperm(n, generator=g)
+        else:
+            indices = torch.arange(n)
+        if not self.drop_last:
+            padding = self.total_size - n
+            if padding > 0:  # repeat the first rows so that every rank gets as many
+                indices = torch.cat([indices, indices.repeat(math.ceil(padding / n))[:padding]])
+        else:
+            indices = indices[:self.total_size]
+        shard = indices[self.rank:self.total_size:self.num_replicas].clone()  # (num_samples,)
+        del indices
+        for chunk in shard.split(self.CHUNK):
+            yield from chunk.tolist()
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DDP wrapper (or the model itself)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
@@ -73,6 +105,18 @@ def eval_loader(split: EncodedSplit, rank: int, world_size: int) -> DataLoader:
     loader = DataLoader(EncodedDataset(split), batch_size=EVAL_BATCH_SIZE,
                         sampler=ShardSampler(len(split), rank, world_size), collate_fn=identity_collate)
     return ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)
+
+
+def shared_scores(cm: np.ndarray, labels: list[str], negative_label: str | None, rank: int) -> dict[str, float]:
+    """The scores of the all-reduced confusion matrix ``cm`` (C, C), computed by rank 0 and sent to every rank.
+
+    Every rank gets the same dict, so they all take the same decisions (the best epoch, the learning-rate schedule,
+    an early stop), and only rank 0 imports scikit-learn (~60 MB a process).
+    """
+    scores = [M.scores(cm, labels, negative_label) if rank == 0 else None]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(scores, src=0)
+    return scores[0]
 
 
 @torch.no_grad()
@@ -240,8 +284,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model = place_and_restore(model, optimizer, scheduler, scaler, restore)
     generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
+    # With several workers prepare_data_loader keeps this DistributedSampler (the one it would add, leaner).
+    train_set = EncodedDataset(splits["train"])
+    sampler = LeanDistributedSampler(train_set, shuffle=True) if world_size > 1 else None
     train_loader = ray.train.torch.prepare_data_loader(DataLoader(
-        EncodedDataset(splits["train"]), batch_size=cfg.train.batch_size, shuffle=True,
+        train_set, batch_size=cfg.train.batch_size, shuffle=sampler is None, sampler=sampler,
         collate_fn=identity_collate, generator=generator, pin_memory=cfg.train.use_gpu))
     valid_loader = eval_loader(splits["valid"], rank, world_size)
     select = cfg.select_metric
@@ -261,7 +308,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                                         scheduler, cfg.train.grad_accum, scaler, cfg.train.label_smoothing)
         elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         cm, valid_loss = evaluate(model, valid_loader, len(labels))
-        valid = M.scores(cm, labels, cfg.data.negative_label)
+        valid = shared_scores(cm, labels, cfg.data.negative_label, rank)
         if select not in valid:
             raise ValueError(f"--select-metric {select!r} is not a validation metric here; choose one of "
                              f"{', '.join(sorted(valid))}")
@@ -382,13 +429,12 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
     if state["best_model"] is None:
         return
     unwrap(model).load_state_dict(state["best_model"])
-    results = {}
-    for name in ("valid", "test"):
-        if name in splits:
-            cm, loss = evaluate(model, eval_loader(splits[name], rank, world_size), len(labels))
-            results[name] = (cm, {**M.scores(cm, labels, cfg.data.negative_label), "loss": loss})
+    matrices = {name: evaluate(model, eval_loader(splits[name], rank, world_size), len(labels))
+                for name in ("valid", "test") if name in splits}
     if rank != 0:
         return
+    results = {name: (cm, {**M.scores(cm, labels, cfg.data.negative_label), "loss": loss})
+               for name, (cm, loss) in matrices.items()}
     final = {f"{name}_{k}": _finite(v) for name, (_, s) in results.items() for k, v in s.items()}
     tracker.log_metrics({"best_epoch": state["best_epoch"], **{k: v for k, v in final.items()
                                                                if k.startswith("test_")}}, step=state["best_epoch"])
