@@ -166,7 +166,8 @@ def single_process(data_dir: Path, seed: int) -> tuple[dict[str, Any], dict[str,
             continue
         parts = []
         for chunk in read_chunks(files[split], cfg.format, None, pipeline.ROWS_PER_CHUNK):
-            tokenized = tokenize_batch(check_rows(chunk), cfg.tokenizer, cfg.lowercase)
+            tokenized = tokenize_batch(check_rows(chunk), cfg.tokenizer, cfg.lowercase, cfg.entity_markers,
+                                       cfg.typed_markers)
             tokenized = tokenized.assign(**row_stats(tokenized))
             parts.append(tokenized.loc[tokenized["problem"] == "", keep])
         frames[split] = pd.concat(parts, ignore_index=True)

@@ -8,7 +8,8 @@ returns a few numbers per block (see :mod:`nre_ray.data.pipeline` for the order)
    problem counts and the first problems, the good rows per relation (with their first lines) and the entity types.
    The seeded validation split is drawn from the counts per class (:func:`draw_valid`); later tasks find the drawn
    rows by their rank in their class (:func:`moved_rows`).
-2. :func:`train_token_counts` counts the tokens of the rows trained on (the vocabulary).
+2. :func:`train_token_counts` counts the tokens of the rows trained on, a table per task that the driver adds up
+   (:func:`add_counts`: the vocabulary's size, not the data's).
 3. :func:`encode_files` encodes the rows trained on, block by block, into ``parts/<final split>/<block>.npz`` (flat
    arrays, no padding, with the audit's per-row numbers) and writes the rejected rows next to them.
 4. :func:`assemble_split` (a plain Ray task per split) concatenates a split's parts, in file order, into the
@@ -222,12 +223,17 @@ def train_token_counts(paths: pd.DataFrame, labels: list[str],
     for path, starts in zip(paths["path"], paths["starts"], strict=True):
         table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
         keep = pc.and_(_kept(table, labels), pa.array(~moved_rows(table, "train", drawn, json.loads(starts))))
-        part = token_counts_arrow(table.filter(keep).column("tokens"))
-        counts = part if counts is None else (  # summed as they come: memory bounded by the distinct tokens
-            pa.concat_tables([counts, part]).group_by("token").aggregate([("count", "sum")])
-            .rename_columns(["token", "count"]))
-    if counts is not None:  # one table for all the files of this task: fewer rows for the groupby to shuffle
+        counts = add_counts(counts, token_counts_arrow(table.filter(keep).column("tokens")))
+    if counts is not None:  # one table for all the files of this task: fewer rows for the driver to add up
         yield counts
+
+
+def add_counts(total: pa.Table | None, part: pa.Table) -> pa.Table:
+    """Token counts (``token``, ``count``) summed per token, in Arrow: memory bounded by the distinct tokens."""
+    if total is None:
+        return part
+    return pa.concat_tables([total, part]).group_by("token").aggregate([("count", "sum")]).rename_columns(
+        ["token", "count"])
 
 
 # --------------------------------------------------------------------------------------------------------------------
