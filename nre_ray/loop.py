@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from ray.train.v2.api.context import LocalTrainContext
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from nre_ray import metrics as M
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
@@ -42,6 +42,8 @@ from nre_ray.tracking import FIRST_STEP_AT, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 256
+INTS_AT_ONCE = 65536
+"""The samplers' indices become Python ints this many at a time (:class:`LeanDistributedSampler`)."""
 
 
 class ShardSampler(Sampler[int]):
@@ -67,8 +69,6 @@ class LeanDistributedSampler(DistributedSampler):
     its own (rank, world size and seed 0 from the process group), which then keeps it.
     """
 
-    CHUNK = 65536
-
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
         if self.shuffle:
@@ -85,8 +85,28 @@ class LeanDistributedSampler(DistributedSampler):
             indices = indices[:self.total_size]
         shard = indices[self.rank:self.total_size:self.num_replicas].clone()  # (num_samples,)
         del indices
-        for chunk in shard.split(self.CHUNK):
-            yield from chunk.tolist()
+        yield from _as_ints(shard)
+
+
+class LeanRandomSampler(RandomSampler):
+    """torch's ``RandomSampler`` (the one worker's shuffle): the same indices in the same order, drawn from the same
+    generator, without holding each permutation as a list of Python ints (see :class:`LeanDistributedSampler`)."""
+
+    def __iter__(self) -> Iterator[int]:
+        if self.replacement or self.generator is None:
+            yield from super().__iter__()
+            return
+        n = len(self.data_source)
+        for _ in range(self.num_samples // n):
+            yield from _as_ints(torch.randperm(n, generator=self.generator))
+        # torch draws one more permutation for the remainder, even an empty one: so does this, for the next epoch
+        yield from _as_ints(torch.randperm(n, generator=self.generator)[:self.num_samples % n])
+
+
+def _as_ints(indices: torch.Tensor) -> Iterator[int]:
+    """The 1-D tensor's values as Python ints, :data:`INTS_AT_ONCE` at a time."""
+    for part in indices.split(INTS_AT_ONCE):
+        yield from part.tolist()
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -286,10 +306,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
     # With several workers prepare_data_loader keeps this DistributedSampler (the one it would add, leaner).
     train_set = EncodedDataset(splits["train"])
-    sampler = LeanDistributedSampler(train_set, shuffle=True) if world_size > 1 else None
+    sampler = LeanDistributedSampler(train_set, shuffle=True) if world_size > 1 else \
+        LeanRandomSampler(train_set, generator=generator)
     train_loader = ray.train.torch.prepare_data_loader(DataLoader(
-        train_set, batch_size=cfg.train.batch_size, shuffle=sampler is None, sampler=sampler,
-        collate_fn=identity_collate, generator=generator, pin_memory=cfg.train.use_gpu))
+        train_set, batch_size=cfg.train.batch_size, sampler=sampler, collate_fn=identity_collate,
+        generator=generator, pin_memory=cfg.train.use_gpu))
     valid_loader = eval_loader(splits["valid"], rank, world_size)
     select = cfg.select_metric
     stale = state["epoch"] - state["best_epoch"]  # epochs without improvement (also after a resume)
