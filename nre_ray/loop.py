@@ -114,8 +114,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+def _several_ranks() -> bool:
+    """Whether this process is one of several in a torch process group (a collective has others to meet)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def _all_reduce(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if _several_ranks():
         dist.all_reduce(t)
     return t
 
@@ -134,7 +139,7 @@ def shared_scores(cm: np.ndarray, labels: list[str], negative_label: str | None,
     an early stop), and only rank 0 imports scikit-learn (~60 MB a process).
     """
     scores = [M.scores(cm, labels, negative_label) if rank == 0 else None]
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if _several_ranks():
         dist.broadcast_object_list(scores, src=0)
     return scores[0]
 

@@ -98,9 +98,8 @@ class RowFile:
         new ``(len(indices), *shape[1:])`` array."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
-        out = np.empty((len(idx), *self.shape[1:]), dtype=self.dtype)
         if not len(idx):
-            return out
+            return np.empty((0, *self.shape[1:]), dtype=self.dtype)
         idx = np.where(idx < 0, idx + n, idx)
         if idx.min() < 0 or idx.max() >= n:
             raise IndexError(f"row {int(idx.max() if idx.max() >= n else idx.min())} is out of range for "
@@ -108,8 +107,8 @@ class RowFile:
         first, last = int(idx.min()), int(idx.max())
         span = last - first + 1
         if span <= DENSE * len(idx) or span * self.row_bytes <= SMALL_READ:
-            out[...] = self._read(first, last + 1)[idx - first]
-            return out
+            return self._read(first, last + 1)[idx - first]  # fancy indexing: a new array
+        out = np.empty((len(idx), *self.shape[1:]), dtype=self.dtype)
         order = np.argsort(idx, kind="stable")
         ordered = idx[order]
         breaks = np.flatnonzero(np.diff(ordered) > 1) + 1  # runs of consecutive (or repeated) rows
