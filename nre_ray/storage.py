@@ -187,6 +187,16 @@ def _info(uri: str) -> Any:
         return filesystem.get_file_info(path)
 
 
+def pyarrow_path(path: PathLike) -> tuple[Any, str]:
+    """``(pyarrow filesystem, path in it)`` of a URI or a local path (made absolute): what ``pyarrow.parquet`` and
+    ``pyarrow.fs`` calls take, the same code for both."""
+    if is_uri(path):
+        return _resolve(os.fspath(path))
+    from pyarrow import fs as pafs
+
+    return pafs.LocalFileSystem(), str(_local(path).absolute())
+
+
 def _remote_files(uri: str, recursive: bool) -> list[tuple[str, Any]]:
     """``(path relative to uri, FileInfo)`` of the files in the folder ``uri``, sorted."""
     from pyarrow import fs as pafs
@@ -426,16 +436,41 @@ def remove(path: PathLike) -> None:
         filesystem.delete_file(inner)
 
 
-def upload(local_path: PathLike, path: PathLike, last: str | None = None) -> None:
+def write_bytes(path: PathLike, data: bytes) -> None:
+    """Write the file ``path`` (a URI, or a local path whose folders are made) with ``data``."""
+    if not is_uri(path):
+        _local(path).parent.mkdir(parents=True, exist_ok=True)
+        _local(path).write_bytes(data)
+        return
+    uri = os.fspath(path)
+    store, inner = _resolve(uri)
+    with _errors(uri), store.open_output_stream(inner, compression=None) as out:
+        out.write(data)
+
+
+def remove_tree(path: PathLike) -> None:
+    """Delete the folder ``path`` and everything under it, if it exists."""
+    if not is_uri(path):
+        shutil.rmtree(_local(path), ignore_errors=True)
+        return
+    uri = os.fspath(path)
+    store, inner = _resolve(uri)
+    with _errors(uri), contextlib.suppress(FileNotFoundError):
+        store.delete_dir(inner)
+
+
+def upload(local_path: PathLike, path: PathLike, last: str | None = None, skip: frozenset[str] = frozenset()) -> None:
     """Copy the local file or folder ``local_path`` to ``path`` (a URI, or a local path).
 
-    A folder is copied with its subfolders; ``last`` (a path relative to the folder, e.g. a completion marker)
-    is written after every other file, so whoever sees it sees a complete copy."""
+    A folder is copied with its subfolders, except the files named in ``skip`` (paths relative to the folder:
+    already there); ``last`` (a path relative to the folder, e.g. a completion marker) is written after every other
+    file, so whoever sees it sees a complete copy."""
     source = _local(local_path)
     if source.is_file():
         files = [("", source)]
     elif source.is_dir():
         files = [(p.relative_to(source).as_posix(), p) for p in sorted(source.rglob("*")) if p.is_file()]
+        files = [(rel, p) for rel, p in files if rel not in skip]
         files.sort(key=lambda item: item[0] == last)
     else:
         raise StorageError(str(local_path), "not found")

@@ -273,8 +273,10 @@ def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None)
     step = step or console.Phase(console.get(), "preprocess", "preprocessing")
     pretrained = cfg.model.pretrained if cfg.model.model == "bert" else None
     shared = fs.join(target.storage, ".nre_ray_cache") if fs.is_uri(target.storage) else None
+    # several nodes, or an autoscaler that may add some (tasks may land there): with a shared cache in an object
+    # store the preprocessing tasks run on any node and build in the store, else on the driver's node
     prepared = prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared,
-                       on_every_node=cache_on_every_node(cfg, target.storage))
+                       on_every_node=cache_on_every_node(cfg, target.storage), multi_node=cluster().multi_node)
     rows = ", ".join(f"{name} {len(split)}" for name, split in prepared.splits.items())
     step.done(f"{rows} rows; {len(prepared.labels)} labels; vocabulary {len(prepared.vocab)}"
               + ("; reused from the cache" if prepared.cache_hit else "")

@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nre_ray import console, storage
-from nre_ray.config import DataConfig
+from nre_ray.config import ConfigError, DataConfig
 from nre_ray.data import audit as data_audit
 from nre_ray.data import stages, subword
 from nre_ray.data.batches import EncodedSplit
@@ -235,7 +235,7 @@ def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_
 
 
 def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
-            on_every_node: bool = False) -> Prepared:
+            on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
     """Read, validate, tokenize, build the vocabulary, encode every split and audit the data (cached).
 
     ``pretrained`` (``--model bert``): encode with that model's fast tokenizer and entity markers instead (see
@@ -255,10 +255,18 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
     result is built here and published there, ``meta.json`` last. A shared cache that cannot be read or written is
     logged as a warning and preprocessing goes on without it.
 
-    ``on_every_node``: the cache folder is mounted at the same path on every node (``--allow-local-storage`` with
-    the cache under the storage path): the tasks that tokenize, count and encode then run on any node, writing their
-    files into the build folder there. Otherwise, on a cluster of several nodes, they run on the driver's node,
-    where the build folder is. Tasks that read local input files always run there.
+    Where the Ray tasks run, on a cluster of several nodes (``multi_node``: several nodes now, or an autoscaler
+    that can add some; default: several alive nodes):
+
+    * ``shared_cache`` in an object store (``s3://...``): the tasks that tokenize, count, encode and assemble run on
+      any node. Their work files go to a private build folder in the store, ``<shared_cache>/<key>.tmp-.../``
+      (removed at the end), and the splits' files straight to ``<shared_cache>/<key>/``; the driver's node only
+      downloads the finished splits into the local cache. Neither the driver's CPUs nor its disk do the work.
+    * ``on_every_node``: the cache folder is mounted at the same path on every node (``--allow-local-storage`` with
+      the cache under the storage path): the tasks run on any node, writing into the build folder there.
+    * Otherwise they run on the driver's node, where the build folder is.
+
+    Tasks that read local input files always run on the driver's node.
 
     Raises :class:`DataError` for bad input (with ``--on-bad-rows error``, bad rows too: the first problems and a
     count).
@@ -284,15 +292,62 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
              "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
              cache, f" and published to {shared}" if shared else "")
     private = _private_folder(cache)
+    place = _Where(on_every_node, multi_node, shared_cache, shared, private.name)
     try:
-        built = _prepare(cfg, files, seed, private, pretrained, on_every_node)
+        built = _prepare(cfg, files, seed, private, pretrained, place)
         save_prepared(built, private)
         prepared = _install_built(built, private, cache, replace=cfg.no_cache)
     finally:
         shutil.rmtree(private, ignore_errors=True)
-    if shared and (_publish_shared if cfg.no_cache else _ensure_published)(cache, shared):
+    present = frozenset(f for s in prepared.splits for f in EncodedSplit.files(s)) if place.store else frozenset()
+    if shared and (functools.partial(_publish_shared, present=present) if cfg.no_cache or place.store
+                   else _ensure_published)(cache, shared):
         prepared.shared_cache_dir = shared
     return prepared
+
+
+@dataclass
+class _Where:
+    """Where the preprocessing tasks run and write (see :func:`prepare`): what the caller says, and what
+    :meth:`resolve` makes of it once the build starts (it asks Ray)."""
+
+    on_every_node: bool = False
+    multi_node: bool | None = None
+    shared_root: str | None = None
+    """The shared cache (``shared_cache`` of :func:`prepare`)."""
+    shared: str | None = None
+    """This key's folder in it."""
+    name: str = ""
+    """The private build folder's name."""
+    pin: dict[str, Any] = field(default_factory=dict)
+    """Ray remote args that keep a task on the driver's node ({} on one machine)."""
+    store: str | None = None
+    """The private build folder in the object store (a URI), when the tasks build there."""
+
+    def resolve(self) -> None:
+        """Decide, asking Ray; ConfigError when the tasks would have to run on the driver's node and it offers no
+        CPU (they could never start)."""
+        multi_node = _several_nodes() if self.multi_node is None else self.multi_node
+        self.pin = _driver_node_args() if multi_node else {}
+        if self.shared_root and self.shared and storage.is_uri(self.shared) and multi_node and not self.on_every_node:
+            self.store = storage.join(self.shared_root, self.name)
+        if self.builders and not _own_cpus():
+            raise ConfigError(
+                "preprocessing cannot run: on a cluster of several nodes its tasks must run on this machine's Ray "
+                "node, where the local cache folder is, and that node offers no CPU. Give a --storage-path in an "
+                "object store (s3://...), where they build on any node; or, with --allow-local-storage, a "
+                "--storage-path mounted on every node and no --cache-dir outside it; or start this node with CPUs.")
+
+    @property
+    def builders(self) -> dict[str, Any]:
+        """Remote args of the tasks that write into the build folder: anywhere when every node sees it."""
+        return {} if self.on_every_node or self.store else self.pin
+
+    @property
+    def splits_to(self) -> str | None:
+        """Where the assembling tasks write the splits' files: the shared cache with a build in the store, else the
+        work folder."""
+        return self.shared if self.store else None
 
 
 def _complete(folder: Path) -> bool:
@@ -477,12 +532,13 @@ def _ensure_published(cache: Path, shared: str) -> bool:
     return _publish_shared(cache, shared)
 
 
-def _publish_shared(cache: Path, shared: str) -> bool:
+def _publish_shared(cache: Path, shared: str, present: frozenset[str] = frozenset()) -> bool:
     """Upload the finished local cache folder to ``shared``, ``meta.json`` last (a rebuild first takes the old
-    marker away, so that no one reads a half-replaced copy); False and a warning when it cannot be written."""
+    marker away, so that no one reads a half-replaced copy), except the files in ``present`` (that the build wrote
+    there itself); False and a warning when it cannot be written."""
     try:
         storage.remove(storage.join(shared, MARKER))
-        storage.upload(cache, shared, last=MARKER)
+        storage.upload(cache, shared, last=MARKER, skip=present)
     except storage.StorageError as err:
         log.warning("preprocessing: cannot publish the result to the shared cache (%s); later jobs will "
                     "preprocess again", err)
@@ -561,16 +617,27 @@ class _Scan:
         return problems
 
 
-def _driver_node_args() -> dict[str, Any]:
-    """Ray remote args that keep tasks on the driver's node when the cluster has more than one (the build folder,
-    and local input files, are there); none on a single machine."""
+def _several_nodes() -> bool:
     import ray
 
-    if sum(1 for n in ray.nodes() if n.get("Alive")) <= 1:
-        return {}
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return sum(1 for n in ray.nodes() if n.get("Alive")) > 1
 
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+
+def _own_cpus() -> float:
+    """The CPUs of the driver's Ray node."""
+    import ray
+
+    own = ray.get_runtime_context().get_node_id()
+    return float(next((n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("NodeID") == own), 0))
+
+
+def _driver_node_args() -> dict[str, Any]:
+    """Ray remote args that keep a task on the driver's node (where a local build folder and local input files
+    are): a label selector on the node id label every Ray node carries (a named argument of Ray Data's
+    ``map_batches``, where ``scheduling_strategy`` goes through the deprecated ``ray_remote_args``)."""
+    import ray
+
+    return {"label_selector": {"ray.io/node-id": ray.get_runtime_context().get_node_id()}}
 
 
 def _reader_args(files: dict[str, Source], inputs: list[str], on_driver: dict[str, Any]) -> dict[str, Any]:
@@ -648,30 +715,35 @@ def check_inputs(cfg: DataConfig, files: dict[str, Source] | None = None) -> tup
 
 
 def _prepare(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path,
-             pretrained: str | None = None, on_every_node: bool = False) -> Prepared:
+             pretrained: str | None = None, place: _Where | None = None) -> Prepared:
     """Build the result in ``folder`` (a private build folder): the Ray passes write their files under
-    ``folder/work/``, removed at the end; the encoded splits end up in ``folder`` itself. ``on_every_node``: see
-    :func:`prepare`."""
+    ``folder/work/`` (or ``<place.store>/work/``), removed at the end; the encoded splits end up in ``folder``
+    itself. ``place``: see :func:`prepare` (default: this machine)."""
+    place = place or _Where()
     column_map, label_list = check_inputs(cfg, files)
-    work = folder / "work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    place.resolve()
+    work = storage.join(place.store, "work") if place.store else str(folder / "work")
+    storage.remove_tree(place.store or work)
+    if place.store:
+        log.info("preprocessing in the object store: %s, on any node", place.store)
+    else:
+        Path(work).mkdir(parents=True)
     try:
-        return _prepare_in(cfg, files, seed, folder, work, column_map, label_list, pretrained, on_every_node)
+        return _prepare_in(cfg, files, seed, folder, work, column_map, label_list, pretrained, place)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        storage.remove_tree(place.store or work)
 
 
-def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path, work: Path,
+def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path, work: str,
                 column_map: dict[str, str] | None, label_list: list[str] | None,
-                pretrained: str | None = None, on_every_node: bool = False) -> Prepared:
+                pretrained: str | None, place: _Where) -> Prepared:
     import ray
     import ray.data
 
     quiet_ray_data()
     inputs = [split for split in SPLITS if split in files]
-    driver_node = _driver_node_args()  # where local input files are read
-    on_driver = {} if on_every_node else driver_node  # where the tasks that write into the build folder run
+    driver_node = place.pin  # where local input files are read
+    on_driver = place.builders  # where the tasks that write into the build folder run
     valid_from_train = "valid" not in files
 
     # 1. read, check, tokenize, stage (Ray Data): the driver takes the blocks' summaries only
@@ -684,7 +756,7 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
                      **_reader_args(files, inputs, driver_node),
                      fn_kwargs={"fmt": cfg.format, "column_map": column_map, "rows_per_chunk": ROWS_PER_CHUNK})
         .map_batches(stages.stage_block, batch_size=None, batch_format="pandas", **on_driver,
-                     fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "folder": str(work),
+                     fn_kwargs={"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "folder": work,
                                 "markers": cfg.entity_markers and not pretrained, "typed": cfg.typed_markers})
     )
     step = console.current_phase()  # train's "preprocess" phase (a silent one elsewhere)
@@ -727,7 +799,11 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     blocks = [item for s in inputs for item in scan.block_items(s)]
     if pretrained:
         vocab, tokenizer_dir, unk = _subword_vocab(cfg, pretrained, folder, scan)
-        encoder = {"tokenizer_dir": tokenizer_dir, "typed": cfg.typed_markers}
+        shipped = tokenizer_dir
+        if place.store:  # the encoding tasks' nodes copy it from the store
+            shipped = storage.join(place.store, "pretrained")
+            storage.upload(tokenizer_dir, shipped)
+        encoder = {"tokenizer_dir": shipped, "typed": cfg.typed_markers}
     else:
         # Each task's table of counts comes back to the driver, which adds them up as they come (in Arrow): the
         # vocabulary's size, whatever the rows. (A Ray Data groupby spent ~3 s starting its shuffle, and the driver
@@ -748,7 +824,7 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     written = (
         _block_dataset(blocks)
         .map_batches(stages.encode_files, batch_size=None, batch_format="pandas", **on_driver,
-                     fn_kwargs={"folder": str(work), "labels": labels, "drawn": drawn, "max_length": cfg.max_length,
+                     fn_kwargs={"folder": work, "labels": labels, "drawn": drawn, "max_length": cfg.max_length,
                                 "window": cfg.position_window, "rejected_problem": rejected_problem, **encoder})
     )
     bar = step.progress(total=sum(expected.values()), unit="rows encoded")
@@ -764,18 +840,23 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     final = [s for s in SPLITS if encoded[s]]
     assemble = ray.remote(num_cpus=1)(stages.assemble_split).options(**on_driver)
     args = (labels, cfg.max_length, cfg.position_window, unk)
-    results = {"train": ray.get(assemble.remote(str(work), "train", *args))}
-    pending = {s: assemble.remote(str(work), s, *args, train_keys=str(work / "train_keys.npy"))
+    if place.splits_to:  # the splits' files go straight to the shared cache: no one may take it for complete meanwhile
+        storage.remove(storage.join(place.splits_to, MARKER))
+    results = {"train": ray.get(assemble.remote(work, "train", *args, dest=place.splits_to))}
+    pending = {s: assemble.remote(work, s, *args, train_keys=storage.join(work, "train_keys.npy"), dest=place.splits_to)
                for s in final if s != "train"}
     results.update({s: ray.get(ref) for s, ref in pending.items()})
     for split in final:
         for file in EncodedSplit.files(split):
-            os.replace(work / file, folder / file)
+            if place.splits_to:
+                storage.download(storage.join(place.splits_to, file), folder / file)
+            else:
+                os.replace(Path(work) / file, folder / file)
     splits = {s: EncodedSplit.open(folder, s) for s in final}
 
     rejected, rejected_csv = pd.DataFrame(columns=REJECTED_COLUMNS), None
     if sum(rejected_per_split.values()):
-        rejected, rejected_csv = _gather_rejected(work / "rejected", folder / "rejected.csv")
+        rejected, rejected_csv = _gather_rejected(storage.join(work, "rejected"), folder / "rejected.csv")
     audit = data_audit.assemble_audit({s: results[s]["info"] for s in final}, labels, cfg.max_length,
                                       rejected=rejected_per_split, oov={s: results[s]["oov"] for s in final},
                                       valid_from_train=valid_from_train)
@@ -801,13 +882,14 @@ def _subword_vocab(cfg: DataConfig, pretrained: str, folder: Path, scan: _Scan) 
     return Vocab(tok.vocabulary(), subword=True), str(tokenizer_dir), -1 if unk is None else unk
 
 
-def _gather_rejected(parts: Path, path: Path) -> tuple[pd.DataFrame, str]:
-    """Every rejected row, in file order, from the blocks' parts into ``path`` (CSV with a header); returns the first
-    :data:`KEPT_REJECTED` rows and the path."""
-    with open(path, "w", encoding="utf-8", newline="") as out:
-        out.write(",".join(REJECTED_COLUMNS) + "\n")
-        for part in sorted(parts.glob("*.csv")):
-            with open(part, encoding="utf-8", newline="") as fh:
+def _gather_rejected(parts: str, path: Path) -> tuple[pd.DataFrame, str]:
+    """Every rejected row, in file order, from the blocks' parts (a folder or a URI) into ``path`` (CSV with a
+    header); returns the first :data:`KEPT_REJECTED` rows and the path."""
+    found = storage.list_files(parts) if storage.is_dir(parts) else []
+    with open(path, "wb") as out:
+        out.write((",".join(REJECTED_COLUMNS) + "\n").encode("utf-8"))
+        for part in sorted(p for p in found if p.endswith(".csv")):
+            with storage.open_input(part) as fh:
                 shutil.copyfileobj(fh, out)
     first = pd.read_csv(path, keep_default_na=False, nrows=KEPT_REJECTED)
     return first, str(path)

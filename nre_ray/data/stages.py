@@ -18,14 +18,20 @@ returns a few numbers per block (see :mod:`nre_ray.data.pipeline` for the order)
 
 Blocks are named by their split and first line: line numbers rise through a file, so sorting the names restores file
 order whatever order Ray ran the tasks in.
+
+The work folder is a local path (on the driver's node, or mounted on every node) or a URI in the object store of a
+cluster's storage path (see :func:`nre_ray.data.pipeline.prepare`): then the tasks read and write their files there,
+through ``pyarrow.fs``, and may run on any node. :func:`assemble_split` then assembles on its node's disk and uploads.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tempfile
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -117,11 +123,11 @@ def stage_block(batch: pd.DataFrame, tokenizer: str, lowercase: bool, folder: st
             out.append(_summary(split, "", int(part["line"].min()), 0, fatal=str(fatal.iloc[0])))
             continue
         out.append(_stage(part.sort_values("line", kind="stable").drop(columns=["split", "fatal"]), split, tokenizer,
-                          lowercase, Path(folder), markers, typed))
+                          lowercase, folder, markers, typed))
     return pa.Table.from_pylist(out, schema=SUMMARY) if out else SUMMARY.empty_table()
 
 
-def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, folder: Path, markers: bool,
+def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, folder: str, markers: bool,
            typed: bool) -> dict[str, Any]:
     tokenized = tokenize_batch(check_rows(part), tokenizer, lowercase, markers, typed)
     stats = data_audit.row_stats(tokenized)
@@ -136,9 +142,10 @@ def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, fold
             columns[name] = values.to_numpy() if STAGED.field(name).type != pa.string() else values.astype(str)
     table = pa.Table.from_pydict(columns, schema=STAGED)
     first_line = int(tokenized["line"].iloc[0])
-    path = folder / "staged" / split / f"{block_name(split, first_line)}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    path = storage.join(folder, "staged", split, f"{block_name(split, first_line)}.parquet")
+    store, inner = storage.pyarrow_path(path)
+    store.create_dir(os.path.dirname(inner), recursive=True)
+    pq.write_table(table, inner, filesystem=store)
 
     problem = tokenized["problem"].to_numpy(dtype=object)
     bad = problem != ""
@@ -155,7 +162,7 @@ def _stage(part: pd.DataFrame, split: str, tokenizer: str, lowercase: bool, fold
     types = [sorted({str(t) for t in good[c].dropna()} - {""}) if c in good.columns else []
              for c in ("head_type", "tail_type")]
     return _summary(
-        split, str(path), first_line, len(tokenized),
+        split, path, first_line, len(tokenized),
         problem_rows=int(bad.sum()),
         problem_count=sum(len(split_problem(p)) for p in problem[bad]),
         problems=json.dumps([[files[i], int(lines[i]), problem[i]] for i in shown], ensure_ascii=False),
@@ -169,6 +176,12 @@ def _summary(split: str, path: str, first_line: int, rows: int, fatal: str = "",
     return {"split": split, "path": path, "first_line": first_line, "rows": rows, "fatal": fatal,
             "problem_rows": problem_rows, "problem_count": problem_count, "problems": problems,
             "relations": relations, "types": types}
+
+
+def _read_parquet(path: str, columns: list[str]) -> pa.Table:
+    """Columns of a staged file (a local path or a URI)."""
+    store, inner = storage.pyarrow_path(path)
+    return pq.read_table(inner, columns=columns, filesystem=store)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -221,7 +234,7 @@ def train_token_counts(paths: pd.DataFrame, labels: list[str],
     in Arrow (:func:`~nre_ray.data.batches.token_counts_arrow`: the tokens never become Python objects)."""
     counts = None
     for path, starts in zip(paths["path"], paths["starts"], strict=True):
-        table = pq.read_table(path, columns=["line", "problem", "relation", "tokens"])
+        table = _read_parquet(path, ["line", "problem", "relation", "tokens"])
         keep = pc.and_(_kept(table, labels), pa.array(~moved_rows(table, "train", drawn, json.loads(starts))))
         counts = add_counts(counts, token_counts_arrow(table.filter(keep).column("tokens")))
     if counts is not None:  # one table for all the files of this task: fewer rows for the driver to add up
@@ -257,12 +270,12 @@ def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], drawn: dic
     needed += ["tokens", "head_start", "head_end", "tail_start", "tail_end"] if value_set is not None else \
         ["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type"]
     for split, path, starts in zip(paths["split"], paths["path"], paths["starts"], strict=True):
-        table = pq.read_table(path, columns=needed)  # not the text columns that words do not need
-        name = Path(path).stem
+        table = _read_parquet(path, needed)  # not the text columns that words do not need
+        name = PurePosixPath(storage.name_of(path)).stem
         keep = _kept(table, labels).to_numpy(zero_copy_only=False)
         if not keep.all():
-            rejected = pq.read_table(path, columns=REJECTED_COLUMNS).filter(pa.array(~keep))
-            _write_rejected(rejected, labels, rejected_problem, Path(folder) / "rejected" / f"{name}.csv")
+            rejected = _read_parquet(path, REJECTED_COLUMNS).filter(pa.array(~keep))
+            _write_rejected(rejected, labels, rejected_problem, storage.join(folder, "rejected", f"{name}.csv"))
         kept = table.filter(pa.array(keep))
         to_valid = moved_rows(kept, split, drawn, json.loads(starts))
         written = []
@@ -277,9 +290,9 @@ def encode_files(paths: pd.DataFrame, folder: str, labels: list[str], drawn: dic
             flat["labels"] = label_ids(part.column("relation").to_numpy(zero_copy_only=False), labels)
             for column in AUDIT_COLUMNS:
                 flat[column] = part.column(column).to_numpy(zero_copy_only=False)
-            out = Path(folder) / "parts" / final / f"{name}.npz"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(out, **{k: flat[k] for k in (*STORED_KEYS, *AUDIT_COLUMNS)})
+            buffer = io.BytesIO()
+            np.savez(buffer, **{k: flat[k] for k in (*STORED_KEYS, *AUDIT_COLUMNS)})
+            storage.write_bytes(storage.join(folder, "parts", final, f"{name}.npz"), buffer.getvalue())
             written.append({"split": final, "rows": part.num_rows})
         yield pa.Table.from_pylist(written, schema=pa.schema([("split", pa.string()), ("rows", pa.int64())]))
 
@@ -296,14 +309,15 @@ def _encode_subwords(part: pa.Table, tokenizer_dir: str, labels: list[str], max_
 
     frame = part.select(["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type",
                          "relation", "problem", "line"]).to_pandas()
-    encoded = subword.encode_subword_batch(frame, tokenizer_dir, max_length, typed, labels)
+    local = str(storage.local_copy(tokenizer_dir))  # in the object store: copied once per node
+    encoded = subword.encode_subword_batch(frame, local, max_length, typed, labels)
     lost = (encoded["problem"] != "").to_numpy()
     if lost.any():  # not expected: the row checks passed
         raise ValueError(f"line {frame['line'].to_numpy()[lost][0]}: {encoded['problem'].to_numpy()[lost][0]}")
     return EncodedSplit.from_frame(encoded, window).flat
 
 
-def _write_rejected(table: pa.Table, labels: list[str], rejected_problem: dict[str, Any], path: Path) -> None:
+def _write_rejected(table: pa.Table, labels: list[str], rejected_problem: dict[str, Any], path: str) -> None:
     """The rejected rows of a block as CSV rows without a header (:data:`REJECTED_COLUMNS`), their problem filled
     in for rows whose only fault is an unknown label."""
     if not table.num_rows:
@@ -311,8 +325,7 @@ def _write_rejected(table: pa.Table, labels: list[str], rejected_problem: dict[s
     frame = table.select(REJECTED_COLUMNS).to_pandas()
     unknown = frame["problem"] == ""
     frame.loc[unknown, "problem"] = [label_problem(r, **rejected_problem) for r in frame.loc[unknown, "relation"]]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, header=False, index=False)
+    storage.write_bytes(path, frame.to_csv(header=False, index=False).encode("utf-8"))
 
 
 def label_problem(relation: str, labels: list[str], where: str) -> str:
@@ -326,7 +339,7 @@ def label_problem(relation: str, labels: list[str], where: str) -> str:
 
 
 def assemble_split(folder: str, split: str, labels: list[str], max_length: int, window: int, unk_id: int,
-                   train_keys: str | None = None) -> dict[str, Any]:
+                   train_keys: str | None = None, dest: str | None = None) -> dict[str, Any]:
     """Ray task: concatenate ``folder/parts/<split>/*.npz`` in file order into ``folder/<split>.<array>.npy``
     and ``<split>.json`` (:meth:`EncodedSplit.files`: token ids and per-row arrays, no padding; ``window`` is the
     position window), streaming one part at a time, and audit the split on the way.
@@ -334,9 +347,29 @@ def assemble_split(folder: str, split: str, labels: list[str], max_length: int, 
     ``train_keys``: a ``.npy`` file with the training split's distinct duplicate keys (the valid and test splits
     count their rows also in train); the training split writes it (``folder/train_keys.npy``).
 
+    ``folder`` in an object store: the parts are downloaded to a temporary folder on this node and assembled there;
+    the split's files are uploaded to ``dest`` (default ``folder``), and ``train_keys.npy`` to ``folder``.
+
     Returns ``{"rows", "info": SplitNumbers.info, "oov": (unknown tokens, tokens)}``.
     """
-    root = Path(folder)
+    if not storage.is_uri(folder):
+        return _assemble(Path(folder), split, labels, max_length, window, unk_id, train_keys)
+    with tempfile.TemporaryDirectory(prefix="nre_ray_assemble_") as tmp:
+        local = Path(tmp)
+        storage.download(storage.join(folder, "parts", split), local / "parts" / split)
+        keys = None
+        if train_keys and storage.exists(train_keys):
+            keys = str(storage.download(train_keys, local / "train_keys.in.npy"))
+        result = _assemble(local, split, labels, max_length, window, unk_id, keys)
+        for name in EncodedSplit.files(split):
+            storage.upload(local / name, storage.join(dest or folder, name))
+        if split == "train":
+            storage.upload(local / "train_keys.npy", storage.join(folder, "train_keys.npy"))
+    return result
+
+
+def _assemble(root: Path, split: str, labels: list[str], max_length: int, window: int, unk_id: int,
+              train_keys: str | None) -> dict[str, Any]:
     parts = sorted((root / "parts" / split).glob("*.npz"))
     sizes = []
     for path in parts:

@@ -143,3 +143,65 @@ def test_two_nodes_with_an_mlflow_server(workdir):
     latest = ray.train.Result.from_path(str(storage / "two-nodes"))  # Ray Train's own record of the run
     assert latest.metrics["epoch"] == 2
     assert load_checkpoint(Path(latest.checkpoint.path)).meta["epoch"] == 2
+
+
+def test_a_driver_node_without_cpus_preprocesses_on_the_other_node_through_the_bucket(workdir, object_store):
+    """A small driver machine: the head (where the driver attaches: Ray prefers the head among the nodes of one
+    host) offers no CPU, so every preprocessing task that needs one must run on the other node. With the storage
+    path in an object store, they build in the bucket, the splits go straight to the shared cache, and the driver
+    only downloads them (a task pinned to the driver's node would wait forever here)."""
+    from nre_ray import storage as fs
+
+    started = []
+    try:
+        mlflow_port = free_port()
+        server = start([MLFLOW, "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--host",
+                        "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], workdir / "mlflow.log", workdir)
+        started.append(server)
+        port = free_port()
+        common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+        _start_node(started, workdir, "head", [
+            "--head", f"--port={port}", f"--temp-dir={workdir / 'ray'}", "--include-dashboard=false",
+            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+            "--num-cpus=0", *common])
+        node = _start_node(started, workdir, "node", [
+            f"--address=127.0.0.1:{port}", f"--dashboard-agent-listen-port={free_port()}", "--num-cpus=1", *common])
+        tracking_uri = f"http://127.0.0.1:{mlflow_port}"
+        wait_for("the MLflow server", lambda: _healthy(f"{tracking_uri}/health"), 120, interval=0.5, proc=server,
+                 log=workdir / "mlflow.log")
+
+        storage = fs.join(object_store, "small-driver", "checkpoints")
+        cache, summary, log = workdir / "cache", workdir / "summary.json", workdir / "train.log"
+        train = start(cli("--address", f"127.0.0.1:{port}", "--num-workers", "1", "--epochs", "1",
+                          "--run-name", "small-driver", "--experiment-name", "multinode", "--tracking-uri",
+                          tracking_uri, "--storage-path", storage, "--cache-dir", str(cache),
+                          "--summary-json", str(summary)), log, workdir)
+        started.append(train)
+        wait_for("a training worker on the node with CPUs", lambda: train_workers(node.pid), 300, interval=0.5,
+                 proc=train, log=log)
+        assert train.wait(timeout=300) == 0, log.read_text()[-4000:]
+        run = MlflowClient(tracking_uri).get_run(json.loads(summary.read_text())["run_id"])
+        assert run.info.status == "FINISHED" and "test/macro_f1" in run.data.metrics
+
+        # a cache folder on this machine only: the tasks would have to run on the driver's node, which cannot
+        local_log = workdir / "local.log"
+        refused = start(cli("--address", f"127.0.0.1:{port}", "--num-workers", "1", "--epochs", "1",
+                            "--tracking-uri", tracking_uri, "--storage-path", str(workdir / "nfs"),
+                            "--allow-local-storage", "--cache-dir", str(workdir / "own_cache")), local_log, workdir)
+        started.append(refused)
+        assert refused.wait(timeout=300) == 2, local_log.read_text()[-3000:]
+    finally:
+        for proc in reversed(started):
+            stop_tree(proc)
+        kill_all(mentioning(str(workdir)))
+
+    shared = fs.join(storage, ".nre_ray_cache")
+    text = log.read_text()
+    assert f"preprocessing in the object store: {shared}/" in text and "Traceback" not in text, text[-3000:]
+    (key,) = {p[len(shared) + 1:].split("/")[0] for p in fs.list_files(shared, recursive=True)}  # no build folder
+    assert fs.is_file(fs.join(shared, key, "meta.json"))
+    published = sorted(fs.name_of(p) for p in fs.list_files(fs.join(shared, key)))
+    assert sorted(p.name for p in (cache / key).iterdir()) == published  # the driver's copy
+    refusal = local_log.read_text()
+    assert "error: preprocessing cannot run: on a cluster of several nodes its tasks must run on this machine's" \
+        in refusal and "Traceback" not in refusal, refusal[-3000:]

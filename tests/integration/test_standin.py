@@ -100,7 +100,11 @@ def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucke
     assert any("/model/" in k or k.endswith("MLmodel") for k in artifacts)  # the logged model, in the bucket
     checkpoints = _keys(cluster, "nre_ray/checkpoints/standin-job")
     assert any(k.endswith("/state.pt") for k in checkpoints)
-    assert _keys(cluster, "nre_ray/checkpoints/.nre_ray_cache")  # the preprocessing, shared for the next job
+    # The preprocessing, shared for the next job: built in the bucket by tasks that may run on the autoscaled
+    # nodes (the cluster can grow), with no build folder left there.
+    assert "preprocessing in the object store: s3://nre-ray/nre_ray/checkpoints/.nre_ray_cache/" in text
+    cached = _keys(cluster, "nre_ray/checkpoints/.nre_ray_cache")
+    assert any(k.endswith("/meta.json") for k in cached) and not any(".tmp-" in k for k in cached), cached
     for folder in _job_dirs(cluster):
         assert not {p.name for p in folder.iterdir()} & LOCAL_LEFTOVERS, sorted(p.name for p in folder.iterdir())
 

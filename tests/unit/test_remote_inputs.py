@@ -120,6 +120,45 @@ def test_remote_folder_prepares_to_the_local_result_and_the_shared_cache_is_reus
     assert_same(second, local)
 
 
+def test_on_a_cluster_the_tasks_build_in_the_object_store_and_give_the_same_result(
+        ray_cluster, data: tuple[Path, str], object_store: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``multi_node`` with a shared cache in the store (what ``train`` passes on a cluster): the tasks write their
+    files to a private folder in the store and the splits straight to the shared cache, so they may run on any node.
+    The result is the local build's, bad rows and their CSV included; nothing but the published folder is left."""
+    folder, _ = data
+    inputs = tmp_path / "inputs"  # the sample slice with two bad rows, read on the driver's node (local files)
+    inputs.mkdir()
+    for path in folder.iterdir():
+        (inputs / path.name).write_bytes(path.read_bytes())
+    with open(inputs / "train.csv", "a", encoding="utf-8") as fh:
+        fh.write("Ann Lee founded Acme .,Acme,3,Ann Lee,0,founded_by\nA b .,A,0,b,2,no_such_label\n")
+    local = pipeline.prepare(DataConfig(data_dir=str(inputs), cache_dir=str(tmp_path / "local"), on_bad_rows="skip"),
+                             1)
+    assert local.rejected_count == 2
+    shared = storage.join(object_store, "cluster", ".nre_ray_cache")
+    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / "copies"))
+    cfg = DataConfig(data_dir=str(inputs), cache_dir=str(tmp_path / "driver"), on_bad_rows="skip")
+    with caplog.at_level(logging.INFO, logger="nre_ray"):
+        built = pipeline.prepare(cfg, 1, shared_cache=shared, multi_node=True)
+    assert f"preprocessing in the object store: {shared}/" in caplog.text
+    assert_same(built, local)
+    assert built.rejected_count == 2
+    assert Path(built.rejected_csv).read_text() == Path(local.rejected_csv).read_text()
+    key = Path(built.cache_dir).name
+    assert built.shared_cache_dir == f"{shared}/{key}"
+    published = {storage.name_of(p) for p in storage.list_files(f"{shared}/{key}")}
+    assert published == {p.name for p in Path(built.cache_dir).iterdir()}
+    assert {p.split("/")[-2] for p in storage.list_files(shared, recursive=True)} == {key}  # no build folder left
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="nre_ray"):  # another machine of the cluster
+        again = pipeline.prepare(DataConfig(data_dir=str(inputs), cache_dir=str(tmp_path / "other"),
+                                            on_bad_rows="skip"), 1, shared_cache=shared, multi_node=True)
+    assert again.cache_hit and "reused the shared cache" in caplog.text
+    assert_same(again, local)
+
+
 def test_a_bad_row_of_a_remote_csv_names_the_uri_and_line(ray_cluster, object_store: str, tmp_path: Path) -> None:
     rows = [f"Ann Lee founded Acme in {year} .,Acme,{len('Ann Lee founded ')},Ann Lee,0,founded_by"
             for year in range(1900, 1930)]
