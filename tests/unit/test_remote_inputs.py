@@ -159,6 +159,25 @@ def test_on_a_cluster_the_tasks_build_in_the_object_store_and_give_the_same_resu
     assert_same(again, local)
 
 
+def test_subwords_built_in_the_object_store_match_the_local_build(
+        ray_cluster, data: tuple[Path, str], object_store: str, tmp_path: Path) -> None:
+    """``--model bert`` on a cluster: the tokenizer with its entity markers goes to the store, and each encoding
+    task's node copies it from there."""
+    pytest.importorskip("transformers")
+    from tests.tiny_bert import make_tiny_bert
+
+    folder, _ = data
+    tiny = str(make_tiny_bert(tmp_path / "tiny", words=["acme", "founded"]))
+    local = pipeline.prepare(DataConfig(data_dir=str(folder), cache_dir=str(tmp_path / "local")), 1, tiny)
+    shared = storage.join(object_store, "bert", ".nre_ray_cache")
+    built = pipeline.prepare(DataConfig(data_dir=str(folder), cache_dir=str(tmp_path / "driver")), 1, tiny,
+                             shared_cache=shared, multi_node=True)
+    assert_same(built, local)
+    key = Path(built.cache_dir).name
+    assert storage.is_file(f"{shared}/{key}/pretrained/tokenizer.json")
+    assert {p[len(shared) + 1:].split("/")[0] for p in storage.list_files(shared, recursive=True)} == {key}
+
+
 def test_a_bad_row_of_a_remote_csv_names_the_uri_and_line(ray_cluster, object_store: str, tmp_path: Path) -> None:
     rows = [f"Ann Lee founded Acme in {year} .,Acme,{len('Ann Lee founded ')},Ann Lee,0,founded_by"
             for year in range(1900, 1930)]
