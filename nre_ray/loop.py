@@ -220,20 +220,31 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
     return {name: EncodedSplit.open(folder, name) for name in cache["splits"]}
 
 
+DDP_OPTIONS = {"gradient_as_bucket_view": True}
+"""How DDP wraps the model: the gradients are views into its all-reduce buckets instead of a second copy, which
+saves one model's worth of memory on every worker (35 MB for the CNN on 1M FewRel rows). The loop's
+``zero_grad(set_to_none=True)``, ``no_sync`` accumulation, clipping and loss scaling all work on the views."""
+
+
+def prepare_model(model: nn.Module) -> nn.Module:
+    """Ray Train's ``prepare_model`` with :data:`DDP_OPTIONS` (no DDP with one worker)."""
+    return ray.train.torch.prepare_model(model, parallel_strategy_kwargs=DDP_OPTIONS)
+
+
 def place_and_restore(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Schedule,
                       scaler: torch.amp.GradScaler, loaded_state: dict[str, Any] | None,
                       prepare: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
     """Put ``model`` on this worker's device, then restore a checkpoint's ``loaded_state`` (None: a fresh run).
 
-    ``prepare`` (default: Ray Train's ``prepare_model``) moves the parameters to the device, and wraps the model in
-    DDP with more than one worker. It must come first: ``Optimizer.load_state_dict`` casts the saved state (Adam's
+    ``prepare`` (default: :func:`prepare_model`) moves the parameters to the device, and wraps the model in DDP with
+    more than one worker. It must come first: ``Optimizer.load_state_dict`` casts the saved state (Adam's
     moments) to the device each parameter is on *at load time*, and moving the model later moves only the
     parameters, so loading first left the moments on the CPU beside GPU parameters and the first step after a
     restart (``--resume``, or Ray's ``--max-failures``) failed. The weights load into the unwrapped module: every
     rank loads the same checkpoint after DDP's broadcast of rank 0's parameters, so the replicas stay equal. The
     loss scaler's state is loaded only where it was saved non-empty (fp16 runs). Returns the prepared model.
     """
-    model = (prepare or ray.train.torch.prepare_model)(model)
+    model = (prepare or prepare_model)(model)
     if loaded_state is not None:
         unwrap(model).load_state_dict(loaded_state["model"])
         optimizer.load_state_dict(loaded_state["optimizer"])

@@ -73,26 +73,34 @@ def _start_node(started: list, workdir: Path, name: str, args: list[str]):
     raise AssertionError("unreachable")
 
 
+def _cluster(started: list, workdir: Path, head_cpus: int, node_cpus: int):
+    """An MLflow tracking server (sqlite store, artifacts proxied by the server into ./mlartifacts, its cwd), a Ray
+    head and one more node on 127.0.0.1; returns ``(tracking URI, GCS port, head, node)`` (the processes are added to
+    ``started``)."""
+    mlflow_port = free_port()
+    server = start([MLFLOW, "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--host",
+                    "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], workdir / "mlflow.log", workdir)
+    started.append(server)
+    port = free_port()
+    common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    head = _start_node(started, workdir, "head", [
+        "--head", f"--port={port}", f"--temp-dir={workdir / 'ray'}", "--include-dashboard=false",
+        f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+        f"--num-cpus={head_cpus}", *common])
+    node = _start_node(started, workdir, "node", [
+        f"--address=127.0.0.1:{port}", f"--dashboard-agent-listen-port={free_port()}", f"--num-cpus={node_cpus}",
+        *common])
+    tracking_uri = f"http://127.0.0.1:{mlflow_port}"
+    wait_for("the MLflow server", lambda: _healthy(f"{tracking_uri}/health"), 120, interval=0.5, proc=server,
+             log=workdir / "mlflow.log")
+    return tracking_uri, port, head, node
+
+
 def test_two_nodes_with_an_mlflow_server(workdir):
     started = []
     try:
-        # MLflow tracking server: sqlite store, artifacts proxied by the server into ./mlartifacts (its cwd).
-        mlflow_port = free_port()
-        server = start([MLFLOW, "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--host",
-                        "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], workdir / "mlflow.log", workdir)
-        started.append(server)
-
         # Head and one more node, 1 CPU each: two 1-CPU workers must go one to each node.
-        port = free_port()
-        node_args = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
-        head = _start_node(started, workdir, "head", [
-            "--head", f"--port={port}", f"--temp-dir={workdir / 'ray'}", "--include-dashboard=false",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}", *node_args])
-        node = _start_node(started, workdir, "node", [
-            f"--address=127.0.0.1:{port}", f"--dashboard-agent-listen-port={free_port()}", *node_args])
-        tracking_uri = f"http://127.0.0.1:{mlflow_port}"
-        wait_for("the MLflow server", lambda: _healthy(f"{tracking_uri}/health"), 120, interval=0.5, proc=server,
-                 log=workdir / "mlflow.log")
+        tracking_uri, port, head, node = _cluster(started, workdir, 1, 1)
 
         storage, summary, log = workdir / "storage", workdir / "summary.json", workdir / "train.log"
         train = start(cli("--address", f"127.0.0.1:{port}", "--num-workers", "2", "--epochs", "2",
@@ -149,27 +157,13 @@ def test_a_driver_node_without_cpus_preprocesses_on_the_other_node_through_the_b
     """A small driver machine: the head (where the driver attaches: Ray prefers the head among the nodes of one
     host) offers no CPU, so every preprocessing task that needs one must run on the other node. With the storage
     path in an object store, they build in the bucket, the splits go straight to the shared cache, and the driver
-    only downloads them (a task pinned to the driver's node would wait forever here)."""
+    only downloads them (a task pinned to the driver's node can never run here: before, preprocessing failed with
+    Ray's TaskUnschedulableError)."""
     from nre_ray import storage as fs
 
     started = []
     try:
-        mlflow_port = free_port()
-        server = start([MLFLOW, "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--host",
-                        "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], workdir / "mlflow.log", workdir)
-        started.append(server)
-        port = free_port()
-        common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
-        _start_node(started, workdir, "head", [
-            "--head", f"--port={port}", f"--temp-dir={workdir / 'ray'}", "--include-dashboard=false",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            "--num-cpus=0", *common])
-        node = _start_node(started, workdir, "node", [
-            f"--address=127.0.0.1:{port}", f"--dashboard-agent-listen-port={free_port()}", "--num-cpus=1", *common])
-        tracking_uri = f"http://127.0.0.1:{mlflow_port}"
-        wait_for("the MLflow server", lambda: _healthy(f"{tracking_uri}/health"), 120, interval=0.5, proc=server,
-                 log=workdir / "mlflow.log")
-
+        tracking_uri, port, _, node = _cluster(started, workdir, 0, 1)
         storage = fs.join(object_store, "small-driver", "checkpoints")
         cache, summary, log = workdir / "cache", workdir / "summary.json", workdir / "train.log"
         train = start(cli("--address", f"127.0.0.1:{port}", "--num-workers", "1", "--epochs", "1",

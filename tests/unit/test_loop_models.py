@@ -129,3 +129,39 @@ def test_cpu_train_step_is_unchanged_by_the_amp_flag(monkeypatch):
         weights.append(model.state_dict())
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key
+
+
+def test_ddp_with_gradients_as_bucket_views_trains_to_the_same_weights(monkeypatch, tmp_path):
+    """The loop's DDP options (gradients as views into the all-reduce buckets: one model's worth of memory less per
+    worker) under the loop's own step (set_to_none, no_sync accumulation, clipping): a real gloo DDP of one process
+    reaches exactly the weights of plain DDP, over two epochs."""
+    import torch.distributed as dist
+
+    from nre_ray import loop
+    from nre_ray.config import ModelConfig
+    from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
+    from nre_ray.models import build_model
+    from nre_ray.models.registry import ModelSpec
+
+    monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
+    data = tiny_data()
+    split = EncodedSplit({k: np.array(v) for k, v in data["splits"]["train"].items()})
+    spec = ModelSpec(len(data["vocab"]), len(data["labels"]), data["num_positions"])
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        weights = []
+        for options in ({}, loop.DDP_OPTIONS):
+            torch.manual_seed(0)
+            model = torch.nn.parallel.DistributedDataParallel(
+                build_model(ModelConfig(model="pcnn", word_dim=8, pos_dim=3, hidden_size=6), spec), **options)
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+            for _ in range(2):
+                loader = torch.utils.data.DataLoader(EncodedDataset(split), batch_size=5,
+                                                     collate_fn=identity_collate)
+                loop._train_epoch(model, loader, optimizer, grad_clip=1.0, grad_accum=2)
+            weights.append(loop.unwrap(model).state_dict())
+    finally:
+        dist.destroy_process_group()
+    assert loop.DDP_OPTIONS == {"gradient_as_bucket_view": True}
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
