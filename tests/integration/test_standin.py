@@ -10,6 +10,7 @@ processes (never ``ray stop``).
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -81,7 +82,10 @@ def _job_dirs(state: standin.Standin) -> list[Path]:
 def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucket(cluster, tmp_path):
     log = tmp_path / "job.log"
     assert not standin.worker_nodes(cluster)  # min_workers 0: no worker node before a run asks
-    job = _submit(cluster, "standin-job", "--num-workers", "2", "--epochs", "2", log=log)
+    # A seed of its own: its preprocessing cache key is new, so this job builds it (the job's driver would reuse a
+    # local cache that another run on this host built, in <tmp>/nre_ray-<uid>/cache, and publish that instead).
+    seed = str(secrets.randbelow(10**9) + 2)
+    job = _submit(cluster, "standin-job", "--num-workers", "2", "--epochs", "2", "--seed", seed, log=log)
     assert job.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
     text = log.read_text(errors="replace")
     assert "succeeded" in text
@@ -109,7 +113,8 @@ def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucke
         assert not {p.name for p in folder.iterdir()} & LOCAL_LEFTOVERS, sorted(p.name for p in folder.iterdir())
 
     # Submitted again: the preprocessing comes from the bucket, not from a local folder.
-    again = _submit(cluster, "standin-job-2", "--num-workers", "2", "--epochs", "1", log=tmp_path / "again.log")
+    again = _submit(cluster, "standin-job-2", "--num-workers", "2", "--epochs", "1", "--seed", seed,
+                    log=tmp_path / "again.log")
     assert again.wait(timeout=300) == 0, (tmp_path / "again.log").read_text(errors="replace")[-4000:]
     assert "reused from the cache" in (tmp_path / "again.log").read_text(errors="replace")  # the preprocess phase
 
