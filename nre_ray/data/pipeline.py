@@ -2,7 +2,8 @@
 
 Nothing holds the whole corpus, and the data never passes through the driver: it takes small summaries and makes the
 decisions that need the whole picture. The Ray work is in :mod:`nre_ray.data.stages`; the files go to ``work/`` in
-this run's private build folder.
+this run's private build folder (on a cluster whose storage path is in an object store, a folder there, so that the
+tasks may run on any node: see :func:`prepare`).
 
 1. Ray Data: one reader task per split file streams :func:`~nre_ray.data.read.read_chunks` -> ``map_batches``: row
    checks, tokenization and the audit's per-row numbers, each block written as Parquet by the task that made it.
