@@ -274,6 +274,21 @@ def list_files(path: PathLike, recursive: bool = False) -> list[str]:
     return [join(path, rel) for rel, _ in _remote_files(os.fspath(path), recursive)]
 
 
+def list_folders(path: PathLike) -> list[str]:
+    """The folders directly in the folder ``path``, sorted (none when it does not exist): URIs under a URI, paths
+    under a local path."""
+    if not is_uri(path):
+        folder = _local(path)
+        return sorted(str(p) for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    from pyarrow import fs as pafs
+
+    uri = os.fspath(path)
+    store, base = _resolve(uri)
+    with _errors(uri):
+        infos = store.get_file_info(pafs.FileSelector(base.rstrip("/"), recursive=False, allow_not_found=True))
+    return sorted(join(uri, PurePosixPath(i.path).name) for i in infos if i.type == pafs.FileType.Directory)
+
+
 def stamp(path: PathLike) -> list[Any]:
     """What changes when the file or folder ``path`` changes, cheaply (no content read): ``[relative path, size,
     mtime in ns]`` of the file, or of every file in the folder."""

@@ -405,16 +405,16 @@ def _private_folder(cache: Path) -> Path:
         return folder
 
 
-def _remove_stale(root: Path) -> None:
-    """Remove the private build folders in ``root`` whose builder is gone: its process no longer runs on this
-    machine, or (another machine's) nothing in it changed for :data:`PRIVATE_MAX_AGE` seconds. Never a live
-    builder's folder on this machine."""
+def _remove_stale(root: Path | str) -> None:
+    """Remove the private build folders in ``root`` (a local folder, or a shared cache in an object store) whose
+    builder is gone: its process no longer runs on this machine, or (another machine's) nothing in it changed for
+    :data:`PRIVATE_MAX_AGE` seconds. Never a live builder's folder on this machine."""
     try:
-        entries = list(root.iterdir())
-    except OSError:
+        entries = storage.list_folders(root)
+    except (OSError, storage.StorageError):
         return
     for entry in entries:
-        match = _PRIVATE.fullmatch(entry.name)
+        match = _PRIVATE.fullmatch(storage.name_of(entry))
         if match is None:
             continue
         if match["host"] == _HOST:
@@ -423,7 +423,10 @@ def _remove_stale(root: Path) -> None:
             stale = time.time() - _last_change(entry) > PRIVATE_MAX_AGE
         if stale:
             log.info("preprocessing: removing %s, left by a build that did not finish", entry)
-            shutil.rmtree(entry, ignore_errors=True)
+            try:
+                storage.remove_tree(entry)
+            except storage.StorageError as err:
+                log.warning("preprocessing: cannot remove %s (%s)", entry, err)
 
 
 def _process_alive(pid: int) -> bool:
@@ -436,9 +439,15 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _last_change(folder: Path) -> float:
+def _last_change(folder: Path | str) -> float:
     """The newest modification time of ``folder`` and what it holds, one level down (a build adds files to its
-    folder and to ``staging/``)."""
+    folder and to ``staging/``); in an object store, of every object under it (0 when there is none)."""
+    if storage.is_uri(folder):
+        try:
+            return max((row[2] for row in storage.stamp(folder) if row[2]), default=0) / 1e9
+        except storage.StorageError:
+            return time.time()  # vanishing or unreadable: not stale
+    folder = Path(folder)
     try:
         times = [folder.stat().st_mtime]
         for child in folder.iterdir():
@@ -726,6 +735,7 @@ def _prepare(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path,
     work = storage.join(place.store, "work") if place.store else str(folder / "work")
     storage.remove_tree(place.store or work)
     if place.store:
+        _remove_stale(place.shared_root or "")  # the build folders in the store of drivers that are gone
         log.info("preprocessing in the object store: %s, on any node", place.store)
     else:
         Path(work).mkdir(parents=True)

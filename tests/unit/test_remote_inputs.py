@@ -159,6 +159,33 @@ def test_on_a_cluster_the_tasks_build_in_the_object_store_and_give_the_same_resu
     assert_same(again, local)
 
 
+def test_build_folders_in_the_store_left_by_gone_drivers_are_removed(object_store: str, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver killed during a build in the store leaves its private folder there: the next build removes the
+    folders whose builder is gone (a dead process on this machine; another machine's after PRIVATE_MAX_AGE without
+    a change), and never a live builder's, a published cache or a folder not named like a build."""
+    import os
+    import subprocess
+    import sys
+
+    root = storage.join(object_store, "stale", ".nre_ray_cache")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    key, host = "ab" * 10, pipeline._HOST
+    folders = {"dead": f"{key}.tmp-{dead.pid}-0badc0de-{host}", "live": f"{key}.tmp-{os.getpid()}-0badc0de-{host}",
+               "elsewhere": f"{key}.tmp-1-0badc0de-{'e' * 8}", "published": key, "not ours": "notes.tmp-1-x"}
+    for name in folders.values():
+        storage.write_bytes(storage.join(root, name, "work", "parts", "train", "0-000000000002.npz"), b"x")
+    names = lambda: {storage.name_of(p) for p in storage.list_folders(root)}  # noqa: E731
+    pipeline._remove_stale(root)
+    assert names() == {folders[k] for k in ("live", "elsewhere", "published", "not ours")}
+    monkeypatch.setattr(pipeline, "PRIVATE_MAX_AGE", -1)  # another machine's folder, unchanged for long enough
+    pipeline._remove_stale(root)
+    assert names() == {folders[k] for k in ("live", "published", "not ours")}
+    assert storage.list_files(storage.join(root, key), recursive=True)  # the published cache keeps its files
+    pipeline._remove_stale(storage.join(object_store, "no", "such", "folder"))  # nothing there: nothing to do
+
+
 def test_subwords_built_in_the_object_store_match_the_local_build(
         ray_cluster, data: tuple[Path, str], object_store: str, tmp_path: Path) -> None:
     """``--model bert`` on a cluster: the tokenizer with its entity markers goes to the store, and each encoding
