@@ -197,15 +197,23 @@ def pyarrow_path(path: PathLike) -> tuple[Any, str]:
     return pafs.LocalFileSystem(), str(_local(path).absolute())
 
 
-def _remote_files(uri: str, recursive: bool) -> list[tuple[str, Any]]:
-    """``(path relative to uri, FileInfo)`` of the files in the folder ``uri``, sorted."""
+def _remote_entries(uri: str, kind: Any, recursive: bool, allow_not_found: bool = False) -> list[tuple[str, Any]]:
+    """``(path relative to uri, FileInfo)`` of the entries of type ``kind`` (a ``pyarrow.fs.FileType``) in the
+    folder ``uri``, sorted."""
     from pyarrow import fs as pafs
 
     filesystem, path = _resolve(uri)
     base = path.rstrip("/")
     with _errors(uri):
-        infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=recursive))
-    return sorted((info.path[len(base):].lstrip("/"), info) for info in infos if info.type == pafs.FileType.File)
+        infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=recursive, allow_not_found=allow_not_found))
+    return sorted((info.path[len(base):].lstrip("/"), info) for info in infos if info.type == kind)
+
+
+def _remote_files(uri: str, recursive: bool) -> list[tuple[str, Any]]:
+    """``(path relative to uri, FileInfo)`` of the files in the folder ``uri``, sorted."""
+    from pyarrow import fs as pafs
+
+    return _remote_entries(uri, pafs.FileType.File, recursive)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -282,11 +290,8 @@ def list_folders(path: PathLike) -> list[str]:
         return sorted(str(p) for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
     from pyarrow import fs as pafs
 
-    uri = os.fspath(path)
-    store, base = _resolve(uri)
-    with _errors(uri):
-        infos = store.get_file_info(pafs.FileSelector(base.rstrip("/"), recursive=False, allow_not_found=True))
-    return sorted(join(uri, PurePosixPath(i.path).name) for i in infos if i.type == pafs.FileType.Directory)
+    return [join(path, rel) for rel, _ in _remote_entries(os.fspath(path), pafs.FileType.Directory, recursive=False,
+                                                          allow_not_found=True)]
 
 
 def stamp(path: PathLike) -> list[Any]:

@@ -300,9 +300,13 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
         prepared = _install_built(built, private, cache, replace=cfg.no_cache)
     finally:
         shutil.rmtree(private, ignore_errors=True)
-    present = frozenset(f for s in prepared.splits for f in EncodedSplit.files(s)) if place.store else frozenset()
-    if shared and (functools.partial(_publish_shared, present=present) if cfg.no_cache or place.store
-                   else _ensure_published)(cache, shared):
+    if not shared:
+        return prepared
+    if place.store:  # the splits' files are there already; the small files and the marker are not
+        published = _publish_shared(cache, shared, frozenset(f for s in prepared.splits for f in EncodedSplit.files(s)))
+    else:
+        published = (_publish_shared if cfg.no_cache else _ensure_published)(cache, shared)
+    if published:
         prepared.shared_cache_dir = shared
     return prepared
 
@@ -328,7 +332,9 @@ class _Where:
     def resolve(self) -> None:
         """Decide, asking Ray; ConfigError when the tasks would have to run on the driver's node and it offers no
         CPU (they could never start)."""
-        multi_node = _several_nodes() if self.multi_node is None else self.multi_node
+        from nre_ray.session import alive_nodes
+
+        multi_node = len(alive_nodes()) > 1 if self.multi_node is None else self.multi_node
         self.pin = _driver_node_args() if multi_node else {}
         if self.shared_root and self.shared and storage.is_uri(self.shared) and multi_node and not self.on_every_node:
             self.store = storage.join(self.shared_root, self.name)
@@ -625,12 +631,6 @@ class _Scan:
                 if len(problems) >= MAX_SHOWN:
                     return problems[:MAX_SHOWN]
         return problems
-
-
-def _several_nodes() -> bool:
-    import ray
-
-    return sum(1 for n in ray.nodes() if n.get("Alive")) > 1
 
 
 def _own_cpus() -> float:
