@@ -3,7 +3,7 @@
 Every rank runs the same code. Distribution shows up in three places only: ``prepare_model`` / ``prepare_data_loader``
 (DDP and the DistributedSampler), the all-reduce of counts in :func:`evaluate` (so every example is counted exactly
 once whatever the number of workers), and rank 0 alone writing checkpoints and MLflow data. (Per-epoch metrics are
-logged by the controller when Ray registers the epoch's checkpoint: :mod:`nre_ray.tracking_callback`.)
+logged by the controller when Ray registers the epoch's checkpoint: :mod:`nre_ray.tracking.callback`.)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from nre_ray.models import build_model
 from nre_ray.models.pretrained import load_word_vectors, word_embedding
 from nre_ray.models.registry import ModelSpec
 from nre_ray.optim import Schedule, build_optimizer, steps_per_epoch
-from nre_ray.tracking import FIRST_STEP_AT, Tracker, make_tracker
+from nre_ray.tracking.store import FIRST_STEP_AT, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 256
@@ -196,7 +196,7 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
     """This worker's view of the encoded splits, from the loop's ``data``.
 
     With ``cache``: ``{"dir": the local cache folder's absolute path, "shared": the shared cache's URI or None,
-    "splits": names}`` (what :func:`nre_ray.train.build_trainer` sends), the splits' ``.npy`` files are read by rows
+    "splits": names}`` (what :func:`nre_ray.runner.build_trainer` sends), the splits' ``.npy`` files are read by rows
     (:class:`nre_ray.data.rowfile.RowFile`) from the local folder when it is on this node (one machine, or the same
     path on every node), else from a copy of the shared cache made once per node (:func:`nre_ray.storage.local_copy`).
     Nothing is read until a batch asks for its rows, so a worker reads only its shard. With ``splits`` (name -> padded
@@ -308,7 +308,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if cfg.model.embeddings:  # every rank loads the same vectors (DDP would broadcast rank 0's anyway)
             hits = load_word_vectors(cfg.model.embeddings, vocab.index, word_embedding(model),
                                      lowercase=cfg.data.lowercase)
-        # The run's parameters and tags were logged by the driver (nre_ray.train, nre_ray.tune_trial): this process
+        # The run's parameters and tags were logged by the driver (nre_ray.runner, nre_ray.tune.trial): this process
         # imports MLflow only if it logs (vectors here, a resume above, the final reports), never before its first step.
         if hits is not None:
             notes.append(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}")
@@ -380,7 +380,7 @@ def tell_console(notes: list[str], rank: int) -> None:
 
     Every rank calls this at the same point (a Ray Train report is collective): the lines travel in a report without
     a checkpoint under :data:`nre_ray.console.NOTES_KEY`, which the controller's callback passes to the console
-    (:mod:`nre_ray.tracking_callback`). In Ray's local mode (``num_workers=0``) the loop runs in the driver and prints
+    (:mod:`nre_ray.tracking.callback`). In Ray's local mode (``num_workers=0``) the loop runs in the driver and prints
     them itself.
     """
     if isinstance(ray.train.get_context(), LocalTrainContext):
@@ -477,7 +477,7 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
                                                                if k.startswith("test_")}}, step=state["best_epoch"])
     with tempfile.TemporaryDirectory(prefix="nre_ray_report_") as tmp:
         folder = Path(tmp)
-        from nre_ray import reports  # matplotlib: imported when the run ends, not while the workers start
+        from nre_ray.tracking import reports  # matplotlib: imported when the run ends, not while the workers start
 
         for name, (cm, _) in results.items():
             reports.write_class_report(cm, labels, folder, name)

@@ -27,7 +27,7 @@ FEWREL_TRAIN = SHARED / "fewrel" / "csv" / "train.csv"
 FEWREL_TEST = SHARED / "fewrel" / "csv" / "test.csv"
 
 #: Environment of every benchmarked subprocess: quiet Ray. (nre_ray pins Ray Train's placement-group cleaner to its
-#: own cluster: ``nre_ray.session.pin_state_api``.)
+#: own cluster: ``nre_ray.cluster.session.pin_state_api``.)
 BENCH_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
@@ -278,7 +278,7 @@ def run_nre_ray(work: Path, flags: list[str], timeout: float, tracking_uri: str 
     summary = json.loads((work / "summary.json").read_text(encoding="utf-8"))
     from mlflow.tracking import MlflowClient
 
-    from nre_ray.tracking import mlflow_name
+    from nre_ray.tracking.store import mlflow_name
 
     client = MlflowClient(tracking_uri)
     history = {key: sorted(client.get_metric_history(summary["run_id"], mlflow_name(key)), key=lambda m: m.step)

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 2:
         parser.error("--epochs must be >= 2 (the first epoch is not counted)")
 
-    from nre_ray.session import plan_resources
+    from nre_ray.cluster.session import plan_resources
 
     node = {"CPU": float(os.cpu_count() or 1), **({"GPU": 1.0} if args.use_gpu else {})}
     threads = plan_resources(1, args.use_gpu, [node]).threads

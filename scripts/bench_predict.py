@@ -54,11 +54,11 @@ def pyfunc_uri(model: str, work: Path, tracking_uri: str | None) -> tuple[str, s
     """A pyfunc model URI for ``model`` and its tracking URI: URIs as they are; a checkpoint folder is logged into a
     scratch store first."""
     if ":/" in model[:10]:
-        from nre_ray.tracking import resolve_tracking_uri
+        from nre_ray.tracking.store import resolve_tracking_uri
 
         return model, resolve_tracking_uri(tracking_uri)
-    from nre_ray.serving import log_model
-    from nre_ray.tracking import start_run
+    from nre_ray.serving.pyfunc import log_model
+    from nre_ray.tracking.store import start_run
 
     uri = f"sqlite:///{work / 'mlflow.db'}"
     run_id = start_run(uri, "bench_predict_pyfunc", "pyfunc", {})
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"mode": "cli (subprocess, end to end)", "workers": n, "rows": rows, "seconds": seconds})
             print(f"cli {n} worker(s): {seconds:.1f} s", flush=True)
 
-        from nre_ray.predict import predict_file
+        from nre_ray.serving.predict import predict_file
 
         for n in workers:
             summary = predict_file(model, str(args.data), str(work / f"pipe{n}.csv"), batch_size=args.batch_size,
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
         import mlflow
 
-        from nre_ray.inference import INPUT_COLUMNS, mlflow_settings
+        from nre_ray.serving.inference import INPUT_COLUMNS, mlflow_settings
 
         uri, store = pyfunc_uri(model, work, tracking_uri)
         with mlflow_settings(store):

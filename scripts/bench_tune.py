@@ -114,7 +114,7 @@ def training_cpu_seconds(summary: dict[str, Any], workers: int) -> float:
     """CPU seconds the trials' workers spent in training passes (rank 0's ``epoch_cpu_seconds`` x workers)."""
     from mlflow.tracking import MlflowClient
 
-    from nre_ray.tracking import mlflow_name
+    from nre_ray.tracking.store import mlflow_name
 
     client = MlflowClient(summary["tracking_uri"])
     name = mlflow_name("epoch_cpu_seconds")

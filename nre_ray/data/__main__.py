@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from nre_ray.cluster.session import UsageError
 from nre_ray.config import ConfigError, build_parser, config_from_args
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 from nre_ray.data.read import (
@@ -34,7 +35,6 @@ from nre_ray.data.read import (
     read_chunks,
     split_problem,
 )
-from nre_ray.session import UsageError
 
 log = logging.getLogger("nre_ray")
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
@@ -55,7 +55,7 @@ def inspect(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if not pipeline.is_cached(cfg.data, cfg.train.seed):
         pipeline.check_inputs(cfg.data)  # bad files, headers and columns fail here, before Ray starts
-        from nre_ray.session import start_ray
+        from nre_ray.cluster.session import start_ray
 
         start_ray(cfg.run.address, 1, log_to_driver=False)
     prepared = pipeline.prepare(cfg.data, cfg.train.seed)

@@ -332,7 +332,7 @@ class _Where:
     def resolve(self) -> None:
         """Decide, asking Ray; ConfigError when the tasks would have to run on the driver's node and it offers no
         CPU (they could never start)."""
-        from nre_ray.session import alive_nodes
+        from nre_ray.cluster.session import alive_nodes
 
         multi_node = len(alive_nodes()) > 1 if self.multi_node is None else self.multi_node
         self.pin = _driver_node_args() if multi_node else {}

@@ -44,7 +44,7 @@ from nre_ray.evaluate import build_parser as evaluate_parser
 from nre_ray.predict import build_parser as predict_parser
 from nre_ray.standin import build_parser as standin_parser
 from nre_ray.train import cli_parser as train_parser
-from nre_ray.tune import sweep_parser
+from nre_ray.tune.__main__ import sweep_parser
 from tests.procs import env, free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ The CLI tests run ``python -m nre_ray.train`` as a subprocess with its own local
 Ray Train workers among its descendant processes. They wait until Ray Train has *registered* a checkpoint (the run's
 ``checkpoint_manager_snapshot.json``, read with ``ray.train.Result.from_path``) before striking, so "the latest
 checkpoint" is known exactly; Ray registers a reported checkpoint at its next poll of the workers (every 2 s), and
-the epoch's metrics reach MLflow then (``nre_ray.tracking_callback``), so each epoch is in MLflow exactly once.
+the epoch's metrics reach MLflow then (``nre_ray.tracking.callback``), so each epoch is in MLflow exactly once.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ray.train.torch import TorchTrainer
 
 from nre_ray.checkpoint import CheckpointError, load_checkpoint
 from nre_ray.config import Config
-from nre_ray.train import _existing_checkpoints
+from nre_ray.runner import _existing_checkpoints
 from tests.helpers import tiny_data
 from tests.procs import alive, cli, descendants, env, start, stop_tree, train_workers, wait_for
 

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SCRIPT = """
 import os, ray
-from nre_ray.session import start_ray
+from nre_ray.cluster.session import start_ray
 start_ray(None, 1)
 
 @ray.remote(num_cpus=0)

@@ -21,13 +21,13 @@ import ray
 from torch.utils.data import DistributedSampler
 
 from nre_ray import loop, tracking
+from nre_ray.cluster.session import Resources
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.pipeline import Prepared, save_prepared
 from nre_ray.data.rowfile import RowFile
 from nre_ray.data.vocab import Vocab
-from nre_ray.session import Resources
-from nre_ray.train import Target, build_trainer
+from nre_ray.runner import Target, build_trainer
 from tests.helpers import tiny_data
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray import standin
+from nre_ray.cluster import standin
 from tests.procs import env, free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -145,7 +145,7 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster,
 def test_a_local_ray_beside_the_standin_does_not_take_its_node_types(cluster, ray_cluster):
     """The driver reads node types from the monitor of the cluster it joined: the stand-in's autoscaler, running on
     the same machine, is not the test session's local Ray's."""
-    from nre_ray import session
+    from nre_ray.cluster import session
 
     info = session.cluster()
     assert info.node_types == [] and not info.can_grow

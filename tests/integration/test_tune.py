@@ -12,8 +12,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from nre_ray.data.pipeline import sample_dir
-from nre_ray.tracking import mlflow_name
-from nre_ray.tune import main
+from nre_ray.tracking.store import mlflow_name
+from nre_ray.tune.__main__ import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

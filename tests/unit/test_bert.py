@@ -20,12 +20,12 @@ from nre_ray.config import Config, ModelConfig
 from nre_ray.data.encode import EncodedDataset, EncodedSplit
 from nre_ray.data.subword import MarkerTokenizer, build_tokenizer, encode_subword_batch
 from nre_ray.data.vocab import Vocab
-from nre_ray.inference import Predictor
 from nre_ray.loop import train_loop_per_worker
 from nre_ray.models import build_model
 from nre_ray.models.bert import BertEncoder
 from nre_ray.models.registry import ModelSpec
 from nre_ray.optim import LinearWarmupSchedule, PlateauSchedule, build_optimizer, steps_per_epoch
+from nre_ray.serving.inference import Predictor
 from tests.helpers import TEMPLATES, tiny_frame
 from tests.tiny_bert import make_tiny_bert
 

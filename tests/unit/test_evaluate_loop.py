@@ -14,10 +14,10 @@ from nre_ray import metrics as M
 from nre_ray.config import Config
 from nre_ray.data.encode import EncodedSplit
 from nre_ray.data.vocab import Vocab
-from nre_ray.evaluate import eval_loop_per_worker
-from nre_ray.inference import Predictor
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.serving.evaluate import eval_loop_per_worker
+from nre_ray.serving.inference import Predictor
 from tests.helpers import tiny_data
 
 

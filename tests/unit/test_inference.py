@@ -14,9 +14,9 @@ from nre_ray.config import Config
 from nre_ray.data.encode import token_counts, tokenize_batch
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
-from nre_ray.inference import Predictor, _alias_uri, encode_rows, resolve_checkpoint
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.serving.inference import Predictor, _alias_uri, encode_rows, resolve_checkpoint
 from tests.helpers import TEMPLATES, tiny_frame
 
 WINDOW = 10
@@ -147,7 +147,7 @@ def test_mlflow_settings_leaves_no_tracking_uri_behind(monkeypatch, tmp_path):
     """mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI; later runs in the process must not inherit it."""
     import os
 
-    from nre_ray.inference import mlflow_settings
+    from nre_ray.serving.inference import mlflow_settings
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with mlflow_settings(f"sqlite:///{tmp_path / 'other.db'}"):

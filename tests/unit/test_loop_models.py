@@ -62,7 +62,7 @@ def test_local_mode_vectors_of_the_wrong_dimension_fail_clearly(tmp_path):
 
 
 def test_driver_resolves_the_vectors_path_and_checks_its_dimension_before_starting_ray(tmp_path, monkeypatch):
-    from nre_ray.train import UsageError, run
+    from nre_ray.runner import UsageError, run
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "vectors.txt").write_text("the 0.1 0.2\n", encoding="utf-8")

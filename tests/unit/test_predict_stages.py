@@ -10,8 +10,9 @@ import pytest
 from nre_ray.checkpoint import load_checkpoint
 from nre_ray.data.chunks import plan_chunks
 from nre_ray.data.errors import DataError
-from nre_ray.inference import Predictor
-from nre_ray.predict import PredictChunks, UsageError, Writer, _write, main, output_format
+from nre_ray.predict import main
+from nre_ray.serving.inference import Predictor
+from nre_ray.serving.predict import PredictChunks, UsageError, Writer, _write, output_format
 from tests.unit.test_inference import make_checkpoint, raw_rows
 
 
@@ -132,7 +133,7 @@ def test_a_small_input_is_labelled_in_this_process_without_ray(checkpoint, tmp_p
 def test_a_dead_prediction_actor_is_recognised_through_the_errors_that_wrap_it():
     import ray.exceptions
 
-    from nre_ray.predict import _worker_died
+    from nre_ray.serving.predict import worker_died
 
     died = ray.exceptions.ActorDiedError()
     try:
@@ -141,5 +142,5 @@ def test_a_dead_prediction_actor_is_recognised_through_the_errors_that_wrap_it()
         except ray.exceptions.ActorDiedError as err:
             raise RuntimeError("Ray Data's execution failed") from err
     except RuntimeError as wrapped:
-        assert _worker_died(wrapped)
-    assert not _worker_died(ValueError("a bug of ours")) and not _worker_died(DataError([]))
+        assert worker_died(wrapped)
+    assert not worker_died(ValueError("a bug of ours")) and not worker_died(DataError([]))

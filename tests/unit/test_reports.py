@@ -1,4 +1,4 @@
-"""Tests for nre_ray.reports."""
+"""Tests for nre_ray.tracking.reports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.image import imread
 
 from nre_ray.metrics import per_class_table
-from nre_ray.reports import plot_confusion_matrix, write_class_report
+from nre_ray.tracking.reports import plot_confusion_matrix, write_class_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CM3 = np.array([[5, 1, 0], [2, 3, 1], [0, 2, 6]], dtype=np.int64)
@@ -72,7 +72,7 @@ def test_plot_confusion_matrix_empty_counts(tmp_path):
 
 
 def test_plot_uses_cjk_font_when_available(tmp_path, monkeypatch):
-    import nre_ray.reports as reports
+    from nre_ray.tracking import reports
 
     # Pretend an installed font covers CJK; the plot must still render cleanly.
     monkeypatch.setattr(reports, "find_cjk_font", lambda: "DejaVu Sans")
@@ -85,6 +85,6 @@ def test_plot_uses_cjk_font_when_available(tmp_path, monkeypatch):
 
 
 def test_find_cjk_font_returns_name_or_none():
-    from nre_ray.reports import find_cjk_font
+    from nre_ray.tracking.reports import find_cjk_font
 
     assert find_cjk_font() is None or isinstance(find_cjk_font(), str)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from nre_ray.session import (
+from nre_ray.cluster.session import (
     Cluster,
     NodeType,
     UsageError,
@@ -60,7 +60,7 @@ def test_a_local_ray_that_does_not_start_in_time_is_a_clear_error(monkeypatch):
     Exception. That cannot be produced on demand, so ray.init is replaced by one that raises Ray's message."""
     import ray
 
-    from nre_ray.session import start_ray
+    from nre_ray.cluster.session import start_ray
 
     def times_out(**kwargs):
         raise Exception("The current node timed out during startup. This could happen because some of the raylet "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nre_ray import tracking
 from nre_ray.config import Config, ConfigError
+from nre_ray.tracking import store as tracking
 from nre_ray.train import main
 
 
@@ -70,14 +70,14 @@ def test_check_resume_fits_the_checkpoint_records_changes_and_fills_a_missing_ep
 
     import ray.train
 
-    from nre_ray import train
+    from nre_ray import runner
     from nre_ray.checkpoint import CheckpointError
     from tests.unit.test_checkpoint import LABELS, VOCAB, _config, _save
 
     folder = _save(tmp_path / "ckpt", _config(), epoch=3)
     latest = SimpleNamespace(checkpoint=ray.train.Checkpoint.from_directory(str(folder)),
                              metrics={"epoch": 3, "valid_macro_f1": 0.75})
-    monkeypatch.setattr(train, "_latest_result", lambda storage, name: latest)
+    monkeypatch.setattr(runner, "_latest_result", lambda storage, name: latest)
     uri = _uri(tmp_path)
     run_id = tracking.start_run(uri, "nre_ray", "r", {"nre_ray.run_name": "r", "storage_path": "/s"})
     tracking.MlflowTracker(uri, run_id).log_metrics({"epoch": 1}, step=1)
@@ -85,24 +85,24 @@ def test_check_resume_fits_the_checkpoint_records_changes_and_fills_a_missing_ep
     prepared = SimpleNamespace(vocab=VOCAB, labels=LABELS)
     cfg = Config.from_dict({**_config().to_dict(), "train": {"epochs": 20}, "run": {"resume": True, "run_name": "r"}})
 
-    tags, missing = train._check_resume(cfg, "/s", "r", prepared, resumed, uri)
+    tags, missing = runner._check_resume(cfg, "/s", "r", prepared, resumed, uri)
     assert tags == {"nre_ray.resume_changes": '{"train.epochs": "100 -> 20"}'}
     assert missing == {"epoch": 3, "valid_macro_f1": 0.75}  # registered by Ray, never logged: logged on resume
     out = capsys.readouterr().out
     assert f"resuming run 'r' (MLflow run {run_id}) after epoch 3; logging epoch 3's metrics" in out
 
     tracking.MlflowTracker(uri, run_id).log_metrics(missing, step=3)
-    assert train._check_resume(cfg, "/s", "r", prepared, resumed, uri)[1] == {}
+    assert runner._check_resume(cfg, "/s", "r", prepared, resumed, uri)[1] == {}
     wider = Config.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "hidden_size": 32}})
     with pytest.raises(CheckpointError, match="--hidden-size 8 \\(this run: 32\\)"):
-        train._check_resume(wider, "/s", "r", prepared, resumed, uri)
+        runner._check_resume(wider, "/s", "r", prepared, resumed, uri)
 
 
 def test_the_experiment_opens_as_a_model_training_one(tmp_path):
     """MLflow 3.17's UI opens an untagged experiment in its GenAI view (traces); the tag opens its runs."""
     from mlflow.tracking import MlflowClient
 
-    from nre_ray import tracking
+    from nre_ray.tracking import store as tracking
 
     uri = _uri(tmp_path)
     tracking.start_run(uri, "kinds", "a", {"nre_ray.run_name": "a", "storage_path": "/s"})

@@ -10,10 +10,10 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray import tracking
 from nre_ray.config import Config
-from nre_ray.inference import mlflow_settings
-from nre_ray.serving import log_model
+from nre_ray.serving.inference import mlflow_settings
+from nre_ray.serving.pyfunc import log_model
+from nre_ray.tracking import store as tracking
 from tests.unit.test_inference import make_checkpoint, raw_rows
 
 EPOCH = {"epoch": 1, "train_loss": 1.5, "valid_loss": 1.2, "valid_macro_f1": 0.5, "valid_accuracy": 0.6, "lr": 1e-3,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from nre_ray.console import NOTES_KEY
-from nre_ray.tracking_callback import EpochMetricsLogger
+from nre_ray.tracking.callback import EpochMetricsLogger
 
 
 def test_a_report_of_notes_becomes_one_console_event_and_nothing_in_mlflow(tmp_path, capsys):

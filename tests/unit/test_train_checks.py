@@ -48,7 +48,7 @@ def test_summary_json_folder_must_exist(in_tmp, capsys):
 
 def test_allow_local_storage_puts_the_cache_under_the_storage_path_where_every_node_reads_it(tmp_path, monkeypatch):
     from nre_ray.config import Config
-    from nre_ray.train import cache_on_every_node, resolve_target
+    from nre_ray.runner import cache_on_every_node, resolve_target
 
     monkeypatch.chdir(tmp_path)
     storage = tmp_path / "nfs" / "runs"

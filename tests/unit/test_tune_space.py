@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from nre_ray.cluster.session import NodeType, UsageError
 from nre_ray.config import MODELS, Config, ConfigError
-from nre_ray.session import NodeType, UsageError
-from nre_ray.tune import SWEEP_EPOCHS, SweepOptions, options_from_args, plan_trials, sweep_config, sweep_parser
-from nre_ray.tune_report import COMPLETED, ERROR, STOPPED_EARLY, UNFINISHED, outcome
-from nre_ray.tune_results import close_children, interrupted
-from nre_ray.tune_space import DEFAULT_SPACES, Dimension, SpaceError, apply, load_space, parse_space, to_tune
+from nre_ray.tune.__main__ import SWEEP_EPOCHS, options_from_args, sweep_config, sweep_parser
+from nre_ray.tune.report import COMPLETED, ERROR, STOPPED_EARLY, UNFINISHED, outcome
+from nre_ray.tune.results import close_children, interrupted
+from nre_ray.tune.space import DEFAULT_SPACES, Dimension, SpaceError, apply, load_space, parse_space, to_tune
+from nre_ray.tune.sweep import SweepOptions, plan_trials
 
 
 def _space(tmp_path: Path, text: str) -> str:
@@ -168,7 +169,7 @@ def test_an_interrupted_sweep_is_told_from_a_finished_one():
 def test_closing_the_child_runs_of_an_interrupted_sweep(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from nre_ray import tracking
+    from nre_ray.tracking import store as tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     runs = {name: tracking.start_run(uri, "e", name, {}) for name in ("done", "asha", "cut", "failed")}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from nre_ray import tracking
-from nre_ray.tune_trial import log_missed_epoch
+from nre_ray.tracking import store as tracking
+from nre_ray.tune.trial import log_missed_epoch
 
 EPOCH = {"train_loss": 1.5, "valid_loss": 1.2, "valid_macro_f1": 0.5, "valid_accuracy": 0.6, "lr": 1e-3,
          "examples_per_sec": 900.0, "epoch_seconds": 3.0, "epoch_cpu_seconds": 2.5, "best_epoch": 1,
@@ -55,7 +55,7 @@ class _Forwarded:
 
 def test_a_trial_passes_epochs_to_tune_but_not_the_consoles_notes():
     from nre_ray.console import NOTES_KEY
-    from nre_ray.tune_trial import _without_notes
+    from nre_ray.tune.trial import _without_notes
 
     report = _without_notes(_Forwarded)()
     report.after_report(None, [{NOTES_KEY: ["resuming after epoch 2 from /x"]}, {NOTES_KEY: []}], None)

@@ -1,18 +1,16 @@
-"""``python -m nre_ray.evaluate``: score a checkpoint on a labelled file with the evaluation code of training.
+"""Score a checkpoint on a labelled file with the evaluation code of training (``python -m nre_ray.evaluate``).
 
 The file is read and encoded with the checkpoint's vocabulary, labels and tokenizer settings (the pure functions of
-training, through :func:`nre_ray.inference.encode_rows`); a row whose label the checkpoint does not know is an error
-that names it. A TorchTrainer then runs :func:`eval_loop_per_worker` on ``--num-workers`` workers: each scores its exact
-shard (``nre_ray.loop.eval_loader``, every row once, no padding), the confusion counts are all-reduced
+training, through :func:`nre_ray.serving.inference.encode_rows`); a row whose label the checkpoint does not know is an
+error that names it. A TorchTrainer then runs :func:`eval_loop_per_worker` on ``--num-workers`` workers: each scores
+its exact shard (``nre_ray.loop.eval_loader``, every row once, no padding), the confusion counts are all-reduced
 (``nre_ray.loop.evaluate``) and rank 0 computes the scores (``nre_ray.metrics.scores``) and hands them to the driver
 through a small actor. The numbers therefore do not depend on the number of workers.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -24,18 +22,15 @@ import torch
 
 from nre_ray import console
 from nre_ray import metrics as M
-from nre_ray.checkpoint import CheckpointError, load_checkpoint
+from nre_ray.checkpoint import load_checkpoint
+from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
 from nre_ray.data.encode import EncodedSplit
 from nre_ray.data.errors import DataError
-from nre_ray.data.read import FORMATS, parse_column_map, problems_of, read_table
-from nre_ray.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
+from nre_ray.data.read import parse_column_map, problems_of, read_table
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
-from nre_ray.session import UsageError
-
-SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
-              "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
+from nre_ray.serving.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
 
 
 @ray.remote(num_cpus=0)
@@ -155,7 +150,7 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import LoggingConfig
 
-    from nre_ray.session import alive_nodes, plan_resources, ray_phase, ray_quiet_env, start_ray
+    from nre_ray.cluster.session import alive_nodes, plan_resources, ray_phase, ray_quiet_env, start_ray
 
     out = console.get()
     with out.phase("ray", ray_phase(address)) as step:
@@ -197,8 +192,8 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
 def _ship(split: EncodedSplit, folder: Path) -> Any:
     """How the workers get the encoded rows: on one machine, the split saved in ``folder`` (each worker memory-maps
     it and reads only its shard's rows); on several, through the object store (``folder`` is not on the others)."""
+    from nre_ray.cluster.session import alive_nodes
     from nre_ray.data.pipeline import LAYOUT, MARKER
-    from nre_ray.session import alive_nodes
 
     if len(alive_nodes()) > 1:
         return ray.put(split.flat)
@@ -206,71 +201,3 @@ def _ship(split: EncodedSplit, folder: Path) -> Any:
     split.save(folder, "eval")
     (folder / MARKER).write_text(json.dumps({"layout": LAYOUT, "splits": ["eval"]}), encoding="utf-8")
     return {"cache": {"dir": str(folder), "shared": None, "splits": ["eval"]}}
-
-
-def print_report(report: dict[str, Any]) -> None:
-    """The scores, then the per-class table."""
-    metrics = report["metrics"]
-    print(f"{report['data']}: {report['rows']} rows" + (f" ({report['skipped']} bad rows skipped)"
-                                                          if report["skipped"] else "")
-          + f", {report['workers']} worker(s), model {report['model']}")
-    print("  " + "  ".join(f"{k} {metrics[k]:.4f}" for k in SCORE_KEYS if k in metrics))
-    width = max(len("label"), *(len(r["label"]) for r in report["per_class"]))
-    print(f"\n  {'label':<{width}}  precision  recall      f1  support  predicted")
-    for r in report["per_class"]:
-        print(f"  {r['label']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  {r['f1']:6.4f}  "
-              f"{r['support']:7d}  {r['predicted']:9d}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m nre_ray.evaluate`` options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m nre_ray.evaluate",
-        description="Evaluate a trained checkpoint on a labelled file with the evaluation code of training "
-                    "(every row counted once, whatever the number of workers).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  python -m nre_ray.evaluate --model runs:/RUN_ID/model --data test.csv\n"
-               "  python -m nre_ray.evaluate --model ray_results/RUN/checkpoint_DIR --data test.jsonl "
-               "--negative-label Other --output scores.json\n"
-               "  python -m nre_ray.evaluate --model models:/NAME/1 --data big.parquet --num-workers 4\n")
-    parser.add_argument("--model", required=True, help="A checkpoint folder (or runs:/<run_id>/model, "
-                        "models:/<name>/<version>).")
-    parser.add_argument("--data", required=True, help="A labelled file in any format training reads.")
-    parser.add_argument("--num-workers", type=int, default=1, help="Ray Train workers (default: 1).")
-    parser.add_argument("--negative-label", help="The 'no relation' label for the positive-class scores (default: the "
-                        "one the model was trained with, if any).")
-    parser.add_argument("--output", help="Write the scores, the per-class table and the confusion matrix here as "
-                        "JSON.")
-    parser.add_argument("--format", choices=FORMATS, help="Input format; detected from the file when not given.")
-    parser.add_argument("--columns", help="Column mapping for other column names, e.g. 'text=sentence,label=relation'.")
-    parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
-                        help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ URIs.")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 bad input or usage)."""
-    args = build_parser().parse_args(argv)
-    try:
-        report = evaluate_file(args.model, args.data, num_workers=args.num_workers,
-                               negative_label=args.negative_label, fmt=args.format, columns=args.columns,
-                               on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address)
-    except (UsageError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"error: bad input data\n{err}", file=sys.stderr)
-        return 2
-    print()
-    print_report(report)
-    if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
-        print(f"\nwrote {args.output}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

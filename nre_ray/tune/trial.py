@@ -2,7 +2,7 @@
 
 A trial runs in a Ray Tune actor: it builds the trial's config (the sweep's fixed settings with the sampled values),
 opens its MLflow child run (or reopens it when the sweep resumes), and fits the same TorchTrainer as
-``python -m nre_ray.train`` with two callbacks: :class:`~nre_ray.tracking_callback.EpochMetricsLogger` (each epoch's
+``python -m nre_ray.train`` with two callbacks: :class:`~nre_ray.tracking.callback.EpochMetricsLogger` (each epoch's
 metrics into the child run) and Ray's ``TuneReportCallback`` (the same metrics up to Tune, where ASHA reads them).
 The Train run is named after the trial id under ``<sweep folder>/trials``, so a trial restarted by ``--resume`` (or
 after a lost node) continues from its latest checkpoint.
@@ -98,18 +98,18 @@ def _without_notes(callback: type) -> type:
 
 def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     """Tune's trainable. ``params``: the sampled ``{"section.field": value}``; ``sweep`` (the same for every trial):
-    ``config`` (the fixed Config.to_dict()), ``data`` (:func:`nre_ray.train.trainer_data` of train and valid),
+    ``config`` (the fixed Config.to_dict()), ``data`` (:func:`nre_ray.runner.trainer_data` of train and valid),
     ``trials_storage``, ``tracking_uri``, ``experiment``, ``parent_run_id``, ``sweep_name``, ``per_worker``,
     ``threads``, ``placement_timeout``."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
     from ray.util.queue import Queue
 
-    from nre_ray import tracking
+    from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV, Resources, root_cause
     from nre_ray.config import Config
-    from nre_ray.session import PLACEMENT_TIMEOUT_ENV, Resources, root_cause
-    from nre_ray.train import Target, build_trainer, placement_tags
-    from nre_ray.tune_space import apply
+    from nre_ray.runner import Target, build_trainer, placement_tags
+    from nre_ray.tracking import store as tracking
+    from nre_ray.tune.space import apply
 
     os.environ[PLACEMENT_TIMEOUT_ENV] = str(sweep["placement_timeout"])  # read by the trial's Train controller
     context = ray.tune.get_context()
@@ -141,7 +141,7 @@ def log_missed_epoch(tracking_uri: str, run_id: str, metrics: dict[str, Any] | N
     (at step ``epoch``); None when the child run has it. A trial whose process died after Ray registered an epoch's
     checkpoint but before the callbacks logged it (and passed it to Tune) resumes after that epoch: with no epoch
     left to train, nothing else would ever report it."""
-    from nre_ray import tracking
+    from nre_ray.tracking import store as tracking
 
     if not metrics or "epoch" not in metrics:
         return None
@@ -159,7 +159,7 @@ def open_child_run(tracking_uri: str, experiment: str, parent_run_id: str, sweep
     """The trial's MLflow child run: the one already there for this trial (a resumed sweep: marked RUNNING again,
     the loop continues its curves), else a new one under the parent, with the run parameters ``logged`` and the
     ``tags``. Returns its run id."""
-    from nre_ray import tracking
+    from nre_ray.tracking import store as tracking
 
     found = find_child_run(tracking_uri, parent_run_id, trial_id)
     if found is not None:

@@ -1,4 +1,5 @@
-"""``python -m nre_ray.train``: parse the config, start or join Ray, preprocess, fit with TorchTrainer, summarise.
+"""The steps of a training run: check the settings, start or join Ray, preprocess, open the MLflow run, fit with
+TorchTrainer, log the model, summarise (``python -m nre_ray.train`` runs them; a sweep's trials reuse them).
 
 The driver holds no tensor code: preprocessing runs in Ray Data (``nre_ray.data.pipeline``), the loop in the workers
 (``nre_ray.loop``), tracking goes to MLflow (``nre_ray.tracking``).
@@ -6,7 +7,6 @@ The driver holds no tensor code: preprocessing runs in Ray Data (``nre_ray.data.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as _dt
 import json
@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray import console
-from nre_ray.config import Config, ConfigError, build_parser, config_from_args
-from nre_ray.session import (
+from nre_ray.cluster.session import (
     PLACEMENT_TIMEOUT_ENV,
-    QUIET_ENV,
     Resources,
     UsageError,
     check_shared_paths,
@@ -40,6 +37,7 @@ from nre_ray.session import (
     root_cause,
     start_ray,
 )
+from nre_ray.config import Config
 
 log = logging.getLogger("nre_ray")
 
@@ -64,7 +62,7 @@ def _existing_checkpoints(storage: str, run_name: str) -> list[str]:
 
 def _run_to_resume(cfg: Config, run_name: str, storage: str, tracking_uri: str, existing: list[str]) -> Any:
     """The MLflow run that ``--resume`` continues (an ``mlflow.entities.Run``); UsageError if there is none."""
-    from nre_ray import tracking
+    from nre_ray.tracking import store as tracking
 
     found = tracking.find_run(tracking_uri, cfg.run.experiment_name, run_name, storage)
     if found is None:
@@ -138,7 +136,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     with out.phase("setup", "checking the settings, the inputs and the run's storage") as step:
         target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
         step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
-    from nre_ray import tracking
+    from nre_ray.tracking import store as tracking
 
     warm = warm_up(target.tracking_uri)  # MLflow and torch imported while Ray starts
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
@@ -167,7 +165,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
 
 
 def _events_file(cfg: Config) -> str | None:
-    """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking_callback`), or None
+    """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking.callback`), or None
     under a Ray Client address (``ray://``: the controller's node is not this machine)."""
     if (cfg.run.address or os.environ.get("RAY_ADDRESS") or "").startswith("ray://"):
         return None
@@ -181,7 +179,7 @@ def resolve_target(cfg: Config) -> Target:
     Refuses to overwrite an existing run's checkpoints. Makes local input paths absolute (workers change
     directory); URIs stay as they are."""
     from nre_ray import storage as fs
-    from nre_ray import tracking
+    from nre_ray.tracking import store as tracking
 
     check_inputs(cfg)
     run_name = cfg.run.run_name or f"{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
@@ -215,11 +213,11 @@ def resolve_target(cfg: Config) -> Target:
 
 
 def warm_up(tracking_uri: str) -> threading.Thread:
-    """Start a thread that imports MLflow (and opens its store: :func:`nre_ray.tracking.warm_up`), then torch, which
-    the driver needs after Ray has started: starting Ray mostly waits on Ray's own processes. Join it before using
+    """Start a thread that imports MLflow (and opens its store: :func:`nre_ray.tracking.store.warm_up`), then torch,
+    which the driver needs after Ray has started: starting Ray mostly waits on Ray's own processes. Join it before using
     MLflow. (Neither imports Ray, nor Ray them: the two threads' imports never wait on each other in a cycle.)"""
     def work() -> None:
-        from nre_ray import tracking
+        from nre_ray.tracking import store as tracking
 
         tracking.warm_up(tracking_uri)
         try:
@@ -313,8 +311,8 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
     """Create the MLflow run (or reopen the one ``--resume`` continues, after checking the checkpoint fits) and log
     the data's sources, audit and rejected rows. ``threads``: torch threads per worker (a tag). Returns the run id
     and a tracker for it."""
-    from nre_ray import tracking
     from nre_ray.data.audit import write_audit
+    from nre_ray.tracking import store as tracking
 
     resumed = target.resumed
     resume_tags, missing_metrics = (_check_resume(cfg, target.storage, target.run_name, prepared, resumed,
@@ -388,7 +386,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     from ray.train.v2.api.config import LoggingConfig
 
     from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
-    from nre_ray.tracking_callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
+    from nre_ray.tracking.callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
 
     data_ref = ray.put(prepared if isinstance(prepared, dict) else trainer_data(prepared))
     return TorchTrainer(
@@ -422,8 +420,8 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     selected checkpoint as the MLflow model, close the MLflow run with its status, and return the summary."""
     import ray.train
 
-    from nre_ray import tracking
     from nre_ray.loop import SELECTION_RANK
+    from nre_ray.tracking import store as tracking
 
     out = console.get()
     workers = f"{cfg.train.num_workers} worker(s)" + (f", {resources.per_worker} each" if resources else "")
@@ -493,7 +491,7 @@ def _full_path(path: str, storage: str) -> str:
 
 def _log_model(best: Any, cfg: Config, tracking_uri: str, run_id: str) -> dict[str, str | None]:
     """Log the selected checkpoint as the run's MLflow pyfunc model (registered too with --register-model)."""
-    from nre_ray.serving import log_model
+    from nre_ray.serving.pyfunc import log_model
 
     with best.as_directory() as folder:
         logged = log_model(folder, tracking_uri, run_id, cfg.run.register_model)
@@ -505,9 +503,9 @@ def _check_resume(cfg: Config, storage: str, run_name: str, prepared: Any, resum
     """Before ``--resume`` reopens the run: the latest checkpoint must fit this data and these settings
     (CheckpointError otherwise). Returns tags recording settings that changed (MLflow params keep the first run's),
     and the latest checkpoint's metrics when MLflow lacks them (a stop between Ray registering the checkpoint and
-    the controller logging its metrics: :mod:`nre_ray.tracking_callback`), to log now."""
-    from nre_ray import tracking
+    the controller logging its metrics: :mod:`nre_ray.tracking.callback`), to log now."""
     from nre_ray.checkpoint import changed_settings, check_compatible, load_checkpoint
+    from nre_ray.tracking import store as tracking
 
     result = _latest_result(storage, run_name)
     latest = result.checkpoint if result is not None else None
@@ -525,104 +523,3 @@ def _check_resume(cfg: Config, storage: str, run_name: str, prepared: Any, resum
           + (f"; logging epoch {epoch}'s metrics, which the stop kept from MLflow" if missing else "")
           + "".join(f"; {k} {v}" for k, v in changed.items()), flush=True)
     return ({"nre_ray.resume_changes": json.dumps(changed)} if changed else {}), missing
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    """The final lines a person reads."""
-    valid, test = summary["valid"], summary["test"]
-    print(f"\nrun {summary['run_name']} (MLflow run {summary['run_id']}, experiment {summary['experiment']})")
-    if summary.get("stop_reason"):
-        print(f"trained {summary['epochs_run']} epochs; {summary['stop_reason']}")
-    print(f"best epoch {summary['best_epoch']} by {summary['select_metric']}; checkpoint {summary['best_checkpoint']}")
-    keys = ("accuracy", "macro_f1", "micro_f1", "pos_macro_f1", "pos_micro_f1", "semeval_macro_f1")
-    for name, scores in (("valid", valid), ("test", test)):
-        if scores:
-            print(f"  {name:5s} " + "  ".join(f"{k} {scores[k]:.4f}" for k in keys if k in scores))
-    print_model_and_ui(summary)
-
-
-#: Where ``mlflow ui`` (and ``make ui``) serves by default.
-UI_ADDRESS = "http://127.0.0.1:5000"
-
-
-def print_model_and_ui(summary: dict[str, Any]) -> None:
-    """The summary's last lines (a run's and a sweep's): the logged model, and how to look at the runs."""
-    if summary.get("model_uri"):
-        print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
-                                                  if summary.get("registered_model_uri") else ""))
-    from nre_ray.tracking import run_page
-
-    uri = summary["tracking_uri"]
-    server = uri.startswith(("http://", "https://"))
-    page = run_page(uri if server else UI_ADDRESS, summary.get("experiment_id"), summary["run_id"])
-    print(f"look at it: open {page}" if server
-          else f"look at it: mlflow ui --backend-store-uri {uri} (or make ui), then open {page}", flush=True)
-
-
-EXAMPLES = """\
-output: a line as each phase starts and ends ([seconds since the start] ray, preprocess, mlflow, workers,
-training, model), one line per epoch (* marks an epoch that improved the selection metric: the best so far), and
-a summary; on a terminal a bar shows the running phase.
-
-examples:
-  python -m nre_ray.train                                  # the bundled sample, 2 local workers, early stopping
-  python -m nre_ray.train --data-dir DATA --model pcnn --epochs 20 --patience 5
-  python -m nre_ray.train --data-dir DATA --model bert --pretrained MODEL_DIR      # fine-tune a pretrained encoder
-  python -m nre_ray.train --data-dir DATA --negative-label Other --select-metric semeval_macro_f1
-  python -m nre_ray.train --config run.toml --num-workers 4 --use-gpu
-  python -m nre_ray.train --run-name r1 --resume           # continue the interrupted run r1
-  python -m nre_ray.train --address ray://HEAD:10001 --storage-path s3://BUCKET/runs \\
-      --tracking-uri http://HEAD:5000                      # an existing cluster
-"""
-
-
-def cli_parser() -> argparse.ArgumentParser:
-    """The ``python -m nre_ray.train`` parser: one flag per config field, then the examples."""
-    parser = build_parser(description="Train a sentence-level relation classifier with Ray Train, Ray Data and "
-                                      "MLflow. Without --data-dir it trains on the bundled English sample.")
-    parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
-    return parser
-
-
-def _checkpoint_error() -> tuple[type[Exception], ...]:
-    """``(CheckpointError,)``, imported only when an error reaches ``main``: its module imports torch, which a run
-    needs only once Ray is up, so the first console line comes sooner."""
-    from nre_ray.checkpoint import CheckpointError
-
-    return (CheckpointError,)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    started = time.time()
-    args = cli_parser().parse_args(argv)
-    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
-        os.environ.setdefault(key, value)
-    console.use(console.Console(started=started))
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("nre_ray").setLevel(logging.INFO)
-    for noisy in ("ray.data", "mlflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    from nre_ray.data.errors import DataError
-
-    try:
-        cfg = config_from_args(args)
-        with console.logs_on_console("nre_ray"):
-            summary = run(cfg, started)
-    except (ConfigError, UsageError, *_checkpoint_error()) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"error: bad input data\n{err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the MLflow run is marked KILLED", file=sys.stderr)
-        return 130
-    print_summary(summary)
-    if cfg.run.summary_json:
-        Path(cfg.run.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

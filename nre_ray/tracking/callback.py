@@ -40,7 +40,7 @@ class EpochMetricsLogger(ray.train.UserCallback):
         self.tracking_uri = tracking_uri
         self.run_id = run_id
         self.events, self.epochs, self.select = events, epochs, select
-        self._tracker: Any = None  # an nre_ray.tracking.MlflowTracker from the first epoch on
+        self._tracker: Any = None  # an nre_ray.tracking.store.MlflowTracker from the first epoch on
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         """Called by the controller after the checkpoint manager registered the report (``checkpoint`` persisted)."""
@@ -53,7 +53,7 @@ class EpochMetricsLogger(ray.train.UserCallback):
         try:
             if self._tracker is None:
                 # imported here: the controller starts the workers without waiting for mlflow's import
-                from nre_ray.tracking import MlflowTracker
+                from nre_ray.tracking.store import MlflowTracker
 
                 self._tracker = MlflowTracker(self.tracking_uri, self.run_id)
             self._tracker.log_metrics(metrics[0], step=int(metrics[0]["epoch"]))

@@ -274,7 +274,7 @@ def resolve_checkpoint(model: str, tracking_uri: str | None = None) -> ResolvedM
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
-    from nre_ray.tracking import resolve_tracking_uri
+    from nre_ray.tracking.store import resolve_tracking_uri
 
     uri = _alias_uri(model)
     temp = tempfile.TemporaryDirectory(prefix="nre_ray_model_")

@@ -32,7 +32,7 @@ QUIET_ENV = {
 #: Ray Train's wait for a worker group to be placed (read by the Train controller, which Ray passes it to).
 PLACEMENT_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 #: Autoscaler providers whose nodes are processes on the head's machine: Ray's fake_multinode and the stand-in's.
-ONE_HOST_PROVIDERS = ("fake_multinode", "nre_ray.standin_provider.StandinNodeProvider")
+ONE_HOST_PROVIDERS = ("fake_multinode", "nre_ray.cluster.provider.StandinNodeProvider")
 #: The default wait: a fixed cluster places a worker group in seconds; an autoscaler starts nodes in minutes.
 FIXED_CLUSTER_WAIT_S, AUTOSCALING_WAIT_S = 60.0, 900.0
 

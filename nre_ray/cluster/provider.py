@@ -7,8 +7,8 @@ directory whenever a node sets it up, so a node joining mid-job deleted the file
 Here every autoscaled node gets a runtime-environment folder of its own, as every machine of a real cluster has, and
 no log monitor of its own (the head's follows the shared log folder already; two would print each line twice).
 
-Loaded by the stand-in's autoscaler (``provider: {type: external, module: nre_ray.standin_provider.
-StandinNodeProvider}``); see :mod:`nre_ray.standin`.
+Loaded by the stand-in's autoscaler (``provider: {type: external, module: nre_ray.cluster.provider.
+StandinNodeProvider}``); see :mod:`nre_ray.cluster.standin`.
 """
 
 from __future__ import annotations

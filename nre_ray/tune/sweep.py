@@ -1,16 +1,16 @@
-"""``python -m nre_ray.tune``: a hyperparameter sweep, each trial a TorchTrainer run, ASHA stopping the weak ones.
+"""A hyperparameter sweep (``python -m nre_ray.tune``), each trial a TorchTrainer run, ASHA stopping the weak ones.
 
 The sweep takes the data, model and train options of ``python -m nre_ray.train`` as fixed values and searches the
-space of ``--search-space`` (see :mod:`nre_ray.tune_space`; a default space per ``--model`` without it). In order:
+space of ``--search-space`` (see :mod:`nre_ray.tune.space`; a default space per ``--model`` without it). In order:
 
 1. the space is read and checked, and the resources planned (each trial's workers and how many trials fit at once,
    said up front), before anything runs;
 2. the data is preprocessed once, on this driver (cached like a training run's); every trial reads the same cache;
-3. an MLflow parent run records the sweep; each trial (:mod:`nre_ray.tune_trial`) logs into a child run;
+3. an MLflow parent run records the sweep; each trial (:mod:`nre_ray.tune.trial`) logs into a child run;
 4. Ray Tune runs the trials, ASHA (or Optuna's TPE sampler where installed, with ASHA) on the validation metric;
 5. the best trial (by its best validation score) has its best checkpoint scored on the test split once
-   (:mod:`nre_ray.evaluate`); that checkpoint is the sweep's MLflow model (registered with ``--register-model``),
-   and the parent run gets the table of all trials and a parallel-coordinates plot.
+   (:mod:`nre_ray.serving.evaluate`); that checkpoint is the sweep's MLflow model (registered with
+   ``--register-model``), and the parent run gets the table of all trials and a parallel-coordinates plot.
 
 ``--resume`` continues an interrupted sweep (Ctrl-C, a lost node): Tune restores its experiment, finished trials
 are kept, unfinished ones restart from their latest Train checkpoint, all in the same MLflow runs.
@@ -18,20 +18,17 @@ are kept, unfinished ones restart from their latest Train checkpoint, all in the
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import logging
-import math
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nre_ray.config import Config, ConfigError, build_parser, config_from_args
-from nre_ray.session import QUIET_ENV, NodeType, UsageError, plan_resources
+from nre_ray.cluster.session import NodeType, UsageError, plan_resources
+from nre_ray.config import Config
 
 log = logging.getLogger("nre_ray")
 
@@ -74,9 +71,9 @@ class TrialPlan:
 
 def plan_trials(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]], cpus_per_worker: float | None,
                 node_types: list[NodeType] | None, requested: int | None) -> TrialPlan:
-    """Size the trials' workers like a training run's (:func:`nre_ray.session.plan_resources`), for as many trials
-    at once as ``requested`` (``--max-concurrent-trials``), or by default as many as the cluster holds with one CPU
-    (or one GPU) per worker; fewer when they do not fit. UsageError when not even one trial fits."""
+    """Size the trials' workers like a training run's (:func:`nre_ray.cluster.session.plan_resources`), for as many
+    trials at once as ``requested`` (``--max-concurrent-trials``), or by default as many as the cluster holds with one
+    CPU (or one GPU) per worker; fewer when they do not fit. UsageError when not even one trial fits."""
     node_types = node_types or []
     possible = nodes + [dict(t.resources) for t in node_types if t.resources for _ in range(max(t.max_count, 0))]
     if requested is None:
@@ -100,70 +97,6 @@ def plan_trials(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]], 
     raise AssertionError("unreachable")
 
 
-def sweep_parser() -> argparse.ArgumentParser:
-    """The training options (fixed values for every trial) plus the sweep's own."""
-    parser = build_parser(prog="python -m nre_ray.tune",
-                          description="Search hyperparameters with Ray Tune: each trial trains with Ray Train "
-                                      "(the options below are the fixed values of every trial), ASHA stops weak "
-                                      "trials early on the validation metric, MLflow records a parent run for the "
-                                      "sweep and a child run per trial, and the best trial's checkpoint is scored "
-                                      "on test once and logged as the sweep's model. --run-name names the sweep, "
-                                      f"--epochs is the most a trial trains (default here: {SWEEP_EPOCHS}).")
-    group = parser.add_argument_group("sweep options")
-    group.add_argument("--search-space", metavar="SPACE.toml",
-                       help="TOML file: [model]/[train] tables with one distribution per option, e.g. "
-                            "lr = { loguniform = [1e-4, 1e-2] }, batch_size = { choice = [32, 64] }, "
-                            "dropout = { uniform = [0.1, 0.5] }, hidden_size = { int = [128, 320] }. "
-                            "Default: a space for the chosen --model (docs/tune.md lists them).")
-    group.add_argument("--num-samples", type=int, default=8, help="Trials to run (default: 8).")
-    group.add_argument("--max-concurrent-trials", type=int,
-                       help="Trials at once; default: as many as the cluster holds with one CPU (or GPU) per worker. "
-                            "More than that shares the CPUs (fractions), fewer leaves room.")
-    group.add_argument("--grace-period", type=int, default=1,
-                       help="ASHA: epochs every trial trains before it can be stopped (default: 1).")
-    group.add_argument("--reduction-factor", type=int, default=2,
-                       help="ASHA: at each rung only the best 1/N of the trials go on (default: 2).")
-    group.add_argument("--searcher", choices=SEARCHERS, default="auto",
-                       help="How values are drawn: 'random', or 'optuna' (TPE; needs `pip install optuna`); 'auto' "
-                            "(default) uses optuna where installed, else random.")
-    group.add_argument("--search-seed", type=int,
-                       help="Seed of the searcher's draws (default: --seed).")
-    return parser
-
-
-#: A trial's epoch budget when --epochs is not given (a single run's default is larger: early stopping ends it; in a
-#: sweep ASHA stops the weak trials instead).
-SWEEP_EPOCHS = 20
-
-
-def sweep_config(args: argparse.Namespace) -> Config:
-    """The trials' fixed config: the training options as given, with ``--epochs`` :data:`SWEEP_EPOCHS` unless given
-    and no early stopping (ASHA stops trials; a ``--patience`` given is refused)."""
-    if getattr(args, "train.patience", None):
-        raise ConfigError("--patience: ASHA stops weak trials in a sweep; leave --patience out")
-    setattr(args, "train.patience", 0)
-    if getattr(args, "train.epochs", None) is None:
-        setattr(args, "train.epochs", SWEEP_EPOCHS)
-    return config_from_args(args)
-
-
-def options_from_args(args: argparse.Namespace, cfg: Config) -> SweepOptions:
-    """The sweep options, checked against the training config."""
-    opts = SweepOptions(args.search_space, args.num_samples, args.max_concurrent_trials, args.grace_period,
-                        args.reduction_factor, args.searcher, args.search_seed)
-    checks = [
-        (opts.num_samples >= 1, "--num-samples must be >= 1"),
-        (opts.max_concurrent_trials is None or opts.max_concurrent_trials >= 1, "--max-concurrent-trials must be >= 1"),
-        (1 <= opts.grace_period <= cfg.train.epochs,
-         f"--grace-period must be between 1 and --epochs ({cfg.train.epochs})"),
-        (opts.reduction_factor >= 2, "--reduction-factor must be >= 2"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    return opts
-
-
 def resolve_searcher(name: str) -> str:
     """``random`` or ``optuna``; UsageError for optuna when it is not installed."""
     try:
@@ -185,12 +118,12 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     from ray import tune
 
     from nre_ray import storage as fs
-    from nre_ray import tracking
-    from nre_ray.train import prepare_data, resolve_target, trainer_data
-    from nre_ray.tune_report import ProgressPrinter
-    from nre_ray.tune_results import close_children, close_running, collect, finish, interrupted
-    from nre_ray.tune_space import describe, load_space, to_tune
-    from nre_ray.tune_trial import trial_trainable
+    from nre_ray.runner import prepare_data, resolve_target, trainer_data
+    from nre_ray.tracking import store as tracking
+    from nre_ray.tune.report import ProgressPrinter
+    from nre_ray.tune.results import close_children, close_running, collect, finish, interrupted
+    from nre_ray.tune.space import describe, load_space, to_tune
+    from nre_ray.tune.trial import trial_trainable
 
     space = load_space(opts.search_space, cfg)  # refused before anything starts
     searcher = resolve_searcher(opts.searcher)
@@ -255,7 +188,7 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
 def connect(cfg: Config, target: Any, requested: int | None) -> TrialPlan:
     """Start or join Ray (workers' output stays in Ray's logs: the sweep prints one line per trial epoch), plan the
     trials, check the storage and tracking reach every node, set the Train placement timeout."""
-    from nre_ray.session import PLACEMENT_TIMEOUT_ENV, check_shared_paths, cluster, placement_timeout, start_ray
+    from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV, check_shared_paths, cluster, placement_timeout, start_ray
 
     start_ray(cfg.run.address, cfg.train.num_workers, log_to_driver=False)
     info = cluster()
@@ -297,8 +230,8 @@ def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, spa
                 metric: str) -> str:
     """The sweep's MLflow parent run (reopened with ``--resume``): the fixed settings, the sweep options, the search
     space (param and ``search_space.json``), the data's sources and audit. Returns its run id."""
-    from nre_ray import tracking
     from nre_ray.data.audit import write_audit
+    from nre_ray.tracking import store as tracking
 
     space_json = json.dumps([d.as_json() for d in space])
     if target.resumed is not None:
@@ -332,62 +265,3 @@ def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, spa
         for audit in write_audit(prepared.audit, Path(folder)):
             tracker.log_artifact(audit, "data")
     return run_id
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    """The trials, best first, then the best trial and its test scores."""
-    metric = summary["select_metric"]
-    print(f"\nsweep {summary['sweep']} (MLflow run {summary['run_id']}, experiment {summary['experiment']})")
-    for t in sorted(summary["trials"], key=lambda t: -t[f"best_{metric}"] if not math.isnan(t[f"best_{metric}"])
-                    else math.inf):
-        shown = ", ".join(f"{k.split('.', 1)[1]}={_short(t[k])}" for k in summary["best_params"])
-        score = "" if math.isnan(t[f"best_{metric}"]) else f"{t[f'best_{metric}']:.4f}"
-        print(f"  {t['trial_id']}  {t['outcome']:<20s} {t['epochs']:>3d} epoch(s)  {metric} {score:>6s}  {shown}")
-    print(f"best trial {summary['best_trial']} (epoch {summary['best_epoch']}): {metric} {summary['best_valid']:.4f}")
-    if summary["test"]:
-        print("  test  " + "  ".join(f"{k} {summary['test'][k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1",
-                                                                               "pos_macro_f1", "pos_micro_f1")
-                                     if k in summary["test"]))
-    from nre_ray.train import print_model_and_ui
-
-    print_model_and_ui(summary)
-
-
-def _short(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0, 2 for bad input or usage, 130 when interrupted)."""
-    args = sweep_parser().parse_args(argv)
-    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
-        os.environ.setdefault(key, value)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    for noisy in ("ray.data", "mlflow", "ray.tune"):
-        logging.getLogger(noisy).setLevel(logging.ERROR if noisy == "ray.tune" else logging.WARNING)
-    from nre_ray.checkpoint import CheckpointError
-    from nre_ray.data.errors import DataError
-
-    try:
-        cfg = sweep_config(args)
-        opts = options_from_args(args, cfg)
-        summary = run(cfg, opts)
-    except (ConfigError, UsageError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"error: bad input data\n{err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the sweep's MLflow runs are marked KILLED; continue it with the same command and "
-              "--resume", file=sys.stderr)
-        return 130
-    print_summary(summary)
-    if cfg.run.summary_json:
-        Path(cfg.run.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
-                                              encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

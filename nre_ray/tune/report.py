@@ -58,7 +58,8 @@ def outcome(status: str, last_epoch: int, epochs: int) -> str:
 
 def trials_table(trials: list[dict[str, Any]], keys: list[str], metric: str) -> pd.DataFrame:
     """One row per trial, best first: ``trial_id``, ``outcome``, ``epochs``, ``best_<metric>``, ``best_epoch``,
-    the searched values and the child run. ``trials``: dicts with those fields (:func:`nre_ray.tune.collect`)."""
+    the searched values and the child run. ``trials``: dicts with those fields
+    (:func:`nre_ray.tune.results.collect`)."""
     columns = ["trial_id", "outcome", "epochs", f"best_{metric}", "best_epoch", *keys, "mlflow_run_id"]
     frame = pd.DataFrame(trials, columns=columns)
     return frame.sort_values(f"best_{metric}", ascending=False, na_position="last").reset_index(drop=True)

@@ -23,7 +23,7 @@ import mlflow.pyfunc
 import pandas as pd
 from mlflow.entities import LoggedModelOutput
 
-from nre_ray.tracking import link_model_metrics
+from nre_ray.tracking.store import link_model_metrics
 
 MODEL_NAME = "model"
 #: Distributions the pyfunc model imports (pinned to the versions installed when it was logged).
@@ -34,14 +34,14 @@ BERT_REQUIREMENTS = ("transformers", "tokenizers", "safetensors")
 MODEL_SCRIPT = """\
 import mlflow
 
-from nre_ray.serving import RelationModel
+from nre_ray.serving.pyfunc import RelationModel
 
 mlflow.models.set_model(RelationModel())
 """
 
 
 class RelationModel(mlflow.pyfunc.PythonModel):
-    """pyfunc wrapper around :class:`nre_ray.inference.Predictor`.
+    """pyfunc wrapper around :class:`nre_ray.serving.inference.Predictor`.
 
     ``predict`` takes a DataFrame with ``sentence, head, head_offset, tail, tail_offset`` (offsets: 0-based character
     offsets) and returns ``predicted_relation`` and ``score``; ``params={"top_k": K}`` adds ``top_k_labels`` and
@@ -50,7 +50,7 @@ class RelationModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         """Build the predictor from the logged checkpoint folder."""
-        from nre_ray.inference import Predictor
+        from nre_ray.serving.inference import Predictor
 
         self.predictor = Predictor.from_checkpoint(context.artifacts["checkpoint"])
 
@@ -60,7 +60,7 @@ class RelationModel(mlflow.pyfunc.PythonModel):
         from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
         from nre_ray.data.errors import DataError
-        from nre_ray.inference import OUTPUT_COLUMNS, TOP_K_COLUMNS
+        from nre_ray.serving.inference import OUTPUT_COLUMNS, TOP_K_COLUMNS
 
         top_k = int((params or {}).get("top_k") or 0)
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
@@ -99,7 +99,7 @@ def input_example(rows: int = 2, typed: bool = False) -> pd.DataFrame:
 def _typed(checkpoint: Path) -> bool:
     """Whether the checkpoint's model learnt typed entity markers (its vocabulary has them)."""
     from nre_ray.data.vocab import Vocab
-    from nre_ray.inference import learnt_types
+    from nre_ray.serving.inference import learnt_types
 
     return learnt_types(Vocab.from_json(json.loads((checkpoint / "vocab.json").read_text(encoding="utf-8"))))
 
@@ -139,9 +139,9 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
               registered_model_name: str | None = None) -> LoggedModel:
     """Log ``checkpoint`` (a folder; the optimizer state is left out) as the pyfunc model ``model`` of run ``run_id``
     and register it under ``registered_model_name``; its test and validation scores are linked to it
-    (:func:`nre_ray.tracking.link_model_metrics`). The run's status is left as it was."""
+    (:func:`nre_ray.tracking.store.link_model_metrics`). The run's status is left as it was."""
     import nre_ray
-    from nre_ray.inference import mlflow_settings
+    from nre_ray.serving.inference import mlflow_settings
 
     with tempfile.TemporaryDirectory(prefix="nre_ray_code_") as tmp:
         # The package without caches, so the model imports nre_ray in an environment that does not have it.

@@ -102,7 +102,7 @@ def _client(tracking_uri: str) -> MlflowClient:
 
 def warm_up(tracking_uri: str) -> None:
     """Import MLflow, and open the store when it is a sqlite file that exists: what the driver does in a background
-    thread while Ray starts (:func:`nre_ray.train.warm_up`). A new sqlite file is not created here (a run that fails
+    thread while Ray starts (:func:`nre_ray.runner.warm_up`). A new sqlite file is not created here (a run that fails
     before MLflow leaves none), and any error is left for the real call to report."""
     try:
         import mlflow.tracking  # noqa: F401
@@ -241,7 +241,7 @@ def source_tags() -> dict[str, str]:
 
 def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_path: str) -> Any | None:
     """The newest MLflow run of ``experiment_name`` tagged ``nre_ray.run_name=run_name`` and ``storage_path``
-    (the tags :mod:`nre_ray.train` sets), or None. Returns an ``mlflow.entities.Run``."""
+    (the tags :mod:`nre_ray.runner` sets), or None. Returns an ``mlflow.entities.Run``."""
     client = _client(tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
@@ -341,7 +341,7 @@ def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, A
     if resources is not None and cfg.train.cpus_per_worker is None:
         params["train.cpus_per_worker"] = resources.per_worker.get("CPU")
     if cfg.train.placement_timeout is None:
-        from nre_ray.session import PLACEMENT_TIMEOUT_ENV
+        from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV
 
         if os.environ.get(PLACEMENT_TIMEOUT_ENV):  # set by train.connect from the cluster's kind
             params["train.placement_timeout"] = os.environ[PLACEMENT_TIMEOUT_ENV]
@@ -349,7 +349,7 @@ def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, A
 
 
 def data_params(data: dict[str, Any]) -> dict[str, Any]:
-    """The run parameters that describe the data the loop trains on (``data``: :func:`nre_ray.train.trainer_data`):
+    """The run parameters that describe the data the loop trains on (``data``: :func:`nre_ray.runner.trainer_data`):
     vocabulary size, number of classes and rows per split."""
     vocab = data["vocab"]
     return {"data.vocab_size": len(vocab["tokens"] if isinstance(vocab, dict) else vocab),

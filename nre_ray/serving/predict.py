@@ -1,18 +1,18 @@
-"""``python -m nre_ray.predict``: label a file of raw rows with a trained model; a large file streams through Ray Data.
+"""Label a file of raw rows with a trained model (``python -m nre_ray.predict``); a large file streams through Ray
+Data.
 
 The input is read in chunks (:mod:`nre_ray.data.chunks`). A small input (at most ``--local-max-rows`` rows, default
 :data:`LOCAL_MAX_ROWS`) is labelled chunk by chunk in this process, without starting Ray: starting Ray and an actor
 would take longer than the whole job. A larger one is read by Ray tasks and labelled by an actor pool of
 ``--num-workers`` actors, each holding the model once; the driver writes the chunks in input order as they come back,
 and memory stays bounded by a few chunks whatever the size of the input. Both ways label each chunk with
-:class:`nre_ray.inference.Predictor` (the preprocessing of training) and :func:`_with_predictions`, so they write the
-same file. The output keeps the input's columns, in order, and adds ``predicted_relation`` and ``score`` (and
+:class:`nre_ray.serving.inference.Predictor` (the preprocessing of training) and :func:`_with_predictions`, so they
+write the same file. The output keeps the input's columns, in order, and adds ``predicted_relation`` and ``score`` (and
 ``top_k_labels`` / ``top_k_scores`` with ``--top-k``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nre_ray.checkpoint import CheckpointError, load_checkpoint
+from nre_ray.checkpoint import load_checkpoint
+from nre_ray.cluster.session import UsageError
 from nre_ray.data.chunks import DEFAULT_CHUNK_ROWS, PREFIX, InputPlan, canonical_part, input_part, plan_chunks
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.read import FORMATS, parse_column_map, problems_of
-from nre_ray.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
-from nre_ray.session import UsageError
+from nre_ray.data.read import parse_column_map, problems_of
+from nre_ray.serving.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
 
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
                   ".parquet": "parquet", ".pq": "parquet"}
@@ -239,7 +239,7 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
         start = time.perf_counter()
         batches = _run_here(plan, predictor, top_k)
     else:
-        from nre_ray.session import start_ray
+        from nre_ray.cluster.session import start_ray
 
         start_ray(address, num_workers)
         start = time.perf_counter()
@@ -264,8 +264,8 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     import ray.data
     from ray.util.annotations import RayDeprecationWarning
 
+    from nre_ray.cluster.session import alive_nodes, plan_resources
     from nre_ray.data.pipeline import quiet_ray_data
-    from nre_ray.session import alive_nodes, plan_resources
 
     # One CPU share per actor and one for the reading tasks; with --use-gpu also one GPU per actor.
     resources = plan_resources(num_workers + 1, False, alive_nodes())
@@ -282,8 +282,8 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     ds = ds.map_batches(read_chunks, batch_size=1, batch_format="pandas", fn_kwargs={"plan": shipped}, num_cpus=cpu)
     # No actor restarts: Ray cannot promise one for an actor whose constructor arguments sit in the object store,
     # as Ray Data's always do (ray-project/ray#53727; with restarts on, the driver prints a core_worker.cc warning
-    # saying so). An actor that dies ends the command with a clear error (main), and nothing is written. Ray 2.60
-    # (pinned) takes max_restarts only through the deprecated **ray_remote_args, hence the filter.
+    # saying so). An actor that dies ends the command with a clear error (nre_ray.predict.main), and nothing is
+    # written. Ray 2.60 (pinned) takes max_restarts only through the deprecated **ray_remote_args, hence the filter.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RayDeprecationWarning)
         ds = ds.map_batches(
@@ -298,15 +298,15 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
 
 class _ActorDeathFilter(logging.Filter):
     """Drops Ray Data's reports of an actor's death (stack traces, "Exception occurred in Ray Data or Ray Core
-    internal code ..."): :func:`main` says what happened in one line. Ray Data logs them while it handles the error,
-    so the record's exception, or else the one being handled, is the one reported."""
+    internal code ..."): :func:`nre_ray.predict.main` says what happened in one line. Ray Data logs them while it
+    handles the error, so the record's exception, or else the one being handled, is the one reported."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         err = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
-        return err is None or not _worker_died(err)
+        return err is None or not worker_died(err)
 
 
-def _worker_died(err: BaseException) -> bool:
+def worker_died(err: BaseException) -> bool:
     """True when ``err`` (or an error it wraps) is a Ray actor's or worker's death."""
     while err is not None:
         if type(err).__name__ in ("ActorDiedError", "RayActorError", "WorkerCrashedError", "OutOfMemoryError",
@@ -393,7 +393,7 @@ def _rejected_frame(flagged: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _data_error(err: BaseException) -> DataError | None:
+def data_error(err: BaseException) -> DataError | None:
     """The DataError behind an error raised through Ray (a task's exception arrives wrapped)."""
     seen = set()
     while err is not None and id(err) not in seen:
@@ -402,92 +402,3 @@ def _data_error(err: BaseException) -> DataError | None:
         seen.add(id(err))
         err = getattr(err, "cause", None) or err.__cause__ or err.__context__
     return None
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# command line
-
-
-EXAMPLES = """\
-examples:
-  python -m nre_ray.predict --model runs:/RUN_ID/model --input new.csv --output labelled.csv
-  python -m nre_ray.predict --model models:/NAME/1 --input big.parquet --output labelled.parquet --num-workers 4
-  python -m nre_ray.predict --model ray_results/RUN/checkpoint_DIR --input rows.jsonl --output out.jsonl --top-k 3
-  python -m nre_ray.predict --model runs:/RUN_ID/model --input messy.csv --output out.csv --on-bad-rows skip
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m nre_ray.predict`` options."""
-    parser = argparse.ArgumentParser(
-        prog="python -m nre_ray.predict",
-        description="Label the rows of a file with a trained relation classifier. The output keeps the input's "
-                    "columns, in order, and adds predicted_relation and score. A small file is labelled in this "
-                    "process; a large one streams through Ray Data.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
-    parser.add_argument("--model", required=True, help="A checkpoint folder, an MLflow model URI runs:/<run_id>/model, "
-                        "or a registered model models:/<name>/<version> (or models:/<name>@<alias>).")
-    parser.add_argument("--input", required=True, help="Rows to label: any format training reads (CSV, TSV, JSON "
-                        "Lines, Parquet, DeepKE, OpenNRE, SemEval); a relation column is not needed and is ignored.")
-    parser.add_argument("--output", required=True, help="Where to write: .csv, .tsv, .jsonl or .parquet.")
-    parser.add_argument("--batch-size", type=int, default=256, help="Rows per forward pass (default: 256).")
-    parser.add_argument("--num-workers", type=int, default=1, help="Ray actors, each holding the model once "
-                        "(default: 1).")
-    parser.add_argument("--top-k", type=int, default=0, help="Also write the K most likely labels and their "
-                        "probabilities (top_k_labels, top_k_scores as JSON lists in CSV).")
-    parser.add_argument("--format", choices=FORMATS, help="Input format; detected from the file when not given.")
-    parser.add_argument("--columns", help="Column mapping for other column names, e.g. "
-                        "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
-    parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
-                        help="'error' (default): write nothing and list the bad rows; 'skip': label the good rows "
-                             "and list the bad ones in OUTPUT.rejected.csv.")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ (default: "
-                        "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
-    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
-                        help=f"Rows read at a time (memory per chunk in flight; default {DEFAULT_CHUNK_ROWS}).")
-    parser.add_argument("--local-max-rows", type=int, default=LOCAL_MAX_ROWS,
-                        help=f"Inputs of at most this many rows are labelled in this process, without starting Ray "
-                             f"(faster for small files; --num-workers and --address then do not apply); larger ones "
-                             f"stream through Ray Data. 0: always Ray (default: {LOCAL_MAX_ROWS}).")
-    parser.add_argument("--use-gpu", action="store_true", help="One GPU per worker.")
-    parser.add_argument("--no-progress", action="store_true", help="No progress lines.")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 bad input or usage, 130 interrupted)."""
-    args = build_parser().parse_args(argv)
-    try:
-        summary = predict_file(args.model, args.input, args.output, batch_size=args.batch_size,
-                               num_workers=args.num_workers, top_k=args.top_k, fmt=args.format, columns=args.columns,
-                               on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address,
-                               chunk_rows=args.chunk_rows, use_gpu=args.use_gpu, progress=not args.no_progress,
-                               local_max_rows=args.local_max_rows)
-    except (UsageError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: nothing was written", file=sys.stderr)
-        return 130
-    except Exception as err:
-        data_error = _data_error(err)
-        if data_error is not None:
-            print(f"error: bad input data\n{data_error}", file=sys.stderr)
-            return 2
-        if not _worker_died(err):
-            raise
-        print(f"error: a prediction worker died ({type(err).__name__}), most often killed for memory: nothing was "
-              f"written to {args.output}. Run the command again, with a smaller --batch-size or --num-workers if "
-              "memory is short.", file=sys.stderr)
-        return 1
-    where = "in this process" if summary.in_process else f"{summary.workers} Ray worker(s)"
-    print(f"predicted {summary.rows} rows in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} rows/s, "
-          f"{where}) -> {summary.output}", flush=True)
-    if summary.skipped:
-        print(f"skipped {summary.skipped} bad rows, listed in {summary.rejected}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

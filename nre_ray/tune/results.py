@@ -3,7 +3,7 @@
 :func:`collect` reads Tune's results and the trials' curves in MLflow; :func:`close_children` closes the child runs
 a stopped trial could not close itself; :func:`interrupted` tells a Ctrl-C from the end; :func:`finish` logs the
 trials table and plot to the parent run and scores the best trial's checkpoint on test once
-(:mod:`nre_ray.evaluate`), logging it as the sweep's model.
+(:mod:`nre_ray.serving.evaluate`), logging it as the sweep's model.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
-from nre_ray.session import UsageError
 
 
 def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: str, epochs: int) -> list[dict]:
@@ -22,9 +22,9 @@ def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: 
     the child run id, the Train run's folder and Tune's error if any."""
     from mlflow.tracking import MlflowClient
 
-    from nre_ray import tracking
-    from nre_ray.tune_report import outcome
-    from nre_ray.tune_trial import child_runs
+    from nre_ray.tracking import store as tracking
+    from nre_ray.tune.report import outcome
+    from nre_ray.tune.trial import child_runs
 
     client = MlflowClient(tracking_uri)
     children = child_runs(tracking_uri, parent)
@@ -57,7 +57,7 @@ def close_children(tracking_uri: str, trials: list[dict], cut: set[str] | None =
     interrupted sweep's) KILLED, as ``unfinished``; each gets its outcome as the tag ``nre_ray.tune.outcome``."""
     from mlflow.tracking import MlflowClient
 
-    from nre_ray.tune_report import ERROR, UNFINISHED
+    from nre_ray.tune.report import ERROR, UNFINISHED
 
     client = MlflowClient(tracking_uri)
     for trial in trials:
@@ -77,7 +77,7 @@ def interrupted(trials: list[dict], num_samples: int, ended: set[str]) -> set[st
     continues them). Tune then returns early: trials not yet drawn are missing, and the running ones are stopped and
     marked TERMINATED like the ones that ended, so the cut ones are those that did not end (complete, or get stopped
     by ASHA) in this session, ``ended``, while their child run is still open (:func:`close_children` checks that)."""
-    from nre_ray.tune_report import UNFINISHED
+    from nre_ray.tune.report import UNFINISHED
 
     if len(trials) >= num_samples and not any(t["outcome"] == UNFINISHED for t in trials):
         return None
@@ -88,7 +88,7 @@ def close_running(tracking_uri: str, parent: str) -> None:
     """Mark the parent's child runs still RUNNING as KILLED (``--resume`` reopens them)."""
     from mlflow.tracking import MlflowClient
 
-    from nre_ray.tune_trial import child_runs
+    from nre_ray.tune.trial import child_runs
 
     client = MlflowClient(tracking_uri)
     for run_id in child_runs(tracking_uri, parent).values():
@@ -103,9 +103,9 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
     import ray.train
 
     from nre_ray import storage as fs
-    from nre_ray import tracking
     from nre_ray.loop import SELECTION_RANK
-    from nre_ray.tune_report import COMPLETED, ERROR, STOPPED_EARLY, plot_parallel, trials_table, write_table
+    from nre_ray.tracking import store as tracking
+    from nre_ray.tune.report import COMPLETED, ERROR, STOPPED_EARLY, plot_parallel, trials_table, write_table
 
     keys = [d.key for d in space]
     tracker = tracking.MlflowTracker(target.tracking_uri, parent)
@@ -145,9 +145,9 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
     scores and per-class report to the parent run, and log the checkpoint as its model."""
     import numpy as np
 
-    from nre_ray import reports
-    from nre_ray.evaluate import evaluate_file
-    from nre_ray.serving import log_model
+    from nre_ray.serving.evaluate import evaluate_file
+    from nre_ray.serving.pyfunc import log_model
+    from nre_ray.tracking import reports
 
     test: dict[str, float] = {}
     model: dict[str, str | None] = {"model_uri": None, "registered_model_uri": None}

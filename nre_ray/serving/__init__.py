@@ -1,0 +1,1 @@
+"""Using a trained model: inference, prediction, evaluation and the MLflow pyfunc model."""

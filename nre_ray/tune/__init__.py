@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps with Ray Tune (``python -m nre_ray.tune``)."""

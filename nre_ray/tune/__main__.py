@@ -1,0 +1,139 @@
+"""``python -m nre_ray.tune``: the command line of a hyperparameter sweep (:mod:`nre_ray.tune.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from nre_ray.cluster.session import QUIET_ENV, UsageError
+from nre_ray.config import Config, ConfigError, build_parser, config_from_args
+from nre_ray.tune.sweep import SEARCHERS, SweepOptions, run
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    """The training options (fixed values for every trial) plus the sweep's own."""
+    parser = build_parser(prog="python -m nre_ray.tune",
+                          description="Search hyperparameters with Ray Tune: each trial trains with Ray Train "
+                                      "(the options below are the fixed values of every trial), ASHA stops weak "
+                                      "trials early on the validation metric, MLflow records a parent run for the "
+                                      "sweep and a child run per trial, and the best trial's checkpoint is scored "
+                                      "on test once and logged as the sweep's model. --run-name names the sweep, "
+                                      f"--epochs is the most a trial trains (default here: {SWEEP_EPOCHS}).")
+    group = parser.add_argument_group("sweep options")
+    group.add_argument("--search-space", metavar="SPACE.toml",
+                       help="TOML file: [model]/[train] tables with one distribution per option, e.g. "
+                            "lr = { loguniform = [1e-4, 1e-2] }, batch_size = { choice = [32, 64] }, "
+                            "dropout = { uniform = [0.1, 0.5] }, hidden_size = { int = [128, 320] }. "
+                            "Default: a space for the chosen --model (docs/tune.md lists them).")
+    group.add_argument("--num-samples", type=int, default=8, help="Trials to run (default: 8).")
+    group.add_argument("--max-concurrent-trials", type=int,
+                       help="Trials at once; default: as many as the cluster holds with one CPU (or GPU) per worker. "
+                            "More than that shares the CPUs (fractions), fewer leaves room.")
+    group.add_argument("--grace-period", type=int, default=1,
+                       help="ASHA: epochs every trial trains before it can be stopped (default: 1).")
+    group.add_argument("--reduction-factor", type=int, default=2,
+                       help="ASHA: at each rung only the best 1/N of the trials go on (default: 2).")
+    group.add_argument("--searcher", choices=SEARCHERS, default="auto",
+                       help="How values are drawn: 'random', or 'optuna' (TPE; needs `pip install optuna`); 'auto' "
+                            "(default) uses optuna where installed, else random.")
+    group.add_argument("--search-seed", type=int,
+                       help="Seed of the searcher's draws (default: --seed).")
+    return parser
+
+
+#: A trial's epoch budget when --epochs is not given (a single run's default is larger: early stopping ends it; in a
+#: sweep ASHA stops the weak trials instead).
+SWEEP_EPOCHS = 20
+
+
+def sweep_config(args: argparse.Namespace) -> Config:
+    """The trials' fixed config: the training options as given, with ``--epochs`` :data:`SWEEP_EPOCHS` unless given
+    and no early stopping (ASHA stops trials; a ``--patience`` given is refused)."""
+    if getattr(args, "train.patience", None):
+        raise ConfigError("--patience: ASHA stops weak trials in a sweep; leave --patience out")
+    setattr(args, "train.patience", 0)
+    if getattr(args, "train.epochs", None) is None:
+        setattr(args, "train.epochs", SWEEP_EPOCHS)
+    return config_from_args(args)
+
+
+def options_from_args(args: argparse.Namespace, cfg: Config) -> SweepOptions:
+    """The sweep options, checked against the training config."""
+    opts = SweepOptions(args.search_space, args.num_samples, args.max_concurrent_trials, args.grace_period,
+                        args.reduction_factor, args.searcher, args.search_seed)
+    checks = [
+        (opts.num_samples >= 1, "--num-samples must be >= 1"),
+        (opts.max_concurrent_trials is None or opts.max_concurrent_trials >= 1, "--max-concurrent-trials must be >= 1"),
+        (1 <= opts.grace_period <= cfg.train.epochs,
+         f"--grace-period must be between 1 and --epochs ({cfg.train.epochs})"),
+        (opts.reduction_factor >= 2, "--reduction-factor must be >= 2"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return opts
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The trials, best first, then the best trial and its test scores."""
+    metric = summary["select_metric"]
+    print(f"\nsweep {summary['sweep']} (MLflow run {summary['run_id']}, experiment {summary['experiment']})")
+    for t in sorted(summary["trials"], key=lambda t: -t[f"best_{metric}"] if not math.isnan(t[f"best_{metric}"])
+                    else math.inf):
+        shown = ", ".join(f"{k.split('.', 1)[1]}={_short(t[k])}" for k in summary["best_params"])
+        score = "" if math.isnan(t[f"best_{metric}"]) else f"{t[f'best_{metric}']:.4f}"
+        print(f"  {t['trial_id']}  {t['outcome']:<20s} {t['epochs']:>3d} epoch(s)  {metric} {score:>6s}  {shown}")
+    print(f"best trial {summary['best_trial']} (epoch {summary['best_epoch']}): {metric} {summary['best_valid']:.4f}")
+    if summary["test"]:
+        print("  test  " + "  ".join(f"{k} {summary['test'][k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1",
+                                                                               "pos_macro_f1", "pos_micro_f1")
+                                     if k in summary["test"]))
+    from nre_ray.train import print_model_and_ui
+
+    print_model_and_ui(summary)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0, 2 for bad input or usage, 130 when interrupted)."""
+    args = sweep_parser().parse_args(argv)
+    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
+        os.environ.setdefault(key, value)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for noisy in ("ray.data", "mlflow", "ray.tune"):
+        logging.getLogger(noisy).setLevel(logging.ERROR if noisy == "ray.tune" else logging.WARNING)
+    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.data.errors import DataError
+
+    try:
+        cfg = sweep_config(args)
+        opts = options_from_args(args, cfg)
+        summary = run(cfg, opts)
+    except (ConfigError, UsageError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"error: bad input data\n{err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the sweep's MLflow runs are marked KILLED; continue it with the same command and "
+              "--resume", file=sys.stderr)
+        return 130
+    print_summary(summary)
+    if cfg.run.summary_json:
+        Path(cfg.run.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=str),
+                                              encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
