@@ -1,0 +1,87 @@
+"""``python -m nre_ray.evaluate``: score a checkpoint on a labelled file (:mod:`nre_ray.serving.evaluate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from nre_ray.checkpoint import CheckpointError
+from nre_ray.cluster.session import UsageError
+from nre_ray.data.errors import DataError
+from nre_ray.data.read import FORMATS
+from nre_ray.serving.evaluate import evaluate_file
+from nre_ray.serving.inference import ON_BAD_ROWS
+
+SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
+              "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The scores, then the per-class table."""
+    metrics = report["metrics"]
+    print(f"{report['data']}: {report['rows']} rows" + (f" ({report['skipped']} bad rows skipped)"
+                                                          if report["skipped"] else "")
+          + f", {report['workers']} worker(s), model {report['model']}")
+    print("  " + "  ".join(f"{k} {metrics[k]:.4f}" for k in SCORE_KEYS if k in metrics))
+    width = max(len("label"), *(len(r["label"]) for r in report["per_class"]))
+    print(f"\n  {'label':<{width}}  precision  recall      f1  support  predicted")
+    for r in report["per_class"]:
+        print(f"  {r['label']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  {r['f1']:6.4f}  "
+              f"{r['support']:7d}  {r['predicted']:9d}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m nre_ray.evaluate`` options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m nre_ray.evaluate",
+        description="Evaluate a trained checkpoint on a labelled file with the evaluation code of training "
+                    "(every row counted once, whatever the number of workers).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m nre_ray.evaluate --model runs:/RUN_ID/model --data test.csv\n"
+               "  python -m nre_ray.evaluate --model ray_results/RUN/checkpoint_DIR --data test.jsonl "
+               "--negative-label Other --output scores.json\n"
+               "  python -m nre_ray.evaluate --model models:/NAME/1 --data big.parquet --num-workers 4\n")
+    parser.add_argument("--model", required=True, help="A checkpoint folder (or runs:/<run_id>/model, "
+                        "models:/<name>/<version>).")
+    parser.add_argument("--data", required=True, help="A labelled file in any format training reads.")
+    parser.add_argument("--num-workers", type=int, default=1, help="Ray Train workers (default: 1).")
+    parser.add_argument("--negative-label", help="The 'no relation' label for the positive-class scores (default: the "
+                        "one the model was trained with, if any).")
+    parser.add_argument("--output", help="Write the scores, the per-class table and the confusion matrix here as "
+                        "JSON.")
+    parser.add_argument("--format", choices=FORMATS, help="Input format; detected from the file when not given.")
+    parser.add_argument("--columns", help="Column mapping for other column names, e.g. 'text=sentence,label=relation'.")
+    parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
+                        help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ URIs.")
+    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 2 bad input or usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        report = evaluate_file(args.model, args.data, num_workers=args.num_workers,
+                               negative_label=args.negative_label, fmt=args.format, columns=args.columns,
+                               on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address)
+    except (UsageError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"error: bad input data\n{err}", file=sys.stderr)
+        return 2
+    print()
+    print_report(report)
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+        print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
