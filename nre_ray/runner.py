@@ -235,7 +235,7 @@ def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> R
     storage path and tracking URI reach every node; set how long the worker group may wait to be placed.
     ``step``: the console phase that says so."""
     step = step or console.Phase(console.get(), "ray", "connecting")
-    start_ray(cfg.run.address, cfg.train.num_workers)
+    start_ray(cfg.run.address)
     info = cluster()
     resources = plan_resources(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
                                info.node_types)

@@ -188,7 +188,7 @@ def ray_phase(address: str | None) -> str:
     return f"joining the Ray cluster at {joining}" if joining else "starting a local Ray"
 
 
-def start_ray(address: str | None, num_workers: int, log_to_driver: bool = True) -> None:
+def start_ray(address: str | None, log_to_driver: bool = True) -> None:
     """Join ``address`` (or RAY_ADDRESS), else start a local Ray sized to this machine. ``log_to_driver=False``:
     the workers' output stays in Ray's log files (for commands whose own output is the point)."""
     import ray

@@ -57,7 +57,7 @@ def inspect(args: argparse.Namespace) -> int:
         pipeline.check_inputs(cfg.data)  # bad files, headers and columns fail here, before Ray starts
         from nre_ray.cluster.session import start_ray
 
-        start_ray(cfg.run.address, 1, log_to_driver=False)
+        start_ray(cfg.run.address, log_to_driver=False)
     prepared = pipeline.prepare(cfg.data, cfg.train.seed)
     sys.stdout.write(data_audit.to_markdown(prepared.audit))
     if prepared.rejected_count:

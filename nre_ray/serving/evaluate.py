@@ -154,7 +154,7 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
 
     out = console.get()
     with out.phase("ray", ray_phase(address)) as step:
-        start_ray(address, num_workers)
+        start_ray(address)
         resources = plan_resources(num_workers, False, alive_nodes())
         step.done(f"{num_workers} worker(s), {resources.per_worker} each")
     meta = loaded.meta

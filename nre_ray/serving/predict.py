@@ -241,7 +241,7 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
     else:
         from nre_ray.cluster.session import start_ray
 
-        start_ray(address, num_workers)
+        start_ray(address)
         start = time.perf_counter()
         batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu)
     summary = _write(batches, plan, out_path, out_fmt, on_bad_rows, progress)

@@ -190,7 +190,7 @@ def connect(cfg: Config, target: Any, requested: int | None) -> TrialPlan:
     trials, check the storage and tracking reach every node, set the Train placement timeout."""
     from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV, check_shared_paths, cluster, placement_timeout, start_ray
 
-    start_ray(cfg.run.address, cfg.train.num_workers, log_to_driver=False)
+    start_ray(cfg.run.address, log_to_driver=False)
     info = cluster()
     plan = plan_trials(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
                        info.node_types, requested)

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 SCRIPT = """
 import os, ray
 from nre_ray.cluster.session import start_ray
-start_ray(None, 1)
+start_ray(None)
 
 @ray.remote(num_cpus=0)
 def ask():  # what the placement-group cleaner does, from a process of the cluster

@@ -70,7 +70,7 @@ def test_a_local_ray_that_does_not_start_in_time_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(ray, "init", times_out)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(UsageError, match=r"the local Ray did not start: .* load average .* --address auto"):
-        start_ray(None, 2)
+        start_ray(None)
 
 
 # --- clusters that an autoscaler grows -----------------------------------------------------------------------------
