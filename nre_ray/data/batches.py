@@ -369,7 +369,7 @@ class EncodedSplit:
         files = {key: Path(folder) / f"{name}.{key}.npy" for key in STORED_KEYS}
         flat = {key: open_rows(path) if lazy else np.load(path, allow_pickle=False) for key, path in files.items()}
         info = json.loads((Path(folder) / f"{name}.json").read_text(encoding="utf-8"))
-        return cls(flat, name, folder, info.get("window"))
+        return cls(flat, name, folder, info["window"])
 
 
 def write_split_info(folder: Path | str, name: str, window: int | None) -> None:

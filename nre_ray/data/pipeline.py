@@ -935,7 +935,7 @@ def save_prepared(prepared: Prepared, folder: Path) -> None:
             "valid_from_train": prepared.valid_from_train, "rejected_count": prepared.rejected_count,
             "rejected_csv": "rejected.csv" if prepared.rejected_count else None,
             "pretrained_dir": "pretrained" if prepared.pretrained_dir else None,
-            "pretrained": bool(prepared.pretrained_dir), "position_window": prepared.position_window}
+            "position_window": prepared.position_window}
     (folder / MARKER).write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
     _relocate(prepared, folder)
 
@@ -946,9 +946,7 @@ def load_prepared(folder: Path) -> Prepared:
     rejected_path = folder / "rejected.csv"
     rejected = pd.read_csv(rejected_path, keep_default_na=False, nrows=KEPT_REJECTED) \
         if rejected_path.stat().st_size else pd.DataFrame(columns=REJECTED_COLUMNS)
-    count = meta.get("rejected_count", len(rejected))
-    rejected_csv = meta.get("rejected_csv", "rejected.csv" if count else None)
-    pretrained_dir = meta.get("pretrained_dir", "pretrained" if meta.get("pretrained") else None)
+    count, rejected_csv, pretrained_dir = meta["rejected_count"], meta["rejected_csv"], meta["pretrained_dir"]
     return Prepared(
         splits={name: EncodedSplit.open(folder, name) for name in meta["splits"]},  # read by rows, on demand
         vocab=Vocab.load(folder / "vocab.json"),
