@@ -32,7 +32,8 @@ from nre_ray import metrics as M
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.config import Config
 from nre_ray.console import NOTES_KEY
-from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
+from nre_ray.data.batches import EncodedSplit
+from nre_ray.data.encode import EncodedDataset, identity_collate
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.pretrained import load_word_vectors, word_embedding

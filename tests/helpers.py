@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nre_ray.data.encode import EncodedSplit, encode_batch, token_counts, tokenize_batch
+from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts, tokenize_batch
 from nre_ray.data.vocab import Vocab
 
 TEMPLATES = {

@@ -6,8 +6,8 @@ label ids, after truncating to a window that keeps both entities. :class:`Encode
 (flat arrays and row offsets) and pads batches as they are made.
 
 This module does not import torch: the Ray Data workers that run these functions start in a second instead of
-several, and stay some 200 MB smaller. :mod:`nre_ray.data.encode` re-exports everything here, next to the torch
-``EncodedDataset`` the loop reads batches from.
+several, and stay some 200 MB smaller. The torch ``EncodedDataset`` the loop reads batches from is in
+:mod:`nre_ray.data.encode`.
 """
 
 from __future__ import annotations

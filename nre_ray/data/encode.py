@@ -1,19 +1,16 @@
 """The torch side of the encoded data: :class:`EncodedDataset` hands the loop whole batches of an
-:class:`EncodedSplit`.
+:class:`~nre_ray.data.batches.EncodedSplit`.
 
-The pure batch functions (``tokenize_batch``, ``token_counts``, ``encode_batch``) and :class:`EncodedSplit` live in
+The pure batch functions (``tokenize_batch``, ``token_counts``, ``encode_batch``) and ``EncodedSplit`` live in
 :mod:`nre_ray.data.batches`, which does not import torch (the Ray Data workers that run them start faster and stay
-smaller); they are re-exported here, so ``from nre_ray.data.encode import encode_batch`` keeps working.
+smaller).
 """
 
 from __future__ import annotations
 
 import torch
 
-from nre_ray.data.batches import ARRAY_KEYS, EncodedSplit, encode_batch, encode_split, token_counts, tokenize_batch
-
-__all__ = ["ARRAY_KEYS", "EncodedDataset", "EncodedSplit", "encode_batch", "encode_split", "identity_collate",
-           "token_counts", "tokenize_batch"]
+from nre_ray.data.batches import EncodedSplit
 
 
 class EncodedDataset(torch.utils.data.Dataset):

@@ -22,7 +22,7 @@ the marker tokens, and the pretrained model's ``config.json`` with its vocabular
 The same folder travels inside every checkpoint (``pretrained/``), so a checkpoint predicts with no access to the
 original model path.
 
-Output columns per row (the ones :meth:`nre_ray.data.encode.EncodedSplit.from_frame` stores flat, unpadded):
+Output columns per row (the ones :meth:`nre_ray.data.batches.EncodedSplit.from_frame` stores flat, unpadded):
 ``token_ids`` (input ids with the special tokens), ``length``, ``head_span``/``tail_span`` (``[start marker, end
 marker + 1)`` in ``token_ids``: ``span[0]`` is the start marker the encoder pools) and ``label``. The relative
 positions and PCNN pieces follow from the spans: batches derive them (:func:`nre_ray.data.batches.derived_features`).

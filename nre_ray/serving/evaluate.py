@@ -25,7 +25,7 @@ from nre_ray import metrics as M
 from nre_ray.checkpoint import load_checkpoint
 from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
-from nre_ray.data.encode import EncodedSplit
+from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import DataError
 from nre_ray.data.read import parse_column_map, problems_of, read_table
 from nre_ray.models import build_model

@@ -29,7 +29,8 @@ from torch import nn
 
 from nre_ray.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
 from nre_ray.config import Config, DataConfig
-from nre_ray.data.encode import EncodedDataset, EncodedSplit, encode_split, tokenize_batch
+from nre_ray.data.batches import EncodedSplit, encode_split, tokenize_batch
+from nre_ray.data.encode import EncodedDataset
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.read import check_rows, split_problem
 from nre_ray.data.subword import assets_folder, encode_subword_batch

@@ -17,7 +17,7 @@ import pytest
 from nre_ray.config import DataConfig
 from nre_ray.data import pipeline
 from nre_ray.data.__main__ import main as data_main
-from nre_ray.data.encode import EncodedSplit, encode_batch, token_counts, tokenize_batch
+from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts, tokenize_batch
 from nre_ray.data.errors import DataError
 from nre_ray.data.read import check_rows, read_labels, read_table
 from nre_ray.data.vocab import Vocab

@@ -17,7 +17,8 @@ from ray.train.torch import TorchTrainer
 
 from nre_ray.checkpoint import PRETRAINED_DIR, load_checkpoint, pretrained_assets
 from nre_ray.config import Config, ModelConfig
-from nre_ray.data.encode import EncodedDataset, EncodedSplit
+from nre_ray.data.batches import EncodedSplit
+from nre_ray.data.encode import EncodedDataset
 from nre_ray.data.subword import MarkerTokenizer, build_tokenizer, encode_subword_batch
 from nre_ray.data.vocab import Vocab
 from nre_ray.loop import train_loop_per_worker

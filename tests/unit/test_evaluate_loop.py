@@ -12,7 +12,7 @@ from ray.train.torch import TorchTrainer
 
 from nre_ray import metrics as M
 from nre_ray.config import Config
-from nre_ray.data.encode import EncodedSplit
+from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec

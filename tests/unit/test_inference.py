@@ -11,7 +11,7 @@ import torch
 
 from nre_ray.checkpoint import CheckpointError, save_checkpoint
 from nre_ray.config import Config
-from nre_ray.data.encode import token_counts, tokenize_batch
+from nre_ray.data.batches import token_counts, tokenize_batch
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model

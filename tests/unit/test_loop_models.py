@@ -112,7 +112,8 @@ def test_cpu_train_step_is_unchanged_by_the_amp_flag(monkeypatch):
     """On CPU, training with --amp gives exactly the weights of training without it."""
     monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
     from nre_ray.config import ModelConfig
-    from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
+    from nre_ray.data.batches import EncodedSplit
+    from nre_ray.data.encode import EncodedDataset, identity_collate
     from nre_ray.models import build_model
     from nre_ray.models.registry import ModelSpec
 
@@ -139,7 +140,8 @@ def test_ddp_with_gradients_as_bucket_views_trains_to_the_same_weights(monkeypat
 
     from nre_ray import loop
     from nre_ray.config import ModelConfig
-    from nre_ray.data.encode import EncodedDataset, EncodedSplit, identity_collate
+    from nre_ray.data.batches import EncodedSplit
+    from nre_ray.data.encode import EncodedDataset, identity_collate
     from nre_ray.models import build_model
     from nre_ray.models.registry import ModelSpec
 

@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from nre_ray.data.encode import encode_batch
+from nre_ray.data.batches import encode_batch
 from nre_ray.data.tokenize import (
     clip_span,
     pcnn_segments,
