@@ -355,12 +355,14 @@ def build_parser(
     description: str | None = None,
     only: dict[str, tuple[str, ...] | None] | None = None,
     parser: argparse.ArgumentParser | None = None,
+    helps: dict[str, str] | None = None,
 ) -> argparse.ArgumentParser:
     """An argparse parser with one flag per config field, grouped by section. Defaults are None (= not given).
 
     ``only``: the sections (and, per section, the fields; None: all) to make flags for, e.g. ``{"data": None,
     "train": ("seed",)}`` for a command that only preprocesses; default: every field. ``parser``: add the flags to
-    this parser (a subcommand's) instead of a new one.
+    this parser (a subcommand's) instead of a new one. ``helps``: the help of flags that mean something else in this
+    command, by ``section.field`` (``argparse.SUPPRESS``: left out of the help).
     """
     if parser is None:
         parser = argparse.ArgumentParser(prog=prog, description=description)
@@ -383,8 +385,8 @@ def build_parser(
             shown = default is not None and default is not False and "default" not in escaped
             per_model = "".join(f"; {m}: {v[section][f.name]}" for m, v in MODEL_DEFAULTS.items()
                                 if f.name in v.get(section, {}))
-            help_text = escaped + (f" (default: {default}{per_model})" if shown else "")
             dest = f"{section}.{f.name}"
+            help_text = (helps or {}).get(dest, escaped + (f" (default: {default}{per_model})" if shown else ""))
             if tp is bool and default:
                 group.add_argument(_flag(f.name), dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                    help=help_text)

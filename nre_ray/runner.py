@@ -242,13 +242,8 @@ def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> R
     for warning in check_shared_paths(info, target.storage, target.tracking_uri, cfg.run.allow_local_storage):
         step.note(f"warning: {warning}")
     wait = placement_timeout(cfg.train.placement_timeout, info)
-    os.environ[PLACEMENT_TIMEOUT_ENV] = str(wait)  # Ray Train passes it on to its controller
-    cpus = sum(n.get("CPU", 0) for n in info.nodes)
-    step.done(f"{len(info.nodes)} node(s), {cpus:g} CPUs; {cfg.train.num_workers} worker(s), "
-              f"{resources.per_worker} each")
-    if resources.waits:
-        step.note(f"the alive nodes cannot hold the workers yet; waiting up to {wait:g} s (--placement-timeout) "
-                  f"for the autoscaler to add nodes ({info.describe_types()})")
+    os.environ[PLACEMENT_TIMEOUT_ENV] = f"{wait:g}"  # Ray Train passes it on to its controller
+    step.done(f"{info.describe()}; {cfg.train.num_workers} worker(s), {resources.per_worker} each")
     return resources
 
 
@@ -425,6 +420,9 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
 
     out = console.get()
     workers = f"{cfg.train.num_workers} worker(s)" + (f", {resources.per_worker} each" if resources else "")
+    if resources is not None and resources.waits:  # the workers phase ends when the nodes have come
+        workers += (f"; the alive nodes cannot hold them yet: waiting up to {os.environ[PLACEMENT_TIMEOUT_ENV]} s "
+                    "(--placement-timeout) for the autoscaler to add nodes")
     view = console.TrainingView(out, workers, cfg.train.epochs, cfg.select_metric, cfg.train.patience) \
         if events else None
     status, cwd = "FAILED", os.getcwd()
@@ -518,8 +516,9 @@ def _check_resume(cfg: Config, storage: str, run_name: str, prepared: Any, resum
         changed = {k: f"{old!r} -> {new!r}" for k, (old, new) in changed_settings(loaded.config, cfg).items()}
         if result.metrics and epoch not in tracking.metric_steps(tracking_uri, resumed.info.run_id, "epoch"):
             missing = dict(result.metrics)
-    print(f"resuming run {run_name!r} (MLflow run {resumed.info.run_id}) "
-          + (f"after epoch {epoch}" if latest is not None else "from the start: it has no checkpoint yet")
-          + (f"; logging epoch {epoch}'s metrics, which the stop kept from MLflow" if missing else "")
-          + "".join(f"; {k} {v}" for k, v in changed.items()), flush=True)
+    console.get().line(
+        f"resuming run {run_name!r} (MLflow run {resumed.info.run_id}) "
+        + (f"after epoch {epoch}" if latest is not None else "from the start: it has no checkpoint yet")
+        + (f"; logging epoch {epoch}'s metrics, which the stop kept from MLflow" if missing else "")
+        + "".join(f"; {k} {v}" for k, v in changed.items()))
     return ({"nre_ray.resume_changes": json.dumps(changed)} if changed else {}), missing

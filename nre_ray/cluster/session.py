@@ -27,6 +27,10 @@ QUIET_ENV = {
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
     "PYTHONWARNINGS": "ignore::DeprecationWarning",
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # read when mlflow is imported: no INFO lines about its store and models
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # no "View run ... at:" lines when a run ends on a server
+    # Tune's legacy output engine, which verbose=0 silences; the new one prints its configuration table and
+    # "View detailed results here" whatever the verbosity (ray.tune.experimental.output)
+    "RAY_AIR_NEW_OUTPUT": "0",
 }
 
 #: Ray Train's wait for a worker group to be placed (read by the Train controller, which Ray passes it to).
@@ -82,6 +86,13 @@ class Cluster:
 
     def describe_types(self) -> str:
         return "; ".join(t.describe() for t in self.node_types)
+
+    def describe(self) -> str:
+        """``2 node(s), 3 CPUs``, and the node types an autoscaler may add."""
+        cpus = sum(n.get("CPU", 0) for n in self.nodes)
+        gpus = sum(n.get("GPU", 0) for n in self.nodes)
+        return (f"{len(self.nodes)} node(s), {cpus:g} CPUs" + (f", {gpus:g} GPUs" if gpus else "")
+                + (f"; the autoscaler may add {self.describe_types()}" if self.can_grow else ""))
 
 
 @dataclass
@@ -198,6 +209,7 @@ def start_ray(address: str | None, log_to_driver: bool = True) -> None:
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")     # in a log file
     address = address or os.environ.get("RAY_ADDRESS")
+    keep_worker_pool_warning_off_console()
     if ray.is_initialized():
         return
     if address:
@@ -214,6 +226,33 @@ def start_ray(address: str | None, log_to_driver: bool = True) -> None:
                              f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
                              "machine is too busy; try again when it is quieter, or start Ray once with "
                              "`ray start --head` and pass --address auto.") from None
+
+
+#: The raylet's warning that a node has started many Python worker processes ("which is 4x the maximum expected
+#: startup concurrency"). A sweep's trial drivers and Train controllers are many small actors by design, so it comes
+#: with every sweep; it stays in Ray's log of that raylet (``logs/raylet.out`` in Ray's session folder).
+WORKER_POOL_WARNING = "worker processes have been started on node"
+
+
+def keep_worker_pool_warning_off_console() -> None:
+    """Keep the raylet's :data:`WORKER_POOL_WARNING` off this driver's console; its other messages still show."""
+    # Private Ray API: the driver prints what the raylets report to it (GCS error messages) from the thread of
+    # ray._private.worker.listen_error_messages, through that module's print_to_stdstream, whatever log_to_driver
+    # says, and Ray has no setting to leave one message out (ray-project/ray#63800). The workers' own output goes
+    # through a reference taken when Ray connects, so wrapping the module's function touches only these messages.
+    import ray._private.worker as ray_worker
+
+    show = ray_worker.print_to_stdstream
+    if getattr(show, "drops", None) == WORKER_POOL_WARNING:
+        return
+
+    def show_but_the_warning(data: dict, ignore_prefix: bool) -> None:
+        lines = [line for line in data.get("lines", []) if WORKER_POOL_WARNING not in line]
+        if lines:
+            show({**data, "lines": lines}, ignore_prefix)
+
+    show_but_the_warning.drops = WORKER_POOL_WARNING  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = show_but_the_warning
 
 
 def pin_state_api() -> dict[str, int]:

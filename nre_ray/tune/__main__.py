@@ -8,23 +8,48 @@ import logging
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from nre_ray import console
 from nre_ray.cluster.session import QUIET_ENV, UsageError
 from nre_ray.config import Config, ConfigError, build_parser, config_from_args
 from nre_ray.tune.sweep import SEARCHERS, SweepOptions, run
 
+#: A trial's epoch budget when --epochs is not given, whatever the --model (a single run's default is larger: early
+#: stopping ends it; in a sweep ASHA stops the weak trials instead).
+SWEEP_EPOCHS = 20
+
+EXAMPLES = """\
+output: a line as each phase starts and ends ([seconds since the start] setup, ray, preprocess, mlflow, training,
+model), a line when a trial starts, for each epoch it reports and when it ends, then the best trial's test scores
+and a summary of every trial; on a terminal a bar counts the trials that ended. Ray's and Tune's own messages stay
+in Ray's logs (by default /tmp/ray/session_latest/logs on the head node).
+
+examples:
+  python -m nre_ray.tune --num-samples 4 --epochs 3        # the bundled sample, the default space of --model cnn
+  python -m nre_ray.tune --data-dir DATA --model cnn --epochs 20 --num-samples 12
+  python -m nre_ray.tune --data-dir DATA --search-space space.toml --num-samples 24 --max-concurrent-trials 4
+  python -m nre_ray.tune --data-dir DATA --model pcnn --searcher random --register-model best-pcnn
+  python -m nre_ray.tune --data-dir DATA --run-name cnn-sweep --epochs 20 --num-samples 12 --resume   # continue
+"""
+
 
 def sweep_parser() -> argparse.ArgumentParser:
-    """The training options (fixed values for every trial) plus the sweep's own."""
+    """The training options (fixed values for every trial, but --patience: ASHA stops trials) plus the sweep's
+    own, then the examples."""
     parser = build_parser(prog="python -m nre_ray.tune",
                           description="Search hyperparameters with Ray Tune: each trial trains with Ray Train "
                                       "(the options below are the fixed values of every trial), ASHA stops weak "
                                       "trials early on the validation metric, MLflow records a parent run for the "
                                       "sweep and a child run per trial, and the best trial's checkpoint is scored "
                                       "on test once and logged as the sweep's model. --run-name names the sweep, "
-                                      f"--epochs is the most a trial trains (default here: {SWEEP_EPOCHS}).")
+                                      f"--epochs is the most a trial trains (default here: {SWEEP_EPOCHS}).",
+                          helps={"train.epochs": "The most epochs a trial trains; ASHA stops the weak trials sooner "
+                                                 f"(default: {SWEEP_EPOCHS}, whatever the --model).",
+                                 "train.patience": argparse.SUPPRESS})
+    parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     group = parser.add_argument_group("sweep options")
     group.add_argument("--search-space", metavar="SPACE.toml",
                        help="TOML file: [model]/[train] tables with one distribution per option, e.g. "
@@ -45,11 +70,6 @@ def sweep_parser() -> argparse.ArgumentParser:
     group.add_argument("--search-seed", type=int,
                        help="Seed of the searcher's draws (default: --seed).")
     return parser
-
-
-#: A trial's epoch budget when --epochs is not given (a single run's default is larger: early stopping ends it; in a
-#: sweep ASHA stops the weak trials instead).
-SWEEP_EPOCHS = 20
 
 
 def sweep_config(args: argparse.Namespace) -> Config:
@@ -105,10 +125,13 @@ def _short(value: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0, 2 for bad input or usage, 130 when interrupted)."""
+    started = time.time()
     args = sweep_parser().parse_args(argv)
     for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
         os.environ.setdefault(key, value)
+    console.use(console.Console(started=started))
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("nre_ray").setLevel(logging.INFO)
     for noisy in ("ray.data", "mlflow", "ray.tune"):
         logging.getLogger(noisy).setLevel(logging.ERROR if noisy == "ray.tune" else logging.WARNING)
     from nre_ray.checkpoint import CheckpointError
@@ -117,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = sweep_config(args)
         opts = options_from_args(args, cfg)
-        summary = run(cfg, opts)
+        with console.logs_on_console("nre_ray"):
+            summary = run(cfg, opts)
     except (ConfigError, UsageError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

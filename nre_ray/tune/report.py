@@ -13,34 +13,54 @@ from typing import Any
 import pandas as pd
 from ray.tune import Callback
 
+from nre_ray import console
+
 #: A trial's outcome, as the table says it.
 COMPLETED, STOPPED_EARLY, ERROR, UNFINISHED = "completed", "stopped early (ASHA)", "error", "unfinished"
 
 
 class ProgressPrinter(Callback):
-    """One line per reported epoch and one when a trial ends (Tune's own table is off: ``verbose=0``)."""
+    """A console line when a trial starts, for each epoch it reports and when it ends (Tune's own output is off:
+    ``verbose=0`` and its legacy output engine, :data:`nre_ray.cluster.session.QUIET_ENV`), in the running console
+    phase, whose progress counts the trials that ended (a bar on a terminal)."""
 
     def __init__(self, metric: str, epochs: int, keys: list[str]) -> None:
         self.metric, self.epochs, self.keys = metric, epochs, keys
         self.ended: set[str] = set()  # trials that ended in this session: completed, or stopped by ASHA
+        self.progress: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks with the experiment (and a resumed sweep runs the pickled copy): the progress
+        # belongs to this process's console
+        return {**self.__dict__, "progress": None}
+
+    def setup(self, stop: Any = None, num_samples: int | None = None, total_num_samples: int | None = None,
+              **info: Any) -> None:
+        self.progress = console.current_phase().progress(total_num_samples, "trials")
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         shown = ", ".join(f"{k.split('.', 1)[1]}={_short(trial.config.get(k))}" for k in self.keys)
-        print(f"trial {trial.trial_id} started: {shown}", flush=True)
+        console.get().line(f"trial {trial.trial_id} started: {shown}")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if "epoch" in result and self.metric in result:
-            print(f"trial {trial.trial_id} epoch {int(result['epoch'])}/{self.epochs}  {self.metric} "
-                  f"{result[self.metric]:.4f}  train_loss {result.get('train_loss', math.nan):.4f}", flush=True)
+            console.get().line(f"trial {trial.trial_id} epoch {int(result['epoch'])}/{self.epochs}  {self.metric} "
+                               f"{result[self.metric]:.4f}  train_loss {result.get('train_loss', math.nan):.4f}")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.ended.add(trial.trial_id)
         epoch = int((trial.last_result or {}).get("epoch", 0))
         how = "completed" if epoch >= self.epochs else f"stopped by ASHA after epoch {epoch}"
-        print(f"trial {trial.trial_id} {how}", flush=True)
+        console.get().line(f"trial {trial.trial_id} {how}")
+        self._count()
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        print(f"trial {trial.trial_id} failed (see the trials table and its MLflow run)", flush=True)
+        console.get().line(f"trial {trial.trial_id} failed (see the trials table and its MLflow run)")
+        self._count()
+
+    def _count(self) -> None:
+        if self.progress is not None:  # (set up by Tune)
+            self.progress.update(1)
 
 
 def _short(value: Any) -> str:

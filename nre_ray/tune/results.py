@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from nre_ray import console
 from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
 
@@ -166,6 +167,8 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
                                               "test (best trial)")
                 tracker.log_artifacts(Path(out), "reports")
         if cfg.run.log_model:
-            logged = log_model(folder, target.tracking_uri, parent, cfg.run.register_model)
+            with console.phase("model", "logging the best trial's checkpoint as the sweep's MLflow model") as step:
+                logged = log_model(folder, target.tracking_uri, parent, cfg.run.register_model)
+                step.done(logged.model_uri)
             model = {"model_uri": logged.model_uri, "registered_model_uri": logged.registered_uri}
     return test, model

@@ -23,10 +23,12 @@ import json
 import logging
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nre_ray import console
 from nre_ray.cluster.session import NodeType, UsageError, plan_resources
 from nre_ray.config import Config
 
@@ -114,36 +116,47 @@ def _trial_dirname(trial: Any) -> str:
 
 
 def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
-    """Run (or with ``--resume`` continue) the sweep; returns the summary."""
-    from ray import tune
-
+    """Run (or with ``--resume`` continue) the sweep, each step a console phase as in a training run; returns the
+    summary."""
     from nre_ray import storage as fs
-    from nre_ray.runner import prepare_data, resolve_target, trainer_data
-    from nre_ray.tracking import store as tracking
-    from nre_ray.tune.report import ProgressPrinter
-    from nre_ray.tune.results import close_children, close_running, collect, finish, interrupted
+    from nre_ray.cluster.session import ray_phase
     from nre_ray.tune.space import describe, load_space, to_tune
-    from nre_ray.tune.trial import trial_trainable
 
-    space = load_space(opts.search_space, cfg)  # refused before anything starts
-    searcher = resolve_searcher(opts.searcher)
-    cfg.run.run_name = cfg.run.run_name or f"tune-{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
-    target = resolve_target(cfg)  # storage, tracking URI; with --resume the parent MLflow run
-    path = fs.join(target.storage, target.run_name)
-    can_restore = tune.Tuner.can_restore(path)
-    if cfg.run.resume and not can_restore:
-        raise UsageError(f"--resume: {path} holds no sweep to continue (no Tune experiment state). Give the "
-                         "--run-name and --storage-path the sweep was started with.")
-    if not cfg.run.resume and (can_restore or (not fs.is_uri(path) and Path(path).exists())):
-        raise UsageError(f"sweep {target.run_name!r} already exists in {path}; nothing was overwritten. Continue it "
-                         "with --resume, or choose another --run-name.")
+    out = console.get()
+    with out.phase("setup", "checking the search space, the settings and the sweep's storage") as step:
+        space = load_space(opts.search_space, cfg)  # refused before anything starts
+        searcher = resolve_searcher(opts.searcher)
+        from ray import tune  # (seconds: after the first line)
+
+        from nre_ray.runner import prepare_data, resolve_target, trainer_data
+        from nre_ray.tracking import store as tracking
+        from nre_ray.tune.report import ProgressPrinter
+        from nre_ray.tune.results import close_children, close_running, collect, finish, interrupted
+        from nre_ray.tune.trial import trial_trainable
+
+        cfg.run.run_name = cfg.run.run_name or f"tune-{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+        target = resolve_target(cfg)  # storage, tracking URI; with --resume the parent MLflow run
+        path = fs.join(target.storage, target.run_name)
+        can_restore = tune.Tuner.can_restore(path)
+        if cfg.run.resume and not can_restore:
+            raise UsageError(f"--resume: {path} holds no sweep to continue (no Tune experiment state). Give the "
+                             "--run-name and --storage-path the sweep was started with.")
+        if not cfg.run.resume and (can_restore or (not fs.is_uri(path) and Path(path).exists())):
+            raise UsageError(f"sweep {target.run_name!r} already exists in {path}; nothing was overwritten. Continue "
+                             "it with --resume, or choose another --run-name.")
+        step.done(f"sweep {target.run_name!r}; trials in {path}")
     metric = f"valid_{cfg.select_metric}"
-    plan = connect(cfg, target, opts.max_concurrent_trials)
-    print(f"sweep {target.run_name}: {opts.num_samples} trial(s) of up to {cfg.train.epochs} epoch(s), "
-          f"{plan.describe(cfg.train.num_workers)}; ASHA on {metric} (grace {opts.grace_period} epoch(s), "
-          f"reduction {opts.reduction_factor}); {searcher} search over\n{describe(space)}", flush=True)
-    prepared = prepare_data(cfg, target)  # once for the whole sweep: every trial reads this cache
-    parent = open_parent(cfg, opts, target, prepared, space, searcher, metric)
+    with out.phase("ray", ray_phase(cfg.run.address)) as step:
+        plan = connect(cfg, target, opts.max_concurrent_trials, step)
+    out.line(f"sweep {target.run_name}: {opts.num_samples} trial(s) of up to {cfg.train.epochs} epoch(s), "
+             f"{plan.describe(cfg.train.num_workers)}; ASHA on {metric} (grace {opts.grace_period} epoch(s), "
+             f"reduction {opts.reduction_factor}); {searcher} search over")
+    out.line(describe(space), stamp=False)
+    with out.phase("preprocess", "reading, checking and encoding the data (Ray Data)") as step:
+        prepared = prepare_data(cfg, target, step)  # once for the whole sweep: every trial reads this cache
+    with out.phase("mlflow", f"creating the sweep's run in {target.tracking_uri}") as step:
+        parent = open_parent(cfg, opts, target, prepared, space, searcher, metric)
+        step.done(f"run {parent} in experiment {cfg.run.experiment_name!r}")
 
     sweep = {"config": cfg.to_dict(), "data": trainer_data(prepared, ("train", "valid")),
              "trials_storage": fs.join(path, "trials"), "tracking_uri": target.tracking_uri,
@@ -154,24 +167,28 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     keys = [d.key for d in space]
     printer = ProgressPrinter(metric, cfg.train.epochs, keys)
     run_config = tune.RunConfig(
-        name=target.run_name, storage_path=target.storage, verbose=0,
+        name=target.run_name, storage_path=target.storage, verbose=0,  # the console shows the printer's lines
         callbacks=[printer],
         # a trial whose driver died (a lost node) starts again; its Train run continues from its checkpoint
         failure_config=tune.FailureConfig(max_failures=max(cfg.train.max_failures, 1)))
     status = "KILLED"
+    waits = "; the alive nodes cannot hold them all yet: the autoscaler adds nodes" if plan.waits else ""
     try:
-        if cfg.run.resume:
-            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = tune.Tuner(trainable, param_space=to_tune(space), run_config=run_config,
-                               tune_config=tune_config(cfg, opts, searcher, metric, plan.at_once))
-        grid = tuner.fit()
-        trials = collect(grid, target.tracking_uri, parent, keys, metric, cfg.train.epochs)
-        cut = interrupted(trials, opts.num_samples, printer.ended)
-        if cut is not None:
-            close_children(target.tracking_uri, trials, cut)
-            raise KeyboardInterrupt
-        close_children(target.tracking_uri, trials)
+        with out.phase("training", f"{opts.num_samples} trial(s), {plan.at_once} at once{waits}") as step:
+            if cfg.run.resume:
+                tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+            else:
+                tuner = tune.Tuner(trainable, param_space=to_tune(space), run_config=run_config,
+                                   tune_config=tune_config(cfg, opts, searcher, metric, plan.at_once))
+            grid = tuner.fit()
+            trials = collect(grid, target.tracking_uri, parent, keys, metric, cfg.train.epochs)
+            cut = interrupted(trials, opts.num_samples, printer.ended)
+            if cut is not None:
+                close_children(target.tracking_uri, trials, cut)
+                raise KeyboardInterrupt
+            close_children(target.tracking_uri, trials)
+            outcomes = Counter(t["outcome"] for t in trials)
+            step.done(f"{len(trials)} trial(s): " + ", ".join(f"{n} {how}" for how, n in outcomes.items()))
         summary = finish(cfg, target, prepared, grid, trials, space, parent, metric, path)
         status = "FINISHED"
         return summary
@@ -185,9 +202,10 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         tracking.end_run(target.tracking_uri, parent, status)
 
 
-def connect(cfg: Config, target: Any, requested: int | None) -> TrialPlan:
+def connect(cfg: Config, target: Any, requested: int | None, step: console.Phase) -> TrialPlan:
     """Start or join Ray (workers' output stays in Ray's logs: the sweep prints one line per trial epoch), plan the
-    trials, check the storage and tracking reach every node, set the Train placement timeout."""
+    trials, check the storage and tracking reach every node, set the Train placement timeout. ``step``: the console
+    phase that says so."""
     from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV, check_shared_paths, cluster, placement_timeout, start_ray
 
     start_ray(cfg.run.address, log_to_driver=False)
@@ -195,11 +213,9 @@ def connect(cfg: Config, target: Any, requested: int | None) -> TrialPlan:
     plan = plan_trials(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
                        info.node_types, requested)
     for warning in check_shared_paths(info, target.storage, target.tracking_uri, cfg.run.allow_local_storage):
-        print(f"warning: {warning}", flush=True)
-    os.environ[PLACEMENT_TIMEOUT_ENV] = str(placement_timeout(cfg.train.placement_timeout, info))
-    if plan.waits:
-        print(f"nre_ray: the alive nodes cannot hold the trials yet; the autoscaler adds nodes "
-              f"({info.describe_types()})", flush=True)
+        step.note(f"warning: {warning}")
+    os.environ[PLACEMENT_TIMEOUT_ENV] = f"{placement_timeout(cfg.train.placement_timeout, info):g}"
+    step.done(info.describe())
     return plan
 
 
@@ -244,8 +260,8 @@ def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, spa
         tracker = tracking.MlflowTracker(target.tracking_uri, run_id)
         resumes = int(target.resumed.data.tags.get("nre_ray.resumes", 0)) + 1
         tracker.set_tags({"nre_ray.resumes": str(resumes)})
-        print(f"resuming sweep {target.run_name!r} (MLflow run {run_id}): finished trials are kept, unfinished ones "
-              "continue from their checkpoints", flush=True)
+        console.get().line(f"resuming sweep {target.run_name!r} (MLflow run {run_id}): finished trials are kept, "
+                           "unfinished ones continue from their checkpoints")
         return run_id
     tags = {"nre_ray.run_name": target.run_name, "nre_ray.kind": "sweep", "storage_path": target.storage,
             "workers": str(cfg.train.num_workers), "device": "gpu" if cfg.train.use_gpu else "cpu"}

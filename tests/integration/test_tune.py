@@ -4,6 +4,7 @@ bundled sample, ASHA stopping the hopeless trials, the best checkpoint registere
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import mlflow
@@ -11,6 +12,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from nre_ray import console
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.tracking.store import mlflow_name
 from nre_ray.tune.__main__ import main
@@ -38,6 +40,16 @@ def test_four_trial_sweep_with_asha_on_the_sample(ray_cluster, tmp_path, monkeyp
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "2 trial(s) at once, each 1 worker(s)" in out  # the plan, said up front
+    # The console: phases of train's vocabulary that each open and close, a line per trial event, and nothing of
+    # Ray's, Tune's or MLflow's own (Tune's configuration table, its results folder, the raylet's warning about
+    # many worker processes, MLflow's run links)
+    for phase in ("setup", "ray", "preprocess", "mlflow", "training", "model"):
+        assert re.search(rf"^\[ *\d+\.\ds\] {phase}: .*\(\d+\.\d s\)$", out, re.M), phase
+    assert not console.get().running, [p.name for p in console.get().running]  # every phase that opened closed
+    assert re.search(r"^\[ *\d+\.\ds\] training: 4 trial\(s\): .*completed", out, re.M)
+    assert re.search(r"^\[ *\d+\.\ds\] trial \w+ started: lr=", out, re.M)
+    for chatter in ("╭", "│", "View detailed results here", "View run", "PYTHON worker processes", "(raylet)"):
+        assert chatter not in out, chatter
     summary = json.loads(Path("summary.json").read_text(encoding="utf-8"))
 
     # Tune's results: every trial ran, at least one was stopped by ASHA after epoch 1, the good one completed.
