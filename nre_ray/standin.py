@@ -6,38 +6,71 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from nre_ray.cluster.standin import Standin, down, kill_node, status, up, upload
 
+#: The commands and what each does.
+COMMANDS = {
+    "up": "start it and write <dir>/env.sh",
+    "status": "say what runs",
+    "upload": "copy a local file or folder into the object store",
+    "kill-node": "lose a worker node (by default one that runs a training worker)",
+    "down": "stop every process it started, nothing else",
+}
+#: The options: the commands each applies to, its flag, and its argparse settings.
+OPTIONS: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
+    (tuple(COMMANDS), "--dir", {"default": ".standin", "help": "Folder for the stand-in's state, logs and MLflow "
+                                                               "database (default: .standin)."}),
+    (("up",), "--bucket", {"default": "nre-ray", "help": "Bucket created in the object store (default: nre-ray)."}),
+    (("up",), "--max-workers", {"type": int, "default": 3, "help": "Worker nodes the autoscaler may add (default 3)."}),
+    (("up",), "--cpus-per-node", {"type": float, "default": 1.0, "help": "CPUs of each worker node (default 1)."}),
+    (("up",), "--idle-minutes", {"type": float, "default": 1.0,
+                                 "help": "Minutes before the autoscaler removes an idle node (default 1)."}),
+    (("up",), "--s3-port", {"type": int, "default": 9000,
+                            "help": "Port of the object store's S3 API on 127.0.0.1: AWS_ENDPOINT_URL in env.sh "
+                                    "(default 9000)."}),
+    (("up",), "--gcs-port", {"type": int, "default": 6379,
+                             "help": "Port of the Ray head (its GCS), the address nodes and `ray start --address` "
+                                     "join (default 6379)."}),
+    (("up",), "--dashboard-port", {"type": int, "default": 8265,
+                                   "help": "Port of the Ray dashboard, where `ray job submit` sends jobs: RAY_ADDRESS "
+                                           "in env.sh (default 8265)."}),
+    (("up",), "--mlflow-port", {"type": int, "default": 5000,
+                                "help": "Port of the MLflow tracking server: TRACKING_URI in env.sh (default 5000)."}),
+    (("kill-node",), "--node", {"help": "The node id to lose (default: one that runs a training worker)."}),
+]
+
 
 def build_parser() -> argparse.ArgumentParser:
+    """``COMMAND`` and its options; each option is taken after the command and, as before, also before it."""
     parser = argparse.ArgumentParser(
         prog="python -m nre_ray.standin",
         description="A local stand-in for the AWS cluster of cluster.yaml, to rehearse on before paying for it: a Ray "
                     "head whose autoscaler adds worker nodes (processes on this machine) when a run asks, an "
                     "S3-compatible object store on 127.0.0.1, and an MLflow server with its artifacts in that store. "
-                    "See docs/cluster.md.",
+                    "See docs/cluster.md. `python -m nre_ray.standin COMMAND --help` lists a command's options.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python -m nre_ray.standin up && source .standin/env.sh\n"
                "  python -m nre_ray.standin upload nre_ray/data/sample s3://nre-ray/nre_ray/data\n"
                "  python -m nre_ray.standin status\n  python -m nre_ray.standin kill-node\n"
-               "  python -m nre_ray.standin down")
-    parser.add_argument("command", choices=["up", "status", "upload", "kill-node", "down"],
-                        help="up: start it and write <dir>/env.sh; status: what runs; upload LOCAL s3://...: copy "
-                             "data into the store; kill-node: lose a worker node (one running a training worker); "
-                             "down: stop every process it started")
-    parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help="upload: a local file or folder, then where it goes (s3://BUCKET/...)")
-    parser.add_argument("--dir", default=".standin", help="Folder for the stand-in's state, logs and MLflow database "
-                                                         "(default: .standin).")
-    parser.add_argument("--bucket", default="nre-ray", help="Bucket created in the object store (default: nre-ray).")
-    parser.add_argument("--max-workers", type=int, default=3, help="Worker nodes the autoscaler may add (default 3).")
-    parser.add_argument("--cpus-per-node", type=float, default=1.0, help="CPUs of each worker node (default 1).")
-    parser.add_argument("--idle-minutes", type=float, default=1.0,
-                        help="Minutes before the autoscaler removes an idle node (default 1).")
-    for name, default in (("s3", 9000), ("gcs", 6379), ("dashboard", 8265), ("mlflow", 5000)):
-        parser.add_argument(f"--{name}-port", type=int, default=default, help=f"(default {default})")
-    parser.add_argument("--node", help="kill-node: the node id to lose (default: one that runs a training worker).")
+               "  python -m nre_ray.standin down\n"
+               "  python -m nre_ray.standin up --dir /tmp/second --s3-port 9100 --gcs-port 6400 --dashboard-port 8300 "
+               "--mlflow-port 5100")
+    groups: dict[tuple[str, ...], Any] = {tuple(COMMANDS): parser}
+    for applies, flag, settings in OPTIONS:
+        if applies not in groups:
+            groups[applies] = parser.add_argument_group(f"options of {' and '.join(applies)}")
+        groups[applies].add_argument(flag, **settings)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    for name, what in COMMANDS.items():
+        command = commands.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]}.")
+        if name == "upload":
+            command.add_argument("local", metavar="LOCAL", help="A local file or folder.")
+            command.add_argument("uri", metavar="URI", help="Where it goes: s3://BUCKET/KEY.")
+        for applies, flag, settings in OPTIONS:
+            if name in applies:  # given here, it wins; not given, the value before the command (or its default) stays
+                command.add_argument(flag, **{**settings, "default": argparse.SUPPRESS})
     return parser
 
 
@@ -54,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "status":
         print(status(Standin.load(folder)))
     elif args.command == "upload":
-        if len(args.paths) != 2:
-            raise SystemExit("error: upload takes two paths: LOCAL s3://BUCKET/KEY")
-        upload(Standin.load(folder), Path(args.paths[0]), args.paths[1])
-        print(f"uploaded {args.paths[0]} to {args.paths[1]}")
+        upload(Standin.load(folder), Path(args.local), args.uri)
+        print(f"uploaded {args.local} to {args.uri}")
     elif args.command == "kill-node":
         print(f"killed worker node {kill_node(Standin.load(folder), args.node, 'RayTrainWorker')}")
     else:
