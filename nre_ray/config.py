@@ -400,6 +400,13 @@ def build_parser(
     return parser
 
 
+def choices(dest: str) -> tuple[str, ...]:
+    """The values the config field ``dest`` (``section.field``, e.g. ``data.format``) accepts: the choices of another
+    command's flag of the same meaning."""
+    section, name = dest.split(".")
+    return next(f.metadata["choices"] for f in dataclasses.fields(_SECTIONS[section]) if f.name == name)
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

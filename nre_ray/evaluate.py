@@ -8,12 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nre_ray.checkpoint import CheckpointError
-from nre_ray.cluster.session import UsageError
-from nre_ray.data.errors import DataError
-from nre_ray.data.read import FORMATS
-from nre_ray.serving.evaluate import evaluate_file
-from nre_ray.serving.inference import ON_BAD_ROWS
+from nre_ray.config import choices
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -53,9 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "one the model was trained with, if any).")
     parser.add_argument("--output", help="Write the scores, the per-class table and the confusion matrix here as "
                         "JSON.")
-    parser.add_argument("--format", choices=FORMATS, help="Input format; detected from the file when not given.")
+    parser.add_argument("--format", choices=choices("data.format"),
+                        help="Input format; detected from the file when not given.")
     parser.add_argument("--columns", help="Column mapping for other column names, e.g. 'text=sentence,label=relation'.")
-    parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
+    parser.add_argument("--on-bad-rows", choices=choices("data.on_bad_rows"), default="error",
                         help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ URIs.")
     parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
@@ -65,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage)."""
     args = build_parser().parse_args(argv)
+    # torch, pandas and Ray only now: --help and a usage error answer at once
+    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.cluster.session import UsageError
+    from nre_ray.data.errors import DataError
+    from nre_ray.serving.evaluate import evaluate_file
+
     try:
         report = evaluate_file(args.model, args.data, num_workers=args.num_workers,
                                negative_label=args.negative_label, fmt=args.format, columns=args.columns,

@@ -5,12 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nre_ray.checkpoint import CheckpointError
-from nre_ray.cluster.session import UsageError
-from nre_ray.data.chunks import DEFAULT_CHUNK_ROWS
-from nre_ray.data.read import FORMATS
-from nre_ray.serving.inference import ON_BAD_ROWS
-from nre_ray.serving.predict import LOCAL_MAX_ROWS, data_error, predict_file, worker_died
+from nre_ray.config import choices
+from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 
 EXAMPLES = """\
 examples:
@@ -39,10 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 1).")
     parser.add_argument("--top-k", type=int, default=0, help="Also write the K most likely labels and their "
                         "probabilities (top_k_labels, top_k_scores as JSON lists in CSV).")
-    parser.add_argument("--format", choices=FORMATS, help="Input format; detected from the file when not given.")
+    parser.add_argument("--format", choices=choices("data.format"),
+                        help="Input format; detected from the file when not given.")
     parser.add_argument("--columns", help="Column mapping for other column names, e.g. "
                         "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
-    parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
+    parser.add_argument("--on-bad-rows", choices=choices("data.on_bad_rows"), default="error",
                         help="'error' (default): write nothing and list the bad rows; 'skip': label the good rows "
                              "and list the bad ones in OUTPUT.rejected.csv.")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ (default: "
@@ -62,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage, 130 interrupted)."""
     args = build_parser().parse_args(argv)
+    # torch, pandas and Ray only now: --help and a usage error answer at once
+    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.cluster.session import UsageError
+    from nre_ray.serving.predict import data_error, predict_file, worker_died
+
     try:
         summary = predict_file(args.model, args.input, args.output, batch_size=args.batch_size,
                                num_workers=args.num_workers, top_k=args.top_k, fmt=args.format, columns=args.columns,

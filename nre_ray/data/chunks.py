@@ -31,11 +31,11 @@ import pandas as pd
 
 from nre_ray.data import read as R
 from nre_ray.data.errors import DataError, Problem
+from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS
 
 PREFIX = "_nre_"
 CANONICAL = ("sentence", "head", "head_offset", "tail", "tail_offset", "relation", "head_type", "tail_type", "file",
              "line", "problem")
-DEFAULT_CHUNK_ROWS = 10_000
 _DELIMITED = {"csv": ",", "deepke": ",", "tsv": "\t"}
 _JSON = ("jsonl", "opennre")
 
@@ -345,4 +345,4 @@ def _plan_whole(name: str, path: Path, fmt: str, column_map: dict[str, str] | No
     return InputPlan(name, fmt, column_map, require_relation, chunks, columns=columns, frame=frame)
 
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "PREFIX", "Chunk", "InputPlan", "canonical_part", "input_part", "plan_chunks"]
+__all__ = ["PREFIX", "Chunk", "InputPlan", "canonical_part", "input_part", "plan_chunks"]

@@ -2,10 +2,10 @@
 Data.
 
 The input is read in chunks (:mod:`nre_ray.data.chunks`). A small input (at most ``--local-max-rows`` rows, default
-:data:`LOCAL_MAX_ROWS`) is labelled chunk by chunk in this process, without starting Ray: starting Ray and an actor
-would take longer than the whole job. A larger one is read by Ray tasks and labelled by an actor pool of
-``--num-workers`` actors, each holding the model once; the driver writes the chunks in input order as they come back,
-and memory stays bounded by a few chunks whatever the size of the input. Both ways label each chunk with
+:data:`nre_ray.data.sizes.LOCAL_MAX_ROWS`) is labelled chunk by chunk in this process, without starting Ray: starting
+Ray and an actor would take longer than the whole job. A larger one is read by Ray tasks and labelled by an actor
+pool of ``--num-workers`` actors, each holding the model once; the driver writes the chunks in input order as they
+come back, and memory stays bounded by a few chunks whatever the size of the input. Both ways label each chunk with
 :class:`nre_ray.serving.inference.Predictor` (the preprocessing of training) and :func:`_with_predictions`, so they
 write the same file. The output keeps the input's columns, in order, and adds ``predicted_relation`` and ``score`` (and
 ``top_k_labels`` / ``top_k_scores`` with ``--top-k``).
@@ -30,17 +30,16 @@ import pandas as pd
 
 from nre_ray.checkpoint import load_checkpoint
 from nre_ray.cluster.session import UsageError
-from nre_ray.data.chunks import DEFAULT_CHUNK_ROWS, PREFIX, InputPlan, canonical_part, input_part, plan_chunks
+from nre_ray.data.chunks import PREFIX, InputPlan, canonical_part, input_part, plan_chunks
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.read import parse_column_map, problems_of
+from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 from nre_ray.serving.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
 
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
                   ".parquet": "parquet", ".pq": "parquet"}
 MAX_PROBLEMS = 1000
 """With ``--on-bad-rows error``, reading stops after this many bad rows."""
-LOCAL_MAX_ROWS = 5000
-"""Inputs of at most this many rows are labelled in this process, without Ray (``--local-max-rows``)."""
 
 
 @dataclasses.dataclass

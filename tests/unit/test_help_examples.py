@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from nre_ray.config import ConfigError
+from nre_ray.config import ConfigError, choices
 from nre_ray.data.__main__ import build_cli as data_parser
 from nre_ray.evaluate import build_parser as evaluate_parser
 from nre_ray.predict import build_parser as predict_parser
 from nre_ray.standin import build_parser as standin_parser
 from nre_ray.standin import main as standin_main
 from nre_ray.train import cli_parser as train_parser
-from nre_ray.tune import sweep_config, sweep_parser
+from nre_ray.tune.__main__ import sweep_config, sweep_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,6 +104,14 @@ def test_every_standin_option_says_what_it_is():
     for action in standin_parser()._actions:
         if action.option_strings and action.dest != "help":
             assert action.help and len(action.help) > 20, action.option_strings
+
+
+def test_the_commands_take_the_formats_and_bad_row_policies_the_library_knows():
+    from nre_ray.data.formats import FORMATS
+    from nre_ray.serving.inference import ON_BAD_ROWS
+
+    assert choices("data.format") == FORMATS  # (predict's and evaluate's --format, without importing the readers)
+    assert choices("data.on_bad_rows") == ON_BAD_ROWS
 
 
 HEAVY = ("torch", "ray", "mlflow")
