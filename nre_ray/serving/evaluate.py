@@ -118,7 +118,7 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
         raise UsageError(f"--negative-label {negative_label!r} is not one of the checkpoint's labels "
                          f"({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})")
 
-    with out.phase("data", f"reading, checking and encoding {data}") as step:
+    with out.phase("preprocess", f"reading, checking and encoding {data}") as step:
         frame = read_table(data, fmt, parse_column_map(columns) if columns else None, require_relation=True)
         problems, split = encode_rows(frame, loaded.config.data, loaded.vocab, labels, loaded.assets)
         bad = (problems != "").to_numpy()
