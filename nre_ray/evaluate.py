@@ -10,6 +10,7 @@ from typing import Any
 
 from nre_ray.checkpoint import CheckpointError
 from nre_ray.cluster.session import UsageError
+from nre_ray.config import ADDRESS_HELP
 from nre_ray.data.errors import DataError
 from nre_ray.data.read import FORMATS
 from nre_ray.serving.evaluate import evaluate_file
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--on-bad-rows", choices=ON_BAD_ROWS, default="error",
                         help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ URIs.")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    parser.add_argument("--address", help=ADDRESS_HELP)
     return parser
 
 
