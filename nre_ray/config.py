@@ -39,6 +39,12 @@ class ConfigError(ValueError):
     """A configuration value or key that cannot be used; the message says which and what to do."""
 
 
+#: The help of every command's --address (how nre_ray.cluster.session.resolve_address reads it).
+ADDRESS_HELP = ("Ray cluster to join: HOST:PORT (the head's GCS, port 6379 by default), ray://HOST:PORT (Ray Client) "
+                "or auto (the Ray `ray start` runs on this machine); default: RAY_ADDRESS if set, else a local Ray "
+                "this command starts. Not the dashboard's http:// address: that one is for `ray job submit`.")
+
+
 def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None) -> Any:
     meta = {"help": help, "choices": choices, "flag": flag}
     if isinstance(default, (list, dict)):
@@ -163,7 +169,7 @@ class RunConfig:
                                         "in the working directory).")
     storage_path: str | None = _f(None, "Where Ray Train writes checkpoints (shared storage on a cluster, e.g. "
                                         "s3://bucket/path); default ./ray_results.")
-    address: str | None = _f(None, "Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    address: str | None = _f(None, ADDRESS_HELP)
     summary_json: str | None = _f(None, "Write the run id, best checkpoint, best epoch and metrics here as JSON.")
     resume: bool = _f(False, "Continue the interrupted run --run-name in --storage-path from its latest checkpoint, "
                              "logging into the same MLflow run (same data and model settings required).")

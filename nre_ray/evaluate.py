@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nre_ray.config import choices
+from nre_ray.config import ADDRESS_HELP, choices
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--on-bad-rows", choices=choices("data.on_bad_rows"), default="error",
                         help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ URIs.")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    parser.add_argument("--address", help=ADDRESS_HELP)
     return parser
 
 

@@ -24,12 +24,12 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-from ray.train.v2.api.context import LocalTrainContext
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from nre_ray import metrics as M
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from nre_ray.cluster.ray_private import in_local_train_mode
 from nre_ray.config import Config
 from nre_ray.console import NOTES_KEY
 from nre_ray.data.batches import EncodedSplit
@@ -384,7 +384,7 @@ def tell_console(notes: list[str], rank: int) -> None:
     (:mod:`nre_ray.tracking.callback`). In Ray's local mode (``num_workers=0``) the loop runs in the driver and prints
     them itself.
     """
-    if isinstance(ray.train.get_context(), LocalTrainContext):
+    if in_local_train_mode():
         if rank == 0:
             print("\n".join(notes), flush=True)
         return

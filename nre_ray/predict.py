@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nre_ray.config import choices
+from nre_ray.config import ADDRESS_HELP, choices
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 
 EXAMPLES = """\
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "and list the bad ones in OUTPUT.rejected.csv.")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ (default: "
                         "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
-    parser.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS if set, else a local Ray).")
+    parser.add_argument("--address", help=ADDRESS_HELP)
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
                         help=f"Rows read at a time (memory per chunk in flight; default {DEFAULT_CHUNK_ROWS}).")
     parser.add_argument("--local-max-rows", type=int, default=LOCAL_MAX_ROWS,

@@ -23,18 +23,18 @@ from typing import Any
 
 from nre_ray import console
 from nre_ray.cluster.session import (
-    PLACEMENT_TIMEOUT_ENV,
     Resources,
     UsageError,
     check_shared_paths,
     cluster,
     placement_failed,
-    placement_timeout,
-    plan_resources,
     quiet_env_for_workers,
     ray_phase,
+    resolve_address,
     restore_cwd,
     root_cause,
+    set_placement_timeout,
+    size_workers,
     start_ray,
 )
 from nre_ray.config import Config
@@ -167,7 +167,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
 def _events_file(cfg: Config) -> str | None:
     """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking.callback`), or None
     under a Ray Client address (``ray://``: the controller's node is not this machine)."""
-    if (cfg.run.address or os.environ.get("RAY_ADDRESS") or "").startswith("ray://"):
+    if resolve_address(cfg.run.address).kind == "client":
         return None
     handle, path = tempfile.mkstemp(prefix="nre_ray_events_", suffix=".jsonl")
     os.close(handle)
@@ -176,11 +176,12 @@ def _events_file(cfg: Config) -> str | None:
 
 def resolve_target(cfg: Config) -> Target:
     """Name the run, resolve the storage path and tracking URI, and find the MLflow run ``--resume`` continues.
-    Refuses to overwrite an existing run's checkpoints. Makes local input paths absolute (workers change
-    directory); URIs stay as they are."""
+    Refuses to overwrite an existing run's checkpoints and an address Ray cannot join. Makes local input paths
+    absolute (workers change directory); URIs stay as they are."""
     from nre_ray import storage as fs
     from nre_ray.tracking import store as tracking
 
+    resolve_address(cfg.run.address)
     check_inputs(cfg)
     run_name = cfg.run.run_name or f"{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
     storage = fs.absolute(cfg.run.storage_path or "ray_results")
@@ -232,17 +233,15 @@ def warm_up(tracking_uri: str) -> threading.Thread:
 
 def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> Resources:
     """Start or join Ray and size the workers from what the cluster has or its autoscaler can add; check that the
-    storage path and tracking URI reach every node; set how long the worker group may wait to be placed.
+    storage path and tracking URI reach every node; work out how long the worker group may wait to be placed.
     ``step``: the console phase that says so."""
     step = step or console.Phase(console.get(), "ray", "connecting")
     start_ray(cfg.run.address)
     info = cluster()
-    resources = plan_resources(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
-                               info.node_types)
+    resources = size_workers(info, cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker,
+                             cfg.train.placement_timeout)
     for warning in check_shared_paths(info, target.storage, target.tracking_uri, cfg.run.allow_local_storage):
         step.note(f"warning: {warning}")
-    wait = placement_timeout(cfg.train.placement_timeout, info)
-    os.environ[PLACEMENT_TIMEOUT_ENV] = f"{wait:g}"  # Ray Train passes it on to its controller
     step.done(f"{info.describe()}; {cfg.train.num_workers} worker(s), {resources.per_worker} each")
     return resources
 
@@ -372,17 +371,18 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
                   started: float, extra_callbacks: tuple[Any, ...] = (), events: str | None = None) -> Any:
     """The TorchTrainer: the loop, its data, the workers' resources, checkpoints kept by the loop's selection rank,
     and the per-epoch MLflow logging from the controller. ``prepared``: the preprocessing result, or the dict of
-    :func:`trainer_data` (a sweep's trial); ``extra_callbacks``: more Ray Train callbacks (a sweep's report to
-    Tune); ``events``: the file the controller tells the driver's console about the workers and epochs in (None:
-    the controller prints the epoch lines itself)."""
+    :func:`trainer_data` (a sweep's trial); ``resources``: the workers' resources and placement timeout;
+    ``extra_callbacks``: more Ray Train callbacks (a sweep's report to Tune); ``events``: the file the controller
+    tells the driver's console about the workers and epochs in (None: the controller prints the epoch lines
+    itself)."""
     import ray
     import ray.train
     from ray.train.torch import TorchTrainer
-    from ray.train.v2.api.config import LoggingConfig
 
     from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
     from nre_ray.tracking.callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
 
+    set_placement_timeout(resources.placement_timeout)
     data_ref = ray.put(prepared if isinstance(prepared, dict) else trainer_data(prepared))
     return TorchTrainer(
         train_loop_per_worker,
@@ -396,10 +396,10 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints,
                                                          checkpoint_score_attribute=SELECTION_RANK,
                                                          checkpoint_score_order="max"),
-            # A worker group not placed within --placement-timeout (PLACEMENT_TIMEOUT_ENV) fails the run:
+            # A worker group not placed within --placement-timeout (set_placement_timeout) fails the run:
             # controller_failure_limit=0 instead of Ray's default of retrying forever.
             failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures, controller_failure_limit=0),
-            logging_config=LoggingConfig(log_level="WARNING"),
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             # each epoch once, when its checkpoint is kept
             callbacks=[EpochMetricsLogger(target.tracking_uri, run_id, events, cfg.train.epochs, cfg.select_metric),
                        *([ConsoleEvents(events)] if events and HAS_WORKER_GROUP_HOOKS else []),
@@ -421,7 +421,7 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     out = console.get()
     workers = f"{cfg.train.num_workers} worker(s)" + (f", {resources.per_worker} each" if resources else "")
     if resources is not None and resources.waits:  # the workers phase ends when the nodes have come
-        workers += (f"; the alive nodes cannot hold them yet: waiting up to {os.environ[PLACEMENT_TIMEOUT_ENV]} s "
+        workers += (f"; the alive nodes cannot hold them yet: waiting up to {resources.placement_timeout:g} s "
                     "(--placement-timeout) for the autoscaler to add nodes")
     view = console.TrainingView(out, workers, cfg.train.epochs, cfg.select_metric, cfg.train.patience) \
         if events else None
@@ -447,11 +447,12 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
         raise KeyboardInterrupt from None
     except ray.train.TrainingFailedError as err:
         if placement_failed(err):
+            within = f"{resources.placement_timeout:g} s" if resources and resources.placement_timeout else "the time"
             raise UsageError(f"the {cfg.train.num_workers} workers ({cfg.train.num_workers} x "
                              f"{trainer.scaling_config.resources_per_worker}) could not be placed within "
-                             f"{os.environ.get(PLACEMENT_TIMEOUT_ENV)} s (--placement-timeout): the cluster did not "
-                             "get the nodes in time. Check `ray status` (pending or failed nodes), raise "
-                             "--placement-timeout, or ask for fewer workers.") from None
+                             f"{within} (--placement-timeout): the cluster did not get the nodes in time. Check "
+                             "`ray status` (pending or failed nodes), raise --placement-timeout, or ask for fewer "
+                             "workers.") from None
         raise UsageError(f"training failed: {root_cause(err)}") from None
     finally:
         if view:

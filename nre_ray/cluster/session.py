@@ -33,8 +33,11 @@ QUIET_ENV = {
     "RAY_AIR_NEW_OUTPUT": "0",
 }
 
-#: Ray Train's wait for a worker group to be placed (read by the Train controller, which Ray passes it to).
+#: Ray Train's wait for a worker group to be placed: its controller reads it from this variable only
+#: (:func:`set_placement_timeout`).
 PLACEMENT_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+#: The maximum of a node group whose autoscaler sets no limit (Ray's cluster config says -1).
+UNLIMITED_NODES = 2**31 - 1
 #: Autoscaler providers whose nodes are processes on the head's machine: Ray's fake_multinode and the stand-in's.
 ONE_HOST_PROVIDERS = ("fake_multinode", "nre_ray.cluster.provider.StandinNodeProvider")
 #: The default wait: a fixed cluster places a worker group in seconds; an autoscaler starts nodes in minutes.
@@ -98,11 +101,23 @@ class Cluster:
 @dataclass
 class Resources:
     """How each worker is placed; ``waits`` when the alive nodes cannot hold the group yet (the autoscaler must add
-    nodes first)."""
+    nodes first); ``placement_timeout``: how long Ray Train waits for the group to be placed (None: Ray's default)."""
 
     per_worker: dict[str, float]
     threads: int
     waits: bool = False
+    placement_timeout: float | None = None
+
+
+#: Nodes of one kind and how many of them: an alive node once, a node type as often as the autoscaler may start it.
+NodeGroup = tuple[dict[str, float], int]
+
+
+def node_groups(nodes: list[dict[str, float]], node_types: list[NodeType]) -> list[NodeGroup]:
+    """The alive ``nodes`` (one each) and the ``node_types`` whose resources are known (``max_count`` each): the
+    nodes the cluster has or can grow to, counted, never listed one by one (KubeRay reports 2147483647 as the
+    maximum of a worker group that sets none)."""
+    return [(n, 1) for n in nodes] + [(t.resources, t.max_count) for t in node_types if t.resources and t.max_count > 0]
 
 
 def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]],
@@ -110,13 +125,13 @@ def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]
     """Size each worker from what the cluster has or can grow to, or raise UsageError if it can never be placed.
 
     ``nodes``: the ``Resources`` dict of each alive node; ``node_types``: the worker node types an autoscaler may add
-    (each counted ``max_count`` times on top of the alive nodes). CPU workers share the CPUs evenly (fractions
-    allowed, so 4 workers run on 2 cores), at most one each; GPU workers take one GPU each and a share of their
-    node's CPUs (at most 4). ``cpus_per_worker`` (``--cpus-per-worker``) sets the CPUs instead. A worker runs as many
-    torch threads as it has whole CPUs (at least 1).
+    (each counted ``max_count`` times on top of the alive nodes, by arithmetic: any maximum is sized at once). CPU
+    workers share the CPUs evenly (fractions allowed, so 4 workers run on 2 cores), at most one each; GPU workers take
+    one GPU each and a share of their node's CPUs (at most 4). ``cpus_per_worker`` (``--cpus-per-worker``) sets the
+    CPUs instead. A worker runs as many torch threads as it has whole CPUs (at least 1).
     """
     node_types = node_types or []
-    possible = nodes + [dict(t.resources) for t in node_types if t.resources for _ in range(max(t.max_count, 0))]
+    possible = node_groups(nodes, node_types)
     if any(not t.resources for t in node_types) and not _fits(num_workers, use_gpu, possible):
         # The autoscaler knows these types' resources from their instance types, and did not tell: trust it.
         per = {"CPU": cpus_per_worker or 1.0, **({"GPU": 1} if use_gpu else {})}
@@ -127,47 +142,52 @@ def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]
     return plan
 
 
-def _fits(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]]) -> bool:
-    """Whether the default sizing places ``num_workers`` on ``nodes``."""
+def _fits(num_workers: int, use_gpu: bool, groups: list[NodeGroup]) -> bool:
+    """Whether the default sizing places ``num_workers`` on the nodes of ``groups``."""
     try:
-        _plan(num_workers, use_gpu, nodes, None, "")
+        _plan(num_workers, use_gpu, groups, None, "")
     except UsageError:
         return False
     return True
 
 
-def _plan(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]], cpus_per_worker: float | None,
+def _plan(num_workers: int, use_gpu: bool, groups: list[NodeGroup], cpus_per_worker: float | None,
           where: str) -> Resources:
-    """:func:`plan_resources` over one list of nodes (``where``: how the message names the cluster)."""
+    """:func:`plan_resources` over the nodes of ``groups`` (``where``: how the message names the cluster)."""
     if use_gpu:
-        gpus = [int(n.get("GPU", 0)) for n in nodes]
-        if sum(gpus) == 0:
+        gpus = sum(int(n.get("GPU", 0)) * count for n, count in groups)
+        if gpus == 0:
             raise UsageError(f"--use-gpu: this Ray cluster has no GPU{where}. Drop --use-gpu to train on CPUs, or "
                              "join a cluster with GPUs (--address).")
-        if sum(gpus) < num_workers:
+        if gpus < num_workers:
             raise UsageError(f"--num-workers {num_workers} with --use-gpu needs {num_workers} GPUs, but the cluster "
-                             f"has {sum(gpus)}{where}. Use --num-workers {sum(gpus)} or add GPU nodes.")
+                             f"has {gpus}{where}. Use --num-workers {gpus} or add GPU nodes.")
         if cpus_per_worker is None:
-            cpu = min(n.get("CPU", 0) / max(int(n.get("GPU", 0)), 1) for n in nodes if n.get("GPU", 0) >= 1)
+            cpu = min(n.get("CPU", 0) / max(int(n.get("GPU", 0)), 1) for n, _ in groups if n.get("GPU", 0) >= 1)
             cpu = max(min(math.floor(cpu * 100) / 100, 4.0), 0.01)
         else:
             cpu = cpus_per_worker
-            _check_fits(num_workers, cpu, [min(int(n.get("GPU", 0)), _slots(n.get("CPU", 0), cpu)) for n in nodes],
-                        "one GPU and ", where)
+            room = sum(min(int(n.get("GPU", 0)), _slots(n.get("CPU", 0), cpu)) * count for n, count in groups)
+            _check_fits(num_workers, cpu, room, "one GPU and ", where)
         return Resources({"CPU": cpu, "GPU": 1}, max(1, int(cpu)))
-    cpus = [n.get("CPU", 0.0) for n in nodes]
-    if sum(cpus) <= 0:
+    cpus = sum(n.get("CPU", 0.0) * count for n, count in groups)
+    if cpus <= 0:
         raise UsageError(f"this Ray cluster has no CPUs to run workers on{where}.")
     if cpus_per_worker is not None:
-        _check_fits(num_workers, cpus_per_worker, [_slots(c, cpus_per_worker) for c in cpus], "", where)
+        _check_fits(num_workers, cpus_per_worker, _room(groups, cpus_per_worker), "", where)
         return Resources({"CPU": cpus_per_worker}, max(1, int(cpus_per_worker)))
-    per = min(1.0, sum(cpus) / num_workers)
+    per = min(1.0, cpus / num_workers)
     per = math.floor(per * 100) / 100
-    while per >= 0.01 and sum(_slots(c, per) for c in cpus) < num_workers:
+    while per >= 0.01 and _room(groups, per) < num_workers:
         per = math.floor(per * 90) / 100
     if per < 0.01:
-        raise UsageError(f"--num-workers {num_workers} cannot be placed on this cluster ({sum(cpus):g} CPUs{where}).")
+        raise UsageError(f"--num-workers {num_workers} cannot be placed on this cluster ({cpus:g} CPUs{where}).")
     return Resources({"CPU": per}, max(1, int(per)))
+
+
+def _room(groups: list[NodeGroup], cpus_per_worker: float) -> int:
+    """How many workers of ``cpus_per_worker`` CPUs the nodes of ``groups`` hold together."""
+    return sum(_slots(n.get("CPU", 0.0), cpus_per_worker) * count for n, count in groups)
 
 
 def _holds(nodes: list[dict[str, float]], per_worker: dict[str, float]) -> int:
@@ -184,48 +204,134 @@ def _slots(cpus: float, per_worker: float) -> int:
     return math.floor(cpus / per_worker + 1e-9)
 
 
-def _check_fits(num_workers: int, cpus_per_worker: float, fits_per_node: list[int], what: str, where: str) -> None:
-    """UsageError unless the nodes hold ``num_workers`` workers (``fits_per_node``: how many each node holds)."""
-    if sum(fits_per_node) < num_workers:
+def _check_fits(num_workers: int, cpus_per_worker: float, room: int, what: str, where: str) -> None:
+    """UsageError unless the nodes hold ``num_workers`` workers (``room``: how many they hold together)."""
+    if room < num_workers:
         raise UsageError(f"--num-workers {num_workers} with --cpus-per-worker {cpus_per_worker:g}: the cluster's "
-                         f"nodes have room for {sum(fits_per_node)} workers of {what}{cpus_per_worker:g} CPUs"
+                         f"nodes have room for {room} workers of {what}{cpus_per_worker:g} CPUs"
                          f"{where}. Lower --cpus-per-worker or --num-workers, or leave --cpus-per-worker out to share "
                          "the CPUs evenly.")
 
 
+@dataclass(frozen=True)
+class RayAddress:
+    """Where a command's Ray is: ``local`` (a private Ray the command starts), ``auto`` (the Ray that ``ray start``
+    runs on this machine), ``gcs`` (``HOST:PORT`` of a cluster head's GCS, as a ``ray job`` driver gets it in
+    RAY_ADDRESS) or ``client`` (``ray://HOST:PORT``, Ray Client). ``given``: the address as written (None for
+    ``local``); ``source``: ``--address`` or ``RAY_ADDRESS``."""
+
+    kind: str
+    given: str | None = None
+    source: str = "--address"
+    host: str | None = None
+    port: int | None = None
+
+    def joining(self) -> str:
+        """What the console's ``ray`` phase says it does."""
+        if self.kind == "local":
+            return "starting a local Ray"
+        if self.kind == "auto":
+            return "joining the Ray started on this machine (auto)"
+        return f"joining the Ray cluster at {self.given}"
+
+
+def resolve_address(address: str | None) -> RayAddress:
+    """The Ray to join: ``address`` (``--address``) if given, else RAY_ADDRESS, else a local one. UsageError for an
+    address that is not one of Ray's (a dashboard's ``http://`` address among them: ``ray job`` reads that one, a
+    driver cannot join it)."""
+    source, given = ("--address", address) if address else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS") or None)
+    if not given or given == "local":
+        return RayAddress("local", None, source)
+    if given == "auto":
+        return RayAddress("auto", given, source)
+    scheme, _, rest = given.rpartition("://")
+    if scheme.lower() in ("http", "https"):
+        raise UsageError(f"{source} {given} is the Ray dashboard (for ray job submit); to run on that cluster submit "
+                         "the command with ray job submit, or give --address HOST:GCS_PORT")
+    try:
+        parsed = urlparse(f"//{rest}")
+        host, port = parsed.hostname, parsed.port
+    except ValueError:
+        host = port = None
+    if scheme not in ("", "ray") or not host or port is None or parsed.path:
+        raise UsageError(f"{source} {given}: not a Ray address; give HOST:PORT (the head's GCS, port 6379 by default), "
+                         "ray://HOST:PORT (Ray Client, port 10001 by default) or auto")
+    return RayAddress("client" if scheme == "ray" else "gcs", given, source, host, port)
+
+
 def ray_phase(address: str | None) -> str:
-    """What the console's ``ray`` phase says :func:`start_ray` does with ``address``: join a cluster or start one."""
-    joining = address or os.environ.get("RAY_ADDRESS")
-    return f"joining the Ray cluster at {joining}" if joining else "starting a local Ray"
+    """What the console's ``ray`` phase says :func:`start_ray` does with ``address``: use the Ray this process has
+    already joined (a test session, a script that called ``ray.init``), join a cluster, or start one."""
+    ray = sys.modules.get("ray")  # not imported yet: not initialised either (the phase times the import)
+    if ray is not None and ray.is_initialized():
+        return "using the Ray this process has already joined"
+    return resolve_address(address).joining()
 
 
-def start_ray(address: str | None, log_to_driver: bool = True) -> None:
-    """Join ``address`` (or RAY_ADDRESS), else start a local Ray sized to this machine. ``log_to_driver=False``:
-    the workers' output stays in Ray's log files (for commands whose own output is the point)."""
+def start_ray(address: str | None, log_to_driver: bool = True) -> RayAddress:
+    """Join ``address`` (or RAY_ADDRESS; see :func:`resolve_address`), else start a local Ray sized to this machine;
+    nothing when this process has joined a Ray already. ``log_to_driver=False``: the workers' output stays in Ray's
+    log files (for commands whose own output is the point). Returns where Ray is; UsageError when nothing answers
+    at the address."""
     import ray
 
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")     # in a log file
-    address = address or os.environ.get("RAY_ADDRESS")
+    where = resolve_address(address)
     keep_worker_pool_warning_off_console()
     if ray.is_initialized():
-        return
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=log_to_driver)
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster, reachable from this host only
-        try:
-            ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver,
-                     **pin_state_api())
-        except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
-            if "timed out during startup" not in str(err):
-                raise
-            raise UsageError(f"the local Ray did not start: its node did not register within Ray's fixed 30 s "
-                             f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
-                             "machine is too busy; try again when it is quieter, or start Ray once with "
-                             "`ray start --head` and pass --address auto.") from None
+        return where
+    if where.source == "--address":
+        # --address wins: ray.init reads RAY_ADDRESS itself when its address is "auto" or none (env.sh's dashboard
+        # address would fail it), and so do the State API's clients in this process.
+        os.environ.pop("RAY_ADDRESS", None)
+    if where.kind == "local":
+        _start_local(log_to_driver)
+        return where
+    if where.host is not None:
+        _check_answers(where)
+    try:
+        ray.init(address=where.given, logging_level=logging.WARNING, log_to_driver=log_to_driver)
+    except ConnectionError as err:  # "auto" with no Ray (or several) on this machine; a Ray Client that timed out
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"{where.source} {where.given}: could not join Ray: {first}") from None
+    return where
+
+
+#: How long :func:`start_ray` waits for a TCP connection to the address it is about to join.
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_answers(where: RayAddress) -> None:
+    """UsageError unless something accepts a TCP connection at ``where``'s host and port. (``ray.init`` retries an
+    address where nothing answers for minutes, and a Ray Client for 30 s.)"""
+    try:
+        with socket.create_connection((where.host, where.port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as err:
+        why = err.strerror or str(err) or type(err).__name__
+        port = "Ray Client server port (10001 by default)" if where.kind == "client" else "GCS port (6379 by default)"
+        raise UsageError(f"{where.source} {where.given}: nothing answers there ({why}). Check that the cluster is up "
+                         f"and that this is its head's {port}.") from None
+
+
+def _start_local(log_to_driver: bool) -> None:
+    """A private local Ray with a logical CPU per core of this machine, reachable from this host only."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    try:
+        ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver,
+                 **pin_state_api())
+    except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
+        if "timed out during startup" not in str(err):
+            raise
+        raise UsageError(f"the local Ray did not start: its node did not register within Ray's fixed 30 s "
+                         f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
+                         "machine is too busy; try again when it is quieter, or start Ray once with "
+                         "`ray start --head` and pass --address auto.") from None
 
 
 #: The raylet's warning that a node has started many Python worker processes ("which is 4x the maximum expected
@@ -302,16 +408,12 @@ def autoscaler_node_types() -> tuple[list[NodeType], str | None]:
     """
     import ray
 
-    try:
-        import ray._private.state
+    from nre_ray.cluster.ray_private import autoscaler_node_groups
 
-        config = ray._private.state.state.get_cluster_config()
-    except Exception:  # an older GCS, or no cluster config API: fall back to the file
-        config = None
-    if config is not None and config.node_group_configs:
-        return [NodeType(g.name, {k: float(v) for k, v in g.resources.items()},
-                         g.max_count if g.max_count >= 0 else 1_000_000)
-                for g in config.node_group_configs if g.max_count != 0], None
+    groups = autoscaler_node_groups()
+    if groups is not None:
+        return [NodeType(name, resources, count if count >= 0 else UNLIMITED_NODES)
+                for name, resources, count in groups if count != 0], None
     path = _autoscaling_config_path(ray.get_runtime_context().gcs_address)
     if path is None:
         return [], None
@@ -369,6 +471,27 @@ def placement_timeout(requested: float | None, info: Cluster) -> float:
     if requested is not None:
         return requested
     return AUTOSCALING_WAIT_S if info.can_grow else FIXED_CLUSTER_WAIT_S
+
+
+def size_workers(info: Cluster, num_workers: int, use_gpu: bool = False, cpus_per_worker: float | None = None,
+                 wait: float | None = None) -> Resources:
+    """The workers of ``train``, ``evaluate`` and a sweep's trials on the joined cluster: :func:`plan_resources` over
+    its alive nodes and the node types its autoscaler may add, and the placement timeout (``wait``:
+    ``--placement-timeout``, else by the cluster's kind: :func:`placement_timeout`)."""
+    resources = plan_resources(num_workers, use_gpu, info.nodes, cpus_per_worker, info.node_types)
+    resources.placement_timeout = placement_timeout(wait, info)
+    return resources
+
+
+def set_placement_timeout(seconds: float | None) -> None:
+    """Give the Ray Train controller of the trainer being built ``seconds`` to place its worker group (None: leave
+    Ray's default, or the user's own setting). Call it where the trainer is built.
+
+    Ray Train 2.60 takes this wait from no argument: its controller reads :data:`PLACEMENT_TIMEOUT_ENV`, which
+    ``fit()`` copies from the driver's environment into the controller's runtime env
+    (``ray.train.v2._internal.constants.get_env_vars_to_propagate``). This is the one place nre_ray writes it."""
+    if seconds is not None:
+        os.environ[PLACEMENT_TIMEOUT_ENV] = f"{seconds:g}"
 
 
 def is_local_path(path: str) -> bool:

@@ -23,7 +23,7 @@ import torch
 from nre_ray import console
 from nre_ray import metrics as M
 from nre_ray.checkpoint import load_checkpoint
-from nre_ray.cluster.session import UsageError
+from nre_ray.cluster.session import UsageError, resolve_address
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import DataError
@@ -104,6 +104,7 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
         raise UsageError("--num-workers must be >= 1")
     if on_bad_rows not in ON_BAD_ROWS:
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
+    resolve_address(address)  # an address Ray cannot join is refused before anything is loaded
     out = console.get()
     with out.phase("model", f"loading {model}") as step:
         resolved = resolve_checkpoint(model, tracking_uri)
@@ -148,31 +149,44 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
                  address: str | None) -> dict[str, Any]:
     import ray.train
     from ray.train.torch import TorchTrainer
-    from ray.train.v2.api.config import LoggingConfig
 
-    from nre_ray.cluster.session import alive_nodes, plan_resources, ray_phase, ray_quiet_env, start_ray
+    from nre_ray.cluster.session import (
+        cluster,
+        placement_failed,
+        ray_phase,
+        ray_quiet_env,
+        root_cause,
+        set_placement_timeout,
+        size_workers,
+        start_ray,
+    )
 
     out = console.get()
     with out.phase("ray", ray_phase(address)) as step:
         start_ray(address)
-        resources = plan_resources(num_workers, False, alive_nodes())
-        step.done(f"{num_workers} worker(s), {resources.per_worker} each")
+        info = cluster()  # sized as train sizes: the alive nodes and the node types the autoscaler may add
+        resources = size_workers(info, num_workers)
+        step.done(f"{len(info.nodes)} node(s); {num_workers} worker(s), {resources.per_worker} each")
+        if resources.waits:
+            step.note(f"the alive nodes cannot hold the workers yet; waiting up to {resources.placement_timeout:g} "
+                      f"s for the autoscaler to add nodes ({info.describe_types()})")
     meta = loaded.meta
     payload = {"config": loaded.config.to_dict(), "state": loaded.state["model"],
                "spec": (int(meta["vocab_size"]), int(meta["num_classes"]), int(meta["num_positions"]),
                         loaded.pretrained_config)}
     sink = ResultSink.remote()
+    set_placement_timeout(resources.placement_timeout)
     with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_") as storage:
         trainer = TorchTrainer(
             eval_loop_per_worker,
-            train_loop_config={"model": ray.put(payload), "data": _ship(split, Path(storage) / "data"),
+            train_loop_config={"model": ray.put(payload), "data": _ship(split, Path(storage) / "data", info),
                                "labels": labels, "negative_label": negative, "threads": resources.threads,
                                "sink": sink},
             scaling_config=ray.train.ScalingConfig(num_workers=num_workers, resources_per_worker=resources.per_worker),
             run_config=ray.train.RunConfig(
                 name=f"evaluate-{uuid.uuid4().hex[:8]}", storage_path=storage,
                 failure_config=ray.train.FailureConfig(controller_failure_limit=0),
-                logging_config=LoggingConfig(log_level="WARNING"),
+                logging_config=ray.train.LoggingConfig(log_level="WARNING"),
                 worker_runtime_env={"env_vars": ray_quiet_env()},
             ),
         )
@@ -180,7 +194,11 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
             try:
                 trainer.fit()
             except ray.train.TrainingFailedError as err:
-                raise UsageError(f"evaluation failed: {err}") from None
+                if placement_failed(err):
+                    raise UsageError(f"the {num_workers} evaluation worker(s) ({resources.per_worker} each) could "
+                                     f"not be placed within {resources.placement_timeout:g} s. Check `ray status`, "
+                                     "or ask for fewer workers.") from None
+                raise UsageError(f"evaluation failed: {root_cause(err)}") from None
             step.done("done")
     result = ray.get(sink.get.remote())
     ray.kill(sink)
@@ -189,13 +207,13 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     return result
 
 
-def _ship(split: EncodedSplit, folder: Path) -> Any:
-    """How the workers get the encoded rows: on one machine, the split saved in ``folder`` (each worker memory-maps
-    it and reads only its shard's rows); on several, through the object store (``folder`` is not on the others)."""
-    from nre_ray.cluster.session import alive_nodes
+def _ship(split: EncodedSplit, folder: Path, info: Any) -> Any:
+    """How the workers get the encoded rows: on one node, the split saved in ``folder`` (each worker memory-maps it
+    and reads only its shard's rows); where there are several or the autoscaler may add some (``info``: the
+    :class:`nre_ray.cluster.session.Cluster`), through the object store (``folder`` is not on the others)."""
     from nre_ray.data.pipeline import LAYOUT, MARKER
 
-    if len(alive_nodes()) > 1:
+    if info.multi_node:
         return ray.put(split.flat)
     folder.mkdir(parents=True)
     split.save(folder, "eval")

@@ -223,6 +223,11 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
         raise UsageError(f"--output {output}: the folder {out_path.parent} does not exist")
     column_map = parse_column_map(columns) if columns else None
     plan = plan_chunks(input_path, fmt, column_map, chunk_rows, require_relation=False)
+    in_process = plan.total_rows <= local_max_rows
+    if not in_process:
+        from nre_ray.cluster.session import resolve_address
+
+        resolve_address(address)  # an address Ray cannot join is refused before the model is loaded
 
     resolved = resolve_checkpoint(model, tracking_uri)
     try:
@@ -233,7 +238,6 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
     device = "cuda" if use_gpu else "cpu"
     predictor = Predictor.from_loaded(loaded, device, batch_size)  # fails here, clearly, if the weights do not fit
 
-    in_process = plan.total_rows <= local_max_rows
     if in_process:
         start = time.perf_counter()
         batches = _run_here(plan, predictor, top_k)
@@ -263,13 +267,15 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     import ray.data
     from ray.util.annotations import RayDeprecationWarning
 
-    from nre_ray.cluster.session import alive_nodes, plan_resources
+    from nre_ray.cluster.session import cluster, size_workers
     from nre_ray.data.pipeline import quiet_ray_data
 
-    # One CPU share per actor and one for the reading tasks; with --use-gpu also one GPU per actor.
-    resources = plan_resources(num_workers + 1, False, alive_nodes())
+    # Sized as train sizes (the alive nodes and the node types the autoscaler may add): one CPU share per actor and
+    # one for the reading tasks; with --use-gpu also one GPU per actor.
+    info = cluster()
+    resources = size_workers(info, num_workers + 1)
     if use_gpu:
-        plan_resources(num_workers, True, alive_nodes())
+        size_workers(info, num_workers, use_gpu=True)
     cpu = resources.per_worker["CPU"]
     quiet_ray_data(_ActorDeathFilter())
     ctx = ray.data.DataContext.get_current()

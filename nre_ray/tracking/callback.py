@@ -19,16 +19,15 @@ from typing import Any
 
 import ray.train
 
+from nre_ray.cluster.ray_private import worker_group_callback
 from nre_ray.console import NOTES_KEY, append_event, format_epoch
 
 log = logging.getLogger(__name__)
 
-try:  # Ray Train's own worker-group hooks (a developer API): the console's "workers up" and "training started"
-    from ray.train.v2._internal.execution.callback import WorkerGroupCallback
-    HAS_WORKER_GROUP_HOOKS = True
-except ImportError:  # another Ray: the console then learns of the training from the first epoch only
-    WorkerGroupCallback = object  # type: ignore[misc,assignment]
-    HAS_WORKER_GROUP_HOOKS = False
+# Ray Train's worker-group hooks: the console's "workers up" and "training started". On a Ray without them, the
+# console learns of the training from the first epoch only.
+WORKER_GROUP_CALLBACK = worker_group_callback()
+HAS_WORKER_GROUP_HOOKS = WORKER_GROUP_CALLBACK is not None
 
 
 class EpochMetricsLogger(ray.train.UserCallback):
@@ -63,7 +62,7 @@ class EpochMetricsLogger(ray.train.UserCallback):
               lambda: format_epoch(metrics[0], self.epochs, self.select))
 
 
-class ConsoleEvents(WorkerGroupCallback):
+class ConsoleEvents(WORKER_GROUP_CALLBACK or object):  # type: ignore[misc]
     """Tells the driver's console when the worker group is up and when the training function started on it."""
 
     def __init__(self, events: str | None) -> None:

@@ -317,7 +317,9 @@ def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, A
                    "run.tracking_uri": target.tracking_uri, "train.select_metric": cfg.select_metric,
                    "data.cache_dir": str(Path(cfg.data.cache_dir or ".nre_ray_cache").absolute())})
     if not cfg.run.address:
-        params["run.address"] = os.environ.get("RAY_ADDRESS") or "local (a Ray started by the command)"
+        from nre_ray.cluster.session import resolve_address
+
+        params["run.address"] = resolve_address(None).given or "local (a Ray started by the command)"
     from nre_ray.data.pipeline import resolve_files, sample_dir
 
     if not cfg.data.data_dir and not cfg.data.train:
@@ -340,11 +342,8 @@ def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, A
         params["model.num_heads"] = default_num_heads(cfg.model.hidden_size)
     if resources is not None and cfg.train.cpus_per_worker is None:
         params["train.cpus_per_worker"] = resources.per_worker.get("CPU")
-    if cfg.train.placement_timeout is None:
-        from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV
-
-        if os.environ.get(PLACEMENT_TIMEOUT_ENV):  # set by train.connect from the cluster's kind
-            params["train.placement_timeout"] = os.environ[PLACEMENT_TIMEOUT_ENV]
+    if cfg.train.placement_timeout is None and resources is not None and resources.placement_timeout is not None:
+        params["train.placement_timeout"] = resources.placement_timeout  # by the cluster's kind (session.size_workers)
     return params
 
 

@@ -23,13 +23,14 @@ def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: 
     the child run id, the Train run's folder and Tune's error if any."""
     from mlflow.tracking import MlflowClient
 
+    from nre_ray.cluster.ray_private import trial_statuses
     from nre_ray.tracking import store as tracking
     from nre_ray.tune.report import outcome
     from nre_ray.tune.trial import child_runs
 
     client = MlflowClient(tracking_uri)
     children = child_runs(tracking_uri, parent)
-    statuses = {t.trial_id: t.status for t in grid._experiment_analysis.trials}  # Tune's own view of each trial
+    statuses = trial_statuses(grid)  # Tune's own view of each trial
     trials = []
     for result in grid:
         config = result.config or {}

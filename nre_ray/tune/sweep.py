@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray import console
-from nre_ray.cluster.session import NodeType, UsageError, plan_resources
+from nre_ray.cluster.session import NodeType, Resources, UsageError, node_groups, plan_resources
 from nre_ray.config import Config
 
 log = logging.getLogger("nre_ray")
@@ -62,6 +61,7 @@ class TrialPlan:
     at_once: int
     waits: bool = False
     requested: int | None = None
+    placement_timeout: float | None = None  # how long each trial's worker group may wait to be placed
 
     def describe(self, num_workers: int) -> str:
         each = ", ".join(f"{k} {v:g}" for k, v in self.per_worker.items())
@@ -72,31 +72,41 @@ class TrialPlan:
 
 
 def plan_trials(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]], cpus_per_worker: float | None,
-                node_types: list[NodeType] | None, requested: int | None) -> TrialPlan:
+                node_types: list[NodeType] | None, requested: int | None, most: int | None = None) -> TrialPlan:
     """Size the trials' workers like a training run's (:func:`nre_ray.cluster.session.plan_resources`), for as many
     trials at once as ``requested`` (``--max-concurrent-trials``), or by default as many as the cluster holds with one
-    CPU (or one GPU) per worker; fewer when they do not fit. UsageError when not even one trial fits."""
+    CPU (or one GPU) per worker, at most ``most`` (``--num-samples``); fewer when they do not fit. Counted by
+    arithmetic, whatever the number of nodes the autoscaler may add. UsageError when not even one trial fits."""
     node_types = node_types or []
-    possible = nodes + [dict(t.resources) for t in node_types if t.resources for _ in range(max(t.max_count, 0))]
     if requested is None:
+        key = "GPU" if use_gpu else "CPU"
+        total = sum(n.get(key, 0) * count for n, count in node_groups(nodes, node_types))
         if use_gpu:
-            requested = max(1, int(sum(n.get("GPU", 0) for n in possible)) // num_workers)
+            requested = max(1, int(total) // num_workers)
         else:
-            per = cpus_per_worker or 1.0
-            requested = max(1, int(sum(n.get("CPU", 0) for n in possible) // (per * num_workers)))
+            requested = max(1, int(total // ((cpus_per_worker or 1.0) * num_workers)))
+        requested = min(requested, most) if most else requested
         asked = None
     else:
         asked = requested
-    for at_once in range(requested, 0, -1):
+
+    def plan(at_once: int) -> Resources:
         room = [{**n, "CPU": max(n.get("CPU", 0.0) - DRIVER_CPU * at_once, 0.0)} for n in nodes]
+        return plan_resources(num_workers * at_once, use_gpu, room, cpus_per_worker, node_types)
+
+    try:
+        best = plan(1)
+    except UsageError as err:
+        raise UsageError(f"not even one trial fits: {err}") from None
+    # More trials at once never fit where fewer do not: the most that fit, found by halving the range.
+    fits, too_many = 1, requested + 1
+    while too_many - fits > 1:
+        middle = (fits + too_many) // 2
         try:
-            res = plan_resources(num_workers * at_once, use_gpu, room, cpus_per_worker, node_types)
-        except UsageError as err:
-            if at_once == 1:
-                raise UsageError(f"not even one trial fits: {err}") from None
-            continue
-        return TrialPlan(res.per_worker, res.threads, at_once, res.waits, asked)
-    raise AssertionError("unreachable")
+            best, fits = plan(middle), middle
+        except UsageError:
+            too_many = middle
+    return TrialPlan(best.per_worker, best.threads, fits, best.waits, asked)
 
 
 def resolve_searcher(name: str) -> str:
@@ -147,7 +157,7 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         step.done(f"sweep {target.run_name!r}; trials in {path}")
     metric = f"valid_{cfg.select_metric}"
     with out.phase("ray", ray_phase(cfg.run.address)) as step:
-        plan = connect(cfg, target, opts.max_concurrent_trials, step)
+        plan = connect(cfg, target, opts.max_concurrent_trials, opts.num_samples, step)
     out.line(f"sweep {target.run_name}: {opts.num_samples} trial(s) of up to {cfg.train.epochs} epoch(s), "
              f"{plan.describe(cfg.train.num_workers)}; ASHA on {metric} (grace {opts.grace_period} epoch(s), "
              f"reduction {opts.reduction_factor}); {searcher} search over")
@@ -162,7 +172,7 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
              "trials_storage": fs.join(path, "trials"), "tracking_uri": target.tracking_uri,
              "experiment": cfg.run.experiment_name, "parent_run_id": parent, "sweep_name": target.run_name,
              "per_worker": plan.per_worker, "threads": plan.threads,
-             "placement_timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")}
+             "placement_timeout": plan.placement_timeout}
     trainable = tune.with_resources(trial_trainable(sweep), {"CPU": DRIVER_CPU})
     keys = [d.key for d in space]
     printer = ProgressPrinter(metric, cfg.train.epochs, keys)
@@ -202,19 +212,19 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         tracking.end_run(target.tracking_uri, parent, status)
 
 
-def connect(cfg: Config, target: Any, requested: int | None, step: console.Phase) -> TrialPlan:
+def connect(cfg: Config, target: Any, requested: int | None, num_samples: int, step: console.Phase) -> TrialPlan:
     """Start or join Ray (workers' output stays in Ray's logs: the sweep prints one line per trial epoch), plan the
-    trials, check the storage and tracking reach every node, set the Train placement timeout. ``step``: the console
-    phase that says so."""
-    from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV, check_shared_paths, cluster, placement_timeout, start_ray
+    trials (``requested``: ``--max-concurrent-trials``; at most ``num_samples`` by default) and their placement
+    timeout, check the storage and tracking reach every node. ``step``: the console phase that says so."""
+    from nre_ray.cluster.session import check_shared_paths, cluster, placement_timeout, start_ray
 
     start_ray(cfg.run.address, log_to_driver=False)
     info = cluster()
     plan = plan_trials(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
-                       info.node_types, requested)
+                       info.node_types, requested, num_samples)
+    plan.placement_timeout = placement_timeout(cfg.train.placement_timeout, info)
     for warning in check_shared_paths(info, target.storage, target.tracking_uri, cfg.run.allow_local_storage):
         step.note(f"warning: {warning}")
-    os.environ[PLACEMENT_TIMEOUT_ENV] = f"{placement_timeout(cfg.train.placement_timeout, info):g}"
     step.done(info.describe())
     return plan
 

@@ -11,7 +11,7 @@ after a lost node) continues from its latest checkpoint.
 from __future__ import annotations
 
 import json
-import os
+import threading
 import time
 from typing import Any
 
@@ -24,7 +24,8 @@ TRIAL_TAG, PARENT_TAG = "nre_ray.trial_id", "mlflow.parentRunId"
 #: How long a trial stopped after its last epoch waits for the loop to score and log its best checkpoint.
 FINAL_WAIT_S = 600.0
 #: The trial running in this actor process: ``queue`` (where its Train controller sends its handle), ``controller``
-#: (that handle, once received) and ``stopping`` (set when Tune stops the trial).
+#: (that handle, once received), ``stopping`` (set when Tune stops the trial) and ``ended`` (an Event set when
+#: :func:`run_trial` has returned).
 _RUN: dict[str, Any] = {}
 
 
@@ -48,28 +49,36 @@ def trial_trainable(sweep: dict[str, Any]) -> type:
     """Tune's trainable: :func:`run_trial` with the sweep's settings, as a function trainable whose ``cleanup`` (run
     when Tune stops the trial) lets a trial past its last epoch finish, and aborts the Train run of any other."""
     from ray import tune
-    from ray.tune.trainable.function_trainable import wrap_function
 
-    base = wrap_function(tune.with_parameters(run_trial, sweep=sweep), name="trial")
+    from nre_ray.cluster.ray_private import function_trainable
+
+    base = function_trainable(tune.with_parameters(_run_trial_to_its_end, sweep=sweep), name="trial")
     epochs = int(sweep["config"]["train"]["epochs"])
 
     class SweepTrial(base):  # type: ignore[misc, valid-type]
         def cleanup(self) -> None:
-            stop_train_run(self._last_result, epochs)
+            stop_train_run(self.get_state()["last_result"], epochs)
             super().cleanup()
 
     return SweepTrial
 
 
+def _run_trial_to_its_end(params: dict[str, Any], sweep: dict[str, Any]) -> None:
+    """:func:`run_trial`, then say that it returned (to :func:`stop_train_run`, in this process's other thread)."""
+    _RUN["ended"] = ended = threading.Event()
+    try:
+        run_trial(params, sweep)
+    finally:
+        ended.set()
+
+
 def stop_train_run(last_result: dict[str, Any] | None, epochs: int) -> None:
     """Tune stops this trial. After its last epoch (ASHA stops every trial at ``max_t``), the loop is still scoring
     and logging its best checkpoint: wait for it. Otherwise abort the Train run (its workers and their resources)."""
-    from ray.train._internal.session import get_session
-
     if int((last_result or {}).get("epoch", 0)) >= epochs:
-        session = get_session()
-        if session is not None and session.training_thread.is_alive():
-            session.training_thread.join(timeout=FINAL_WAIT_S)
+        ended = _RUN.get("ended")
+        if ended is not None:
+            ended.wait(timeout=FINAL_WAIT_S)
         return
     _RUN["stopping"] = True
     controller = _RUN.get("controller")
@@ -105,13 +114,12 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
     from ray.util.queue import Queue
 
-    from nre_ray.cluster.session import PLACEMENT_TIMEOUT_ENV, Resources, root_cause
+    from nre_ray.cluster.session import Resources, root_cause
     from nre_ray.config import Config
     from nre_ray.runner import Target, build_trainer, placement_tags
     from nre_ray.tracking import store as tracking
     from nre_ray.tune.space import apply
 
-    os.environ[PLACEMENT_TIMEOUT_ENV] = str(sweep["placement_timeout"])  # read by the trial's Train controller
     context = ray.tune.get_context()
     trial_id, trial_name = context.get_trial_id(), context.get_trial_name()
     cfg = Config.from_dict(apply(sweep["config"], params), source=f"trial {trial_id}")
@@ -121,9 +129,9 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
                             tags=placement_tags(cfg, sweep["threads"]))
     target = Target(run_name=trial_id, storage=sweep["trials_storage"], tracking_uri=sweep["tracking_uri"])
     _RUN.update(queue=Queue(1, actor_options={"num_cpus": 0}), controller=None, stopping=False)
-    trainer = build_trainer(cfg, target, sweep["data"], Resources(dict(sweep["per_worker"]), sweep["threads"]),
-                            run_id, time.time(), extra_callbacks=(ControllerHandle(_RUN["queue"]),
-                                                                  _without_notes(TuneReportCallback)()))
+    resources = Resources(dict(sweep["per_worker"]), sweep["threads"], placement_timeout=sweep["placement_timeout"])
+    trainer = build_trainer(cfg, target, sweep["data"], resources, run_id, time.time(),
+                            extra_callbacks=(ControllerHandle(_RUN["queue"]), _without_notes(TuneReportCallback)()))
     try:
         result = trainer.fit()
     except Exception as err:

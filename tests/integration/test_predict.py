@@ -214,6 +214,8 @@ def test_evaluate_gives_identical_scores_on_1_2_and_3_workers(trained, tmp_path,
                           "--negative-label", "no_relation", "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "pos_macro_f1" in printed and "no_relation" in printed
+    # the test session's Ray: joined, not started (nor said to be)
+    assert "ray: using the Ray this process has already joined" in printed and "starting a local Ray" not in printed
     saved = json.loads(out.read_text())
     assert saved["negative_label"] == "no_relation" and len(saved["per_class"]) == len(saved["labels"])
 

@@ -1,5 +1,6 @@
 """Worker sizing from the cluster's resources, and clear refusals for what cannot be placed."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from nre_ray.cluster.session import (
     placement_timeout,
     plan_resources,
     read_node_types,
+    size_workers,
 )
+from nre_ray.tune.sweep import plan_trials
 
 
 def test_more_workers_than_cores_get_fractions():
@@ -104,6 +107,47 @@ def test_node_types_with_resources_left_to_the_instance_type_are_trusted():
     asks for one GPU per worker and lets Ray wait for the nodes."""
     r = plan_resources(2, True, [{"CPU": 8.0}], node_types=[NodeType("gpu_worker", {}, 4)])
     assert r.per_worker == {"CPU": 1.0, "GPU": 1} and r.waits
+
+
+#: KubeRay's maxReplicas of a worker group that sets none.
+NO_MAXIMUM = 2147483647
+
+
+def test_a_node_type_without_a_maximum_is_sized_at_once():
+    """Counted by arithmetic: one dict per possible node was a MemoryError at 4 GB, and a hang without a limit."""
+    cpus = NodeType("cpu_worker", {"CPU": 4.0}, NO_MAXIMUM)
+    gpus = NodeType("gpu_worker", {"CPU": 8.0, "GPU": 8.0}, NO_MAXIMUM)
+    head = [{"CPU": 2.0}]
+    started = time.perf_counter()
+    r = plan_resources(64, False, head, node_types=[cpus])
+    assert r.per_worker == {"CPU": 1.0} and r.threads == 1 and r.waits
+    r = plan_resources(3, False, head, cpus_per_worker=3.0, node_types=[cpus])
+    assert r.per_worker == {"CPU": 3.0} and r.threads == 3 and r.waits
+    r = plan_resources(16, True, head, node_types=[gpus])
+    assert r.per_worker == {"CPU": 1.0, "GPU": 1} and r.waits  # 8 CPUs shared by a node's 8 GPUs
+    with pytest.raises(UsageError, match=r"room for 2 workers of 1 CPUs \(node types it may add: small \(up to "
+                                         r"2147483647 x \{CPU 0.5\}\)\)"):
+        plan_resources(3, False, head, cpus_per_worker=1.0, node_types=[NodeType("small", {"CPU": 0.5}, NO_MAXIMUM)])
+    # a sweep: as many trials at once as --num-samples by default, each of one worker with one CPU
+    plan = plan_trials(1, False, head, None, [cpus], None, 8)
+    assert (plan.at_once, plan.per_worker, plan.waits) == (8, {"CPU": 1.0}, True)
+    # 4 CPUs per GPU worker: 2 of a gpu_worker's 8 GPUs are usable, so the most that fit at once is one per node
+    plan = plan_trials(2, True, head, 4.0, [gpus], None)
+    assert (plan.at_once, plan.per_worker) == (NO_MAXIMUM, {"CPU": 4.0, "GPU": 1})
+    assert time.perf_counter() - started < 1.0
+
+
+def test_evaluate_and_predict_size_from_the_nodes_the_autoscaler_may_add():
+    """``size_workers``, which train, evaluate and predict call: a CPU-only head whose autoscaler adds GPU nodes
+    takes GPU workers (sizing from the alive nodes only refused them), and the wait is the autoscaler's."""
+    head = [{"CPU": 8.0}]
+    with pytest.raises(UsageError, match="no GPU"):
+        plan_resources(2, True, head)
+    r = size_workers(Cluster(head, [GPU_TYPE], "aws", {"10.0.0.1"}), 2, use_gpu=True)
+    assert r.per_worker == {"CPU": 4.0, "GPU": 1} and r.waits and r.placement_timeout == 900
+    r = size_workers(ONE_NODE, 4)
+    assert r.per_worker == {"CPU": 0.5} and not r.waits and r.placement_timeout == 60
+    assert size_workers(ONE_NODE, 1, wait=30.0).placement_timeout == 30.0
 
 
 def test_node_types_from_an_autoscaler_yaml(tmp_path):

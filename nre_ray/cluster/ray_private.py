@@ -1,0 +1,109 @@
+"""The one module that reaches into Ray's private or developer-only internals (Ray 2.60); the rest of nre_ray uses
+Ray's public API. Each function says what it reaches and why no public API serves. Nothing of Ray is imported until
+a function is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def autoscaler_node_groups() -> list[tuple[str, dict[str, float], int]] | None:
+    """The node groups the cluster's autoscaler may start, as Ray's GCS holds them (KubeRay's worker groups, the
+    autoscaler v2): ``(name, resources per node, max_count)``, ``max_count`` -1 for no limit. None where the GCS holds
+    no cluster config (the autoscaler v1 keeps its config in a file on the head)."""
+    # Private: Ray publishes the cluster config only through GlobalState.get_cluster_config (ray._private.state),
+    # which Ray Data's own autoscaler reads the same way. The public ray.autoscaler.sdk asks for resources but does
+    # not list node types, and the State API (ray.util.state) lists the nodes that exist, not those that may be added.
+    import ray._private.state
+
+    try:
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:  # an older GCS, or a Ray Client driver (no GCS accessor here): no config to read
+        return None
+    if config is None or not config.node_group_configs:
+        return None
+    return [(g.name, {k: float(v) for k, v in g.resources.items()}, int(g.max_count))
+            for g in config.node_group_configs]
+
+
+def in_local_train_mode() -> bool:
+    """True inside a Ray Train loop that runs in local mode (``ScalingConfig(num_workers=0)``: in this process, with
+    no workers and no controller)."""
+    # DeveloperAPI outside ray.train: local mode shows only in the class of ray.train.get_context(), LocalTrainContext
+    # (ray.train.v2.api.context), which ray.train does not export; every public TrainContext method answers the same
+    # in local mode as for one real worker (world size 1, rank 0).
+    import ray.train
+    from ray.train.v2.api.context import LocalTrainContext
+
+    return isinstance(ray.train.get_context(), LocalTrainContext)
+
+
+def function_trainable(function: Callable[..., Any], name: str) -> type:
+    """The trainable class Tune makes of ``function``, to subclass: its ``cleanup`` runs in the trial's process when
+    Tune stops the trial."""
+    # DeveloperAPI: Tune turns a function into its FunctionTrainable class inside the Tuner; wrap_function
+    # (ray.tune.trainable.function_trainable) is the only way to that class, and a function trainable has no public
+    # hook that runs in the trial's process when Tune stops it.
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    return wrap_function(function, name=name)
+
+
+def trial_statuses(grid: Any) -> dict[str, str]:
+    """Tune's status of each trial of the ``ResultGrid`` a ``Tuner.fit()`` returned (``TERMINATED``, ``ERROR``,
+    ``PENDING``, ``RUNNING``, ``PAUSED``), by trial id."""
+    # Private: a ResultGrid gives each trial's result and error but not its status, so an interrupted sweep's
+    # unfinished trials cannot be told from finished ones; the Tuner's own trials sit in grid._experiment_analysis.
+    # The public tune.ExperimentAnalysis(grid.experiment_path) would read them back from storage (an object store on
+    # a cluster), not from the run that just ended.
+    return {t.trial_id: t.status for t in grid._experiment_analysis.trials}
+
+
+def worker_group_callback() -> type | None:
+    """Ray Train's controller callback with hooks for the worker group's start and for the training function's start
+    on it; None on a Ray without it."""
+    # Private: the public ray.train.UserCallback hears only of reports and errors. The worker group's hooks are those
+    # of WorkerGroupCallback (ray.train.v2._internal.execution.callback), a DeveloperAPI Ray Train does not export.
+    try:
+        from ray.train.v2._internal.execution.callback import WorkerGroupCallback
+    except ImportError:
+        return None
+    return WorkerGroupCallback
+
+
+def standin_node_provider() -> type:
+    """Ray's ``fake_multinode`` node provider (each node a set of raylet processes on this host) whose nodes keep
+    their runtime environments in a folder of their own and leave log forwarding to the head's log monitor (see
+    :mod:`nre_ray.cluster.provider`)."""
+    # Private: node providers are the autoscaler's private interface (ray.autoscaler._private), and the fake_multinode
+    # provider builds each node's RayParams itself, in _create_node_with_resources_and_labels, through the module
+    # attribute ray._private.parameter.RayParams: no argument reaches them, so the attribute is swapped for that call.
+    import ray._private.parameter as parameter
+    from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
+
+    class StandinNodeProvider(FakeMultiNodeProvider):
+        """``FakeMultiNodeProvider`` whose nodes keep their runtime environments in ``runtime_resources_<node>`` and
+        start no log monitor of their own."""
+
+        def _create_node_with_resources_and_labels(self, node_config: dict, tags: dict, count: int,
+                                                   resources: dict, labels: dict) -> None:
+            original = parameter.RayParams
+
+            def ray_params(*args: Any, **kwargs: Any) -> Any:
+                node_id = kwargs.get("env_vars", {}).get("RAY_OVERRIDE_NODE_ID_FOR_TESTING", "node")
+                kwargs.setdefault("runtime_env_dir_name", f"runtime_resources_{node_id[-5:]}")
+                # The head's log monitor already follows every log file of the shared session folder: a second one
+                # per node would print each worker line again.
+                kwargs.setdefault("include_log_monitor", False)
+                return original(*args, **kwargs)
+
+            with self.lock:  # the swap holds for this call only
+                parameter.RayParams = ray_params
+                try:
+                    super()._create_node_with_resources_and_labels(node_config, tags, count, resources, labels)
+                finally:
+                    parameter.RayParams = original
+
+    return StandinNodeProvider
