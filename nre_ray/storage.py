@@ -16,7 +16,6 @@ A store that cannot be read or written raises :class:`StorageError`, whose messa
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gzip
 import hashlib
 import json
@@ -33,9 +32,6 @@ from nre_ray.config import ConfigError
 
 PathLike = str | os.PathLike[str]
 """A local path or a URI."""
-
-CACHE_ENV = "NRE_RAY_REMOTE_CACHE"
-"""Environment variable: the folder :func:`local_copy` keeps its copies in (default: ``<tmp>/nre_ray-<uid>/remote``)."""
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _CHUNK = 1 << 20
@@ -313,6 +309,28 @@ def stamp(path: PathLike) -> list[Any]:
     return [[rel, i.size, i.mtime_ns] for rel, i in _remote_files(uri, recursive=True)]
 
 
+def object_version(uri: str) -> list[Any]:
+    """What identifies the content of the file ``uri`` in an object store, from its metadata alone (one request, a
+    HEAD for S3; no byte of the object is read): ``[size, "etag:<ETag>"]`` where the store gives an ETag (S3 and the
+    S3-compatible stores: a new one whenever the object is written), else ``[size, "mtime:<ns>"]``. The same bytes
+    under another name or written again may get another version (a multipart upload's ETag is not a content hash);
+    other bytes always do."""
+    from pyarrow import fs as pafs
+
+    filesystem, inner = _resolve(uri)
+    with _errors(uri):
+        info = filesystem.get_file_info(inner)
+        if info.type != pafs.FileType.File:
+            raise _error(uri, FileNotFoundError(uri))
+        with filesystem.open_input_file(inner) as handle:  # S3: a HEAD request; reads start only on read()
+            metadata = {(k.decode() if isinstance(k, bytes) else k).lower(): v
+                        for k, v in (handle.metadata() or {}).items()}
+    etag = metadata.get("etag")
+    if etag:
+        return [info.size, "etag:" + (etag.decode() if isinstance(etag, bytes) else etag)]
+    return [info.size, f"mtime:{info.mtime_ns}"]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # reading
 
@@ -406,8 +424,8 @@ def temporary_copy(path: PathLike) -> Iterator[Path]:
 
 
 def default_cache_root() -> Path:
-    """Where :func:`local_copy` keeps its copies: ``$NRE_RAY_REMOTE_CACHE``, else ``<tmp>/nre_ray-<uid>/remote``."""
-    return Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "remote")
+    """Where :func:`local_copy` keeps its copies: ``<tmp>/nre_ray-<uid>/remote``."""
+    return Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "remote"
 
 
 def local_copy(path: PathLike, cache_root: PathLike | None = None, skip_suffixes: tuple[str, ...] = ()) -> Path:
@@ -415,29 +433,25 @@ def local_copy(path: PathLike, cache_root: PathLike | None = None, skip_suffixes
 
     The copy lives in ``cache_root`` (default :func:`default_cache_root`) under a key made of the URI, the size and
     modification time of every file (a changed object is downloaded again) and ``skip_suffixes`` (files left out,
-    e.g. the weights when only a tokenizer is needed); its name is the URI's last component. Processes of one
-    machine that ask at the same time wait for one download (a file lock)."""
+    e.g. the weights when only a tokenizer is needed); its name is the URI's last component. It is made by the
+    protocol of :mod:`nre_ray.buildonce`: downloaded into a private folder and renamed into place, processes of one
+    machine that ask at the same time waiting for one download."""
+    from nre_ray import buildonce
+
     if not is_uri(path):
         return _local(path)
     uri = os.fspath(path).rstrip("/")
     listing = [row for row in stamp(uri) if not str(row[0]).endswith(skip_suffixes)]
     key = hashlib.sha256(json.dumps([uri, listing, sorted(skip_suffixes)]).encode()).hexdigest()[:24]
-    root = Path(cache_root) if cache_root is not None else default_cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    done = root / key
+    done = Path(cache_root if cache_root is not None else default_cache_root()) / key
     target = done / (name_of(uri) or "copy")
     if done.is_dir():
         return target
-    with (root / f"{key}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.is_dir():  # another process finished it while this one waited
-            return target
-        partial = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-        try:
-            download(uri, partial / target.name, skip_suffixes=skip_suffixes)
-            os.rename(partial, done)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
+    with buildonce.turn(done):
+        if not done.is_dir():  # else another process finished it while this one waited
+            with buildonce.private_folder(done) as private:
+                download(uri, private / target.name, skip_suffixes=skip_suffixes)
+                buildonce.publish(private, done, complete=Path.is_dir)
     return target
 
 

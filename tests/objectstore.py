@@ -4,6 +4,7 @@ boto3 or pyarrow; both talk HTTP to it).
 * :func:`object_store` (session fixture): ``s3://<bucket>``, a bucket on a server started on first use and stopped
   (by its process id) at the end of the session.
 * :func:`moto_server`: a context manager that starts another server, e.g. one that refuses every credential.
+* :func:`requests_to_store`: the requests the session's server received during a block (what a call read).
 
 The ``AWS_*`` variables point at the session's server from before the first test runs, when the session holds a test
 that uses :func:`object_store`: Ray's worker processes inherit the environment of the process that starts Ray, and
@@ -14,18 +15,23 @@ the session's Ray (``ray_cluster``) may be started by an earlier test. The crede
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 BUCKET = "nre-ray-tests"
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
@@ -100,6 +106,27 @@ def object_store() -> Iterator[str]:
 
     port = _session_port()
     os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-    with moto_server(port) as endpoint:
+    recording = tempfile.mkdtemp(prefix="nre_ray_moto_")  # where requests_to_store's recorder writes
+    with moto_server(port, env={"MOTO_RECORDER_FILEPATH": str(Path(recording) / "requests.jsonl")}) as endpoint:
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
         yield f"s3://{BUCKET}"
+    shutil.rmtree(recording, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def requests_to_store() -> Iterator[list[tuple[str, str]]]:
+    """The requests the session's server (:func:`object_store`) receives while the block runs, as ``(method, path)``
+    pairs (``("GET", "/nre-ray-tests/a/b.csv")``), filled in when the block ends: moto's own request recorder."""
+    api = f"{os.environ['AWS_ENDPOINT_URL']}/moto-api/recorder"
+    requests.post(f"{api}/reset-recording", timeout=10).raise_for_status()
+    requests.post(f"{api}/start-recording", timeout=10).raise_for_status()
+    seen: list[tuple[str, str]] = []
+    try:
+        yield seen
+    finally:
+        requests.post(f"{api}/stop-recording", timeout=10).raise_for_status()
+        recorded = requests.get(f"{api}/download-recording", timeout=10)
+        recorded.raise_for_status()
+        for line in recorded.text.splitlines():
+            entry = json.loads(line)
+            seen.append((entry["method"], urllib.parse.unquote(urllib.parse.urlsplit(entry["url"]).path)))

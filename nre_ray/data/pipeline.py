@@ -17,9 +17,10 @@ tasks may run on any node: see :func:`prepare`).
 4. Ray tasks, one per split: the blocks concatenated in file order into the split's ``.npy`` files
    (:class:`~nre_ray.data.batches.EncodedSplit`), audited on the way.
 
-The result (and the audit, see :mod:`nre_ray.data.audit`) is cached under a key made of the input files' content
-hashes and the preprocessing settings: built in a private folder and published with one atomic rename, so runs that
-start at once on the same inputs never see or touch each other's half-built files (see :func:`prepare`). With
+The result (and the audit, see :mod:`nre_ray.data.audit`) is cached under a key made of the preprocessing settings and
+what identifies each input's content (a local file's bytes, an object's version in its store: :func:`cache_key`):
+built in a private folder and published with one atomic rename (:mod:`nre_ray.buildonce`), so runs that start at
+once on the same inputs never see or touch each other's half-built files (see :func:`prepare`). With
 ``shared_cache`` (a URI under the run storage) it is also published there and fetched from there by the next job with
 the same key, on any machine.
 
@@ -31,17 +32,12 @@ Everything reported names the URI.
 
 from __future__ import annotations
 
-import errno
 import functools
 import hashlib
 import json
 import logging
 import os
-import re
-import secrets
 import shutil
-import socket
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -52,7 +48,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nre_ray import console, storage
+from nre_ray import buildonce, console, storage
 from nre_ray.config import ConfigError, DataConfig
 from nre_ray.data import audit as data_audit
 from nre_ray.data import stages, subword
@@ -97,6 +93,8 @@ class Prepared:
     vocab: Vocab
     labels: list[str]
     sources: dict[str, str]
+    """Split name (and ``labels``) -> the input file: :func:`prepare` gives this run's own files, never those of the
+    run that built the cache it reused; :func:`load_prepared` those that built the folder."""
     rejected: pd.DataFrame = field(default_factory=pd.DataFrame)
     """The first :data:`KEPT_REJECTED` rejected rows (``file, line, problem, sentence, head, tail, relation``)."""
     cache_hit: bool = False
@@ -155,34 +153,28 @@ def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> di
     return settings
 
 
-_REMOTE_KEYS: dict[str, str] = {}
-"""cache_key results of inputs with URIs, by settings, names and each file's size and modification time: a remote
-file is read once per process (``inspect`` asks :func:`is_cached`, then :func:`prepare`)."""
-
-
 def cache_key(files: dict[str, Source], settings: dict) -> str:
-    """sha256 over the files' bytes and the settings.
+    """The cache key of these inputs and settings: sha256 over the settings and, per input file, what identifies its
+    content.
 
-    A URI's content is streamed from its store and hashed like a local file's, so the key is the same for the same
-    bytes wherever they are (an object store's ETag would spare the read, but pyarrow does not expose it and a
-    multipart upload's ETag is not a content hash; the read is one sequential pass, memoised per process)."""
-    memo = None
-    if any(storage.is_uri(path) for path in files.values()):
-        memo = json.dumps([settings, {name: [str(path), storage.stamp(path)] for name, path in files.items()}],
-                          sort_keys=True, default=str)
-        if memo in _REMOTE_KEYS:
-            return _REMOTE_KEYS[memo]
+    * A local file: its bytes (the driver reads local inputs anyway; the same bytes in another folder give the same
+      key, and a changed byte another one).
+    * A file in an object store: its URI and its version from the store's metadata
+      (:func:`nre_ray.storage.object_version`: the ETag and size; no byte of it passes through the driver). The
+      same bytes under another URI, or uploaded again, may get another key: they are preprocessed once more.
+
+    What a run records as its inputs never comes from the cache (see :func:`prepare`)."""
     h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for name in sorted(files):
         h.update(name.encode())
         path = files[name]
-        with (storage.open_input(path) if storage.is_uri(path) else open(path, "rb")) as fh:
+        if storage.is_uri(path):
+            h.update(json.dumps([str(path), storage.object_version(str(path))]).encode())
+            continue
+        with open(path, "rb") as fh:
             for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
                 h.update(chunk)
-    key = h.hexdigest()[:20]
-    if memo is not None:
-        _REMOTE_KEYS[memo] = key
-    return key
+    return h.hexdigest()[:20]
 
 
 def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Source] | None = None,
@@ -213,13 +205,6 @@ stored without padding as memory-mappable ``<split>.<array>.npy`` files, :meth:`
 per-row arrays only, positions and segments computed per batch from the spans, ``<split>.json`` with the position
 window). A folder with another layout, or none (written before layouts were recorded), is not a cache: it is rebuilt
 and replaced."""
-PRIVATE_MAX_AGE = 24 * 3600
-"""Seconds after which a private build folder whose builder cannot be checked (another machine's) counts as stale."""
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-"""This machine, in the names of private build folders (a process id means something on its own machine only)."""
-_PRIVATE = re.compile(r"(?P<key>[0-9a-f]+)\.tmp-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{8})")
-"""The name of a private build folder: ``<key>.tmp-<pid>-<random>-<host>`` next to the cache folder ``<key>``."""
-_PUBLISH_TRIES = 20
 
 
 def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None) -> bool:
@@ -242,13 +227,17 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
     ``pretrained`` (``--model bert``): encode with that model's fast tokenizer and entity markers instead (see
     :mod:`nre_ray.data.subword`); the vocabulary is then the tokenizer's.
 
-    A second call on the same files and settings reuses the cache and logs so; ``cfg.no_cache`` rebuilds it.
+    A second call on the same files and settings reuses the cache and logs so; ``cfg.no_cache`` rebuilds it. The
+    result's :attr:`Prepared.sources` are this call's input files (``cfg``'s), whatever run built the cache: the
+    cache holds content, and the same content may have been built from files elsewhere.
 
-    Safe under concurrency (two terminals, the trials of a sweep, on the same inputs): a run builds in a private
-    folder next to the cache folder (``<key>.tmp-<pid>-<random>-<host>/``, its staging files included) and publishes
-    it with one atomic rename onto ``<key>/``, so no one ever sees a half-written cache and no builder touches
-    another's files. When another run published the same key first, this one drops its copy and loads the published
-    one (``--no-cache`` replaces it instead). Private folders of builders that are gone are removed on the way.
+    Safe under concurrency (two terminals on the same inputs), by the protocol of :mod:`nre_ray.buildonce`: a run
+    builds in a private folder next to the cache folder (``<key>.tmp-<pid>-<random>-<host>/``, its work files
+    included) and publishes it with one atomic rename onto ``<key>/``, so no one ever sees a half-written cache and
+    no builder touches another's files. Runs on one machine take turns: the second one waits for the first one's
+    result and uses it. Runs on several machines that share a cache folder may build at once: when another run
+    published the same key first, this one drops its copy and loads the published one (``--no-cache`` replaces it
+    instead). Private folders of builders that are gone are removed on the way.
 
     ``shared_cache``: a folder (a URI such as ``s3://bucket/runs/.nre_ray_cache``, or a local path) that jobs on
     other machines see. When ``<shared_cache>/<key>/`` holds a complete cache (its ``meta.json``, published last),
@@ -275,38 +264,70 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
     files = resolve_files(cfg)
     cache = cache_folder(cfg, seed, files, pretrained)
     shared = storage.join(shared_cache, cache.name) if shared_cache else None
-    prepared = None if cfg.no_cache else _load_complete(cache)
-    if prepared is not None:
-        log.info("preprocessing: reused the cache in %s (--no-cache rebuilds it)", cache)
-        # built here before: still publish it, so that jobs on other machines find it too
-        if shared and _ensure_published(cache, shared):
-            prepared.shared_cache_dir = shared
-        return prepared
-    if shared and not cfg.no_cache and _fetch_shared(shared, cache):
-        prepared = _load_complete(cache)
-        if prepared is not None:
-            prepared.shared_cache_dir = shared
-            log.info("preprocessing: reused the shared cache %s (copied to %s; --no-cache rebuilds it)", shared,
-                     cache)
+    prepared = _cached_or_built(cfg, files, seed, cache, pretrained, _Where(on_every_node, multi_node, shared_cache,
+                                                                            shared))
+    prepared.sources = sources_of(files)
+    return prepared
+
+
+def sources_of(files: dict[str, Source]) -> dict[str, str]:
+    """Split name -> the input file as a run names it: a URI as it is, a local path made absolute."""
+    return {name: storage.absolute(path) for name, path in files.items()}
+
+
+def _cached_or_built(cfg: DataConfig, files: dict[str, Source], seed: int, cache: Path, pretrained: str | None,
+                     place: _Where) -> Prepared:
+    """The result from the local cache folder ``cache``, else from the shared cache (``place.shared``), else built
+    (and published to both); see :func:`prepare`."""
+    shared = place.shared
+    if not cfg.no_cache:
+        reused = _reuse(cache, shared, "reused the cache in %s (--no-cache rebuilds it)")
+        if reused is not None:
+            return reused
+
+    def waiting() -> None:
+        log.info("preprocess: another run on this machine is building the same result in %s; waiting for it", cache)
+
+    with buildonce.turn(cache, waiting):
+        if not cfg.no_cache:
+            reused = _reuse(cache, shared, "another run published the same result in %s; using it")
+            if reused is not None:
+                return reused
+            if shared and _fetch_shared(shared, cache):
+                prepared = _load_complete(cache)
+                if prepared is not None:
+                    prepared.shared_cache_dir = shared
+                    log.info("preprocess: reused the shared cache %s (copied to %s; --no-cache rebuilds it)", shared,
+                             cache)
+                    return prepared
+        log.info("preprocess: %s; the result is cached in %s%s",
+                 "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
+                 cache, f" and published to {shared}" if shared else "")
+        with buildonce.private_folder(cache) as private:
+            place.name = private.name
+            built = _prepare(cfg, files, seed, private, pretrained, place)
+            save_prepared(built, private)
+            prepared = _install_built(built, private, cache, replace=cfg.no_cache)
+        if not shared:
             return prepared
-    log.info("preprocessing: %s; the result is cached in %s%s",
-             "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
-             cache, f" and published to {shared}" if shared else "")
-    private = _private_folder(cache)
-    place = _Where(on_every_node, multi_node, shared_cache, shared, private.name)
-    try:
-        built = _prepare(cfg, files, seed, private, pretrained, place)
-        save_prepared(built, private)
-        prepared = _install_built(built, private, cache, replace=cfg.no_cache)
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
-    if not shared:
+        if place.store:  # the splits' files are there already; the small files and the marker are not
+            published = _publish_shared(cache, shared,
+                                        frozenset(f for s in prepared.splits for f in EncodedSplit.files(s)))
+        else:
+            published = (_publish_shared if cfg.no_cache else _ensure_published)(cache, shared)
+        if published:
+            prepared.shared_cache_dir = shared
         return prepared
-    if place.store:  # the splits' files are there already; the small files and the marker are not
-        published = _publish_shared(cache, shared, frozenset(f for s in prepared.splits for f in EncodedSplit.files(s)))
-    else:
-        published = (_publish_shared if cfg.no_cache else _ensure_published)(cache, shared)
-    if published:
+
+
+def _reuse(cache: Path, shared: str | None, message: str) -> Prepared | None:
+    """The complete cache in ``cache`` (logged with ``message``), published to ``shared`` too when it is not there
+    yet (built here before: jobs on other machines find it then); None when there is none."""
+    prepared = _load_complete(cache)
+    if prepared is None:
+        return None
+    log.info("preprocess: " + message, cache)
+    if shared and _ensure_published(cache, shared):
         prepared.shared_cache_dir = shared
     return prepared
 
@@ -397,115 +418,20 @@ def _load_complete(cache: Path) -> Prepared | None:
     return None
 
 
-def _private_folder(cache: Path) -> Path:
-    """A new private build folder next to ``cache`` (same file system, so it can be renamed onto it), after removing
-    the stale ones of builders that are gone."""
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(cache.parent)
-    while True:
-        folder = cache.parent / f"{cache.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}-{_HOST}"
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
-
-
-def _remove_stale(root: Path | str) -> None:
-    """Remove the private build folders in ``root`` (a local folder, or a shared cache in an object store) whose
-    builder is gone: its process no longer runs on this machine, or (another machine's) nothing in it changed for
-    :data:`PRIVATE_MAX_AGE` seconds. Never a live builder's folder on this machine."""
-    try:
-        entries = storage.list_folders(root)
-    except (OSError, storage.StorageError):
-        return
-    for entry in entries:
-        match = _PRIVATE.fullmatch(storage.name_of(entry))
-        if match is None:
-            continue
-        if match["host"] == _HOST:
-            stale = not _process_alive(int(match["pid"]))
-        else:
-            stale = time.time() - _last_change(entry) > PRIVATE_MAX_AGE
-        if stale:
-            log.info("preprocessing: removing %s, left by a build that did not finish", entry)
-            try:
-                storage.remove_tree(entry)
-            except storage.StorageError as err:
-                log.warning("preprocessing: cannot remove %s (%s)", entry, err)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
-
-
-def _last_change(folder: Path | str) -> float:
-    """The newest modification time of ``folder`` and what it holds, one level down (a build adds files to its
-    folder and to ``staging/``); in an object store, of every object under it (0 when there is none)."""
-    if storage.is_uri(folder):
-        try:
-            return max((row[2] for row in storage.stamp(folder) if row[2]), default=0) / 1e9
-        except storage.StorageError:
-            return time.time()  # vanishing or unreadable: not stale
-    folder = Path(folder)
-    try:
-        times = [folder.stat().st_mtime]
-        for child in folder.iterdir():
-            times.append(child.lstat().st_mtime)
-    except OSError:
-        return time.time()  # vanishing or unreadable: not stale
-    return max(times)
-
-
 def _install_built(prepared: Prepared, private: Path, cache: Path, replace: bool) -> Prepared:
     """Publish the complete folder ``private`` (:func:`save_prepared` wrote it) as ``cache`` and return ``prepared``,
     its paths now in ``cache``; or, when another run published a complete cache there first (and not ``replace``),
     the result loaded from it (``private`` is left to the caller)."""
     for _ in range(3):
-        if _install(private, cache, replace):
+        if buildonce.publish(private, cache, _complete, replace):
             _relocate(prepared, cache)
             return prepared
         published = _load_complete(cache)
         if published is not None:
-            log.info("preprocessing: another run published the same result in %s first; using it", cache)
+            log.info("preprocess: another run published the same result in %s first; using it", cache)
             published.cache_hit = False
             return published
     raise RuntimeError(f"preprocessing could not publish its result to {cache}: other runs kept replacing it")
-
-
-def _install(private: Path, cache: Path, replace: bool) -> bool:
-    """Rename the complete folder ``private`` onto ``cache`` (atomic: one file system). A folder already there that
-    is not a complete cache of this layout (an older layout, or any with ``replace``) is moved aside and removed
-    first; a complete one is kept: False."""
-    for _ in range(_PUBLISH_TRIES):
-        try:
-            os.rename(private, cache)
-            return True
-        except OSError as err:
-            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-        if not replace and _complete(cache):
-            return False
-        _discard(cache)
-        replace = False  # replaced once: a complete cache that another run publishes after that is as fresh
-    raise RuntimeError(f"preprocessing could not publish its result to {cache}: other runs kept replacing it")
-
-
-def _discard(folder: Path) -> None:
-    """Move ``folder`` out of the way under a private name (one rename: readers see it whole or not at all), then
-    remove it."""
-    aside = folder.parent / f"{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}-{_HOST}"
-    try:
-        os.rename(folder, aside)
-    except FileNotFoundError:
-        return  # another run moved it already
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _relocate(prepared: Prepared, folder: Path) -> None:
@@ -520,21 +446,17 @@ def _fetch_shared(shared: str, cache: Path) -> bool:
     """Download the complete shared cache folder ``shared`` into a private folder (``meta.json`` last), then rename
     it onto ``cache`` (unless a complete one got there first); False when there is none, or it cannot be read (a
     warning)."""
-    private = None
     try:
         if not _shared_complete(shared):
             return False
-        private = _private_folder(cache)
-        storage.download(shared, private, last=MARKER)
-        if not _complete(private):  # replaced while it was copied: build here
-            return False
-        _install(private, cache, replace=False)
+        with buildonce.private_folder(cache) as private:
+            storage.download(shared, private, last=MARKER)
+            if not _complete(private):  # replaced while it was copied: build here
+                return False
+            buildonce.publish(private, cache, _complete)
     except storage.StorageError as err:
-        log.warning("preprocessing: cannot read the shared cache (%s); preprocessing here", err)
+        log.warning("preprocess: cannot read the shared cache (%s); preprocessing here", err)
         return False
-    finally:
-        if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
     return True
 
 
@@ -556,10 +478,10 @@ def _publish_shared(cache: Path, shared: str, present: frozenset[str] = frozense
         storage.remove(storage.join(shared, MARKER))
         storage.upload(cache, shared, last=MARKER, skip=present)
     except storage.StorageError as err:
-        log.warning("preprocessing: cannot publish the result to the shared cache (%s); later jobs will "
+        log.warning("preprocess: cannot publish the result to the shared cache (%s); later jobs will "
                     "preprocess again", err)
         return False
-    log.info("preprocessing: published to the shared cache %s", shared)
+    log.info("preprocess: published to the shared cache %s", shared)
     return True
 
 
@@ -735,8 +657,8 @@ def _prepare(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Path,
     work = storage.join(place.store, "work") if place.store else str(folder / "work")
     storage.remove_tree(place.store or work)
     if place.store:
-        _remove_stale(place.shared_root or "")  # the build folders in the store of drivers that are gone
-        log.info("preprocessing in the object store: %s, on any node", place.store)
+        buildonce.remove_stale(place.shared_root or "")  # the build folders in the store of drivers that are gone
+        log.info("preprocess: building in the object store: %s, on any node", place.store)
     else:
         Path(work).mkdir(parents=True)
     try:
@@ -871,9 +793,8 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
     audit = data_audit.assemble_audit({s: results[s]["info"] for s in final}, labels, cfg.max_length,
                                       rejected=rejected_per_split, oov={s: results[s]["oov"] for s in final},
                                       valid_from_train=valid_from_train)
-    sources = {k: str(v) for k, v in files.items()}
-    return Prepared(splits, vocab, labels, sources, rejected=rejected, valid_from_train=valid_from_train, audit=audit,
-                    rejected_count=sum(rejected_per_split.values()), rejected_csv=rejected_csv,
+    return Prepared(splits, vocab, labels, sources_of(files), rejected=rejected, valid_from_train=valid_from_train,
+                    audit=audit, rejected_count=sum(rejected_per_split.values()), rejected_csv=rejected_csv,
                     cache_dir=str(folder), pretrained_dir=tokenizer_dir, position_window=cfg.position_window)
 
 

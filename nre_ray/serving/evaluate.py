@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,8 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Score this worker's shard; called by TorchTrainer on every rank.
 
     ``loop_config``: ``model`` (dict or ObjectRef: ``config`` as Config.to_dict(), ``state`` weights, ``spec``
-    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (``{"cache": ...}`` naming the folder of a
-    saved split ``eval``, as :func:`nre_ray.loop.open_splits` reads it; or a dict or ObjectRef of the encoded arrays,
+    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (``{"cache": ...}`` naming the folder of
+    one saved split, as :func:`nre_ray.loop.open_splits` reads it; or a dict or ObjectRef of the encoded arrays,
     flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``threads``, ``sink`` (a
     :class:`ResultSink` handle, or an absolute path for a JSON file).
     """
@@ -73,7 +74,7 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model.to(ray.train.torch.get_device())  # no DDP: nothing is trained, and ranks may run different batch counts
     data = _resolve(loop_config["data"])
     # the saved split's files, read by rows (this worker reads its shard's rows only), or arrays (flat or padded)
-    split = open_splits(data)["eval"] if "cache" in data else EncodedSplit(data)
+    split = next(iter(open_splits(data).values())) if "cache" in data else EncodedSplit(data)
     labels = list(loop_config["labels"])
     cm, loss = evaluate(model, eval_loader(split, rank, world_size), len(labels))
     if rank != 0:
@@ -100,26 +101,12 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
     :func:`nre_ray.metrics.scores`), ``loss``, ``per_class`` (one dict per label), ``labels`` and
     ``confusion_matrix`` (rows = gold, columns = predicted).
     """
-    if num_workers < 1:
-        raise UsageError("--num-workers must be >= 1")
-    if on_bad_rows not in ON_BAD_ROWS:
-        raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
+    _check_options(num_workers, on_bad_rows)
     resolve_address(address)  # an address Ray cannot join is refused before anything is loaded
-    out = console.get()
-    with out.phase("model", f"loading {model}") as step:
-        resolved = resolve_checkpoint(model, tracking_uri)
-        try:
-            loaded = load_checkpoint(resolved.checkpoint)
-        finally:
-            resolved.cleanup()
-        step.done(f"{loaded.meta.get('model')}, epoch {loaded.meta.get('epoch')}, {len(loaded.labels)} labels")
+    loaded = _load_model(model, tracking_uri)
     labels = loaded.labels
-    negative = negative_label or loaded.config.data.negative_label
-    if negative_label and negative_label not in labels:
-        raise UsageError(f"--negative-label {negative_label!r} is not one of the checkpoint's labels "
-                         f"({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})")
-
-    with out.phase("preprocess", f"reading, checking and encoding {data}") as step:
+    negative = _negative(loaded, negative_label)
+    with console.get().phase("preprocess", f"reading, checking and encoding {data}") as step:
         frame = read_table(data, fmt, parse_column_map(columns) if columns else None, require_relation=True)
         problems, split = encode_rows(frame, loaded.config.data, loaded.vocab, labels, loaded.assets)
         bad = (problems != "").to_numpy()
@@ -129,13 +116,64 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
                                                                                                             labels))
     if len(split) == 0:
         raise UsageError(f"{data}: no usable rows to evaluate")
+    with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_data_") as folder:
+        result = _run_trainer(loaded, lambda info: _ship(split, Path(folder) / "data", info), len(split), negative,
+                              num_workers, address)
+    return _report(model, str(data), int(bad.sum()), negative, result)
 
-    result = _run_trainer(loaded, split, labels, negative, num_workers, address)
+
+def evaluate_split(model: str, prepared: Any, split: str = "test", num_workers: int = 1,
+                   negative_label: str | None = None, address: str | None = None) -> dict[str, Any]:
+    """Evaluate the checkpoint folder ``model`` on the split ``split`` of the preprocessing result ``prepared``
+    (:class:`nre_ray.data.pipeline.Prepared`) that it was trained on: the rows as training encoded them, read by the
+    workers from the cache as training reads them (:func:`nre_ray.loop.open_splits`), not from the input file
+    again (a sweep's final test). Returns what :func:`evaluate_file` returns, ``data`` naming the split's file."""
+    _check_options(num_workers, "error")
+    loaded = _load_model(model, None)
+    if loaded.labels != prepared.labels or loaded.vocab.tokens != prepared.vocab.tokens:
+        raise UsageError(f"{model}: this checkpoint was not trained on the preprocessed data in {prepared.cache_dir} "
+                         "(other labels or vocabulary); evaluate it on a file instead")
+    negative = _negative(loaded, negative_label)
+    cache = {"dir": str(Path(prepared.cache_dir).absolute()), "shared": prepared.shared_cache_dir, "splits": [split]}
+    result = _run_trainer(loaded, lambda info: {"cache": cache}, len(prepared.splits[split]), negative, num_workers,
+                          address)
+    return _report(model, prepared.sources.get(split, split), 0, negative, result)
+
+
+def _check_options(num_workers: int, on_bad_rows: str) -> None:
+    if num_workers < 1:
+        raise UsageError("--num-workers must be >= 1")
+    if on_bad_rows not in ON_BAD_ROWS:
+        raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
+
+
+def _load_model(model: str, tracking_uri: str | None) -> Any:
+    """The checkpoint ``model`` (a folder or an MLflow model URI), loaded in a ``model`` phase."""
+    with console.get().phase("model", f"loading {model}") as step:
+        resolved = resolve_checkpoint(model, tracking_uri)
+        try:
+            loaded = load_checkpoint(resolved.checkpoint)
+        finally:
+            resolved.cleanup()
+        step.done(f"{loaded.meta.get('model')}, epoch {loaded.meta.get('epoch')}, {len(loaded.labels)} labels")
+    return loaded
+
+
+def _negative(loaded: Any, negative_label: str | None) -> str | None:
+    """The 'no relation' label: ``negative_label`` (one of the checkpoint's labels), else the one it trained with."""
+    labels = loaded.labels
+    if negative_label and negative_label not in labels:
+        raise UsageError(f"--negative-label {negative_label!r} is not one of the checkpoint's labels "
+                         f"({', '.join(labels[:10])}{', ...' if len(labels) > 10 else ''})")
+    return negative_label or loaded.config.data.negative_label
+
+
+def _report(model: str, data: str, skipped: int, negative: str | None, result: dict[str, Any]) -> dict[str, Any]:
+    labels = result["labels"]
     cm = np.asarray(result["confusion_matrix"], dtype=np.int64)
-    return {"model": model, "data": str(data), "rows": result["rows"], "skipped": int(bad.sum()),
-            "workers": result["workers"], "negative_label": negative if negative in labels else None,
-            "metrics": result["metrics"], "loss": result["loss"],
-            "per_class": M.per_class_table(cm, labels).to_dict(orient="records"),
+    return {"model": model, "data": data, "rows": result["rows"], "skipped": skipped, "workers": result["workers"],
+            "negative_label": negative if negative in labels else None, "metrics": result["metrics"],
+            "loss": result["loss"], "per_class": M.per_class_table(cm, labels).to_dict(orient="records"),
             "labels": labels, "confusion_matrix": result["confusion_matrix"]}
 
 
@@ -145,8 +183,10 @@ def _bad_rows_hint(frame: Any, bad: np.ndarray, labels: list[str]) -> str:
     return named + "Fix these rows, or pass --on-bad-rows skip to evaluate on the other rows."
 
 
-def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: str | None, num_workers: int,
+def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: str | None, num_workers: int,
                  address: str | None) -> dict[str, Any]:
+    """Score ``loaded`` with :func:`eval_loop_per_worker` on ``num_workers`` workers; ``ship(info)`` (called once
+    Ray runs, with the :class:`nre_ray.cluster.session.Cluster`) gives the workers' ``data``, ``rows`` rows."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -179,9 +219,8 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
     with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_") as storage:
         trainer = TorchTrainer(
             eval_loop_per_worker,
-            train_loop_config={"model": ray.put(payload), "data": _ship(split, Path(storage) / "data", info),
-                               "labels": labels, "negative_label": negative, "threads": resources.threads,
-                               "sink": sink},
+            train_loop_config={"model": ray.put(payload), "data": ship(info), "labels": loaded.labels,
+                               "negative_label": negative, "threads": resources.threads, "sink": sink},
             scaling_config=ray.train.ScalingConfig(num_workers=num_workers, resources_per_worker=resources.per_worker),
             run_config=ray.train.RunConfig(
                 name=f"evaluate-{uuid.uuid4().hex[:8]}", storage_path=storage,
@@ -190,7 +229,7 @@ def _run_trainer(loaded: Any, split: EncodedSplit, labels: list[str], negative: 
                 worker_runtime_env={"env_vars": ray_quiet_env()},
             ),
         )
-        with out.phase("evaluate", f"scoring {len(split)} rows on {num_workers} worker(s)") as step:
+        with out.phase("evaluate", f"scoring {rows} rows on {num_workers} worker(s)") as step:
             try:
                 trainer.fit()
             except ray.train.TrainingFailedError as err:

@@ -3,7 +3,8 @@
 :func:`collect` reads Tune's results and the trials' curves in MLflow; :func:`close_children` closes the child runs
 a stopped trial could not close itself; :func:`interrupted` tells a Ctrl-C from the end; :func:`finish` logs the
 trials table and plot to the parent run and scores the best trial's checkpoint on test once
-(:mod:`nre_ray.serving.evaluate`), logging it as the sweep's model.
+(:mod:`nre_ray.serving.evaluate`, on the encoded test split of the sweep's preprocessing), logging it as the sweep's
+model.
 """
 
 from __future__ import annotations
@@ -143,22 +144,21 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
 
 def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, tracker: Any,
                   parent: str) -> tuple[dict[str, float], dict[str, str | None]]:
-    """Score ``checkpoint`` on the test file once (the evaluation code of ``python -m nre_ray.evaluate``), log the
-    scores and per-class report to the parent run, and log the checkpoint as its model."""
+    """Score ``checkpoint`` once on the test split as preprocessing encoded it for the sweep (the evaluation code of
+    ``python -m nre_ray.evaluate``, on the cache's rows: the raw test file is not read again), log the scores and
+    per-class report to the parent run, and log the checkpoint as its model."""
     import numpy as np
 
-    from nre_ray.serving.evaluate import evaluate_file
+    from nre_ray.serving.evaluate import evaluate_split
     from nre_ray.serving.pyfunc import log_model
     from nre_ray.tracking import reports
 
     test: dict[str, float] = {}
     model: dict[str, str | None] = {"model_uri": None, "registered_model_uri": None}
     with checkpoint.as_directory() as folder:
-        if "test" in prepared.sources:
-            report = evaluate_file(folder, prepared.sources["test"], num_workers=cfg.train.num_workers,
-                                   negative_label=cfg.data.negative_label, fmt=cfg.data.format,
-                                   columns=cfg.data.columns, on_bad_rows=cfg.data.on_bad_rows,
-                                   address=cfg.run.address)
+        if "test" in prepared.splits:
+            report = evaluate_split(folder, prepared, "test", num_workers=cfg.train.num_workers,
+                                    negative_label=cfg.data.negative_label, address=cfg.run.address)
             test = {k: float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
             tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=0)
             with tempfile.TemporaryDirectory() as out:

@@ -191,7 +191,7 @@ def test_a_driver_node_without_cpus_preprocesses_on_the_other_node_through_the_b
 
     shared = fs.join(storage, ".nre_ray_cache")
     text = log.read_text()
-    assert f"preprocessing in the object store: {shared}/" in text and "Traceback" not in text, text[-3000:]
+    assert f"preprocess: building in the object store: {shared}/" in text and "Traceback" not in text, text[-3000:]
     (key,) = {p[len(shared) + 1:].split("/")[0] for p in fs.list_files(shared, recursive=True)}  # no build folder
     assert fs.is_file(fs.join(shared, key, "meta.json"))
     published = sorted(fs.name_of(p) for p in fs.list_files(fs.join(shared, key)))

@@ -108,7 +108,7 @@ def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucke
     assert any(k.endswith("/state.pt") for k in checkpoints)
     # The preprocessing, shared for the next job: built in the bucket by tasks that may run on the autoscaled
     # nodes (the cluster can grow), with no build folder left there.
-    assert "preprocessing in the object store: s3://nre-ray/nre_ray/checkpoints/.nre_ray_cache/" in text
+    assert "preprocess: building in the object store: s3://nre-ray/nre_ray/checkpoints/.nre_ray_cache/" in text
     cached = _keys(cluster, "nre_ray/checkpoints/.nre_ray_cache")
     assert any(k.endswith("/meta.json") for k in cached) and not any(".tmp-" in k for k in cached), cached
     for folder in _job_dirs(cluster):

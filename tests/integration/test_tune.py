@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pandas as pd
@@ -15,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from nre_ray import console
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.tracking.store import mlflow_name
+from nre_ray.tune import results as tune_results
 from nre_ray.tune.__main__ import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -34,10 +37,23 @@ lr = { choice = [3e-3, 1e-5] }
 def test_four_trial_sweep_with_asha_on_the_sample(ray_cluster, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "space.toml").write_text(SPACE, encoding="utf-8")
-    argv = ["--search-space", "space.toml", "--num-samples", "4", "--epochs", "2", "--num-workers", "1",
-            "--max-concurrent-trials", "2", "--grace-period", "1", "--reduction-factor", "3", "--run-name", "sw",
-            "--experiment-name", "tune-it", "--register-model", "tuned", "--summary-json", "summary.json"]
+    data = tmp_path / "data"
+    shutil.copytree(sample_dir(), data)
+    finish = tune_results.finish
+
+    def finish_without_the_test_file(*args: Any, **kwargs: Any) -> Any:
+        """The final test scores the test split as the sweep preprocessed it: the raw file is gone by then."""
+        (data / "test.csv").rename(tmp_path / "test.csv.moved")
+        return finish(*args, **kwargs)
+
+    monkeypatch.setattr(tune_results, "finish", finish_without_the_test_file)
+    argv = ["--data-dir", str(data), "--search-space", "space.toml", "--num-samples", "4", "--epochs", "2",
+            "--num-workers", "1", "--max-concurrent-trials", "2", "--grace-period", "1", "--reduction-factor", "3",
+            "--run-name", "sw", "--experiment-name", "tune-it", "--register-model", "tuned", "--summary-json",
+            "summary.json"]
     assert main(argv) == 0
+    assert not (data / "test.csv").exists()
+    (tmp_path / "test.csv.moved").rename(data / "test.csv")
     out = capsys.readouterr().out
     assert "2 trial(s) at once, each 1 worker(s)" in out  # the plan, said up front
     # The console: phases of train's vocabulary that each open and close, a line per trial event, and nothing of
@@ -83,6 +99,7 @@ def test_four_trial_sweep_with_asha_on_the_sample(ray_cluster, tmp_path, monkeyp
     table = pd.read_csv(client.download_artifacts(parent.info.run_id, "trials.csv", str(tmp_path / "dl")))
     assert len(table) == 4 and table["trial_id"].iloc[0] == summary["best_trial"]
     assert parent.data.params["best.train.lr"] == "0.003"
+    assert parent.data.params["data.source.test"] == str(data / "test.csv")  # this sweep's own inputs
     assert parent.data.metrics[mlflow_name("test_macro_f1")] == pytest.approx(summary["test"]["macro_f1"])
 
     # The best model is registered and labels raw rows.

@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
-from nre_ray import storage
+from nre_ray import buildonce, storage
 from nre_ray.config import ConfigError, DataConfig
 from nre_ray.data import pipeline, subword
 from nre_ray.data.errors import DataError
 from nre_ray.data.read import detect_format, find_data_files, read_chunks, read_labels, read_table
 from nre_ray.models.pretrained import check_dim, load_word_vectors, vector_dim
+from tests.objectstore import requests_to_store
 
 HEADER = "sentence,head,head_offset,tail,tail_offset,relation"
 
@@ -62,7 +63,6 @@ def test_files_of_a_remote_folder_and_their_problems_without_ray(data: tuple[Pat
     pd.testing.assert_frame_equal(remote.drop(columns="file"), local.drop(columns="file"))
     files = pipeline.resolve_files(DataConfig(data_dir=uri))
     assert files == found
-    assert pipeline.cache_key(files, {"s": 1}) == pipeline.cache_key(find_data_files(folder), {"s": 1})
 
     with pytest.raises(DataError) as err:
         find_data_files(storage.join(uri, "nothing-here"))
@@ -84,6 +84,33 @@ def test_files_of_a_remote_folder_and_their_problems_without_ray(data: tuple[Pat
     with pytest.raises(DataError) as err:
         read_labels(labels)
     assert str(err.value).splitlines()[0] == f"{labels}:3: duplicate label 'a' (first on line 1)"
+
+
+def test_the_cache_key_of_an_object_comes_from_its_metadata_not_its_bytes(object_store: str, tmp_path: Path) -> None:
+    """No GET of an object's content: the key is its URI and version (ETag, size) from one metadata request; it
+    changes when the object changes (even to bytes of the same size), and the same bytes under another URI get a
+    key of their own."""
+    local = tmp_path / "train.csv"
+    local.write_text(HEADER + "\n" + "Ann Lee founded Acme .,Acme,16,Ann Lee,0,founded_by\n" * 2000, encoding="utf-8")
+    first, other = (storage.join(object_store, "keys", prefix, "train.csv") for prefix in ("a", "b"))
+    storage.upload(local, first)
+    storage.upload(local, other)
+    inputs = {"train": first}
+    with requests_to_store() as seen:
+        key = pipeline.cache_key(inputs, {"s": 1})
+    path = "/" + first.split("://", 1)[1]
+    assert ("HEAD", path) in seen and ("GET", path) not in seen, seen
+    with requests_to_store() as control:  # the recorder does see a read
+        storage.read_bytes(first)
+    assert ("GET", path) in control
+
+    assert pipeline.cache_key(inputs, {"s": 1}) == key and pipeline.cache_key(inputs, {"s": 2}) != key
+    assert pipeline.cache_key({"train": other}, {"s": 1}) != key  # same bytes, another URI
+    local.write_text(local.read_text(encoding="utf-8").replace("Ann Lee founded", "Ann Lee funded ", 1),
+                     encoding="utf-8")
+    storage.upload(local, first)  # one row changed, the same size
+    assert storage.size(first) == storage.size(other)
+    assert pipeline.cache_key(inputs, {"s": 1}) != key
 
 
 def test_read_tasks_leave_the_driver_node_only_when_every_split_file_is_remote() -> None:
@@ -137,11 +164,10 @@ def test_on_a_cluster_the_tasks_build_in_the_object_store_and_give_the_same_resu
                              1)
     assert local.rejected_count == 2
     shared = storage.join(object_store, "cluster", ".nre_ray_cache")
-    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / "copies"))
     cfg = DataConfig(data_dir=str(inputs), cache_dir=str(tmp_path / "driver"), on_bad_rows="skip")
     with caplog.at_level(logging.INFO, logger="nre_ray"):
         built = pipeline.prepare(cfg, 1, shared_cache=shared, multi_node=True)
-    assert f"preprocessing in the object store: {shared}/" in caplog.text
+    assert f"preprocess: building in the object store: {shared}/" in caplog.text
     assert_same(built, local)
     assert built.rejected_count == 2
     assert Path(built.rejected_csv).read_text() == Path(local.rejected_csv).read_text()
@@ -171,19 +197,19 @@ def test_build_folders_in_the_store_left_by_gone_drivers_are_removed(object_stor
     root = storage.join(object_store, "stale", ".nre_ray_cache")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    key, host = "ab" * 10, pipeline._HOST
+    key, host = "ab" * 10, buildonce.HOST
     folders = {"dead": f"{key}.tmp-{dead.pid}-0badc0de-{host}", "live": f"{key}.tmp-{os.getpid()}-0badc0de-{host}",
                "elsewhere": f"{key}.tmp-1-0badc0de-{'e' * 8}", "published": key, "not ours": "notes.tmp-1-x"}
     for name in folders.values():
         storage.write_bytes(storage.join(root, name, "work", "parts", "train", "0-000000000002.npz"), b"x")
     names = lambda: {storage.name_of(p) for p in storage.list_folders(root)}  # noqa: E731
-    pipeline._remove_stale(root)
+    buildonce.remove_stale(root)
     assert names() == {folders[k] for k in ("live", "elsewhere", "published", "not ours")}
-    monkeypatch.setattr(pipeline, "PRIVATE_MAX_AGE", -1)  # another machine's folder, unchanged for long enough
-    pipeline._remove_stale(root)
+    monkeypatch.setattr(buildonce, "PRIVATE_MAX_AGE", -1)  # another machine's folder, unchanged for long enough
+    buildonce.remove_stale(root)
     assert names() == {folders[k] for k in ("live", "published", "not ours")}
     assert storage.list_files(storage.join(root, key), recursive=True)  # the published cache keeps its files
-    pipeline._remove_stale(storage.join(object_store, "no", "such", "folder"))  # nothing there: nothing to do
+    buildonce.remove_stale(storage.join(object_store, "no", "such", "folder"))  # nothing there: nothing to do
 
 
 def test_subwords_built_in_the_object_store_match_the_local_build(
@@ -262,7 +288,7 @@ def test_pretrained_folder_from_the_store(object_store: str, tmp_path: Path,
     from nre_ray.models.bert import load_transformer
     from tests.tiny_bert import make_tiny_bert
 
-    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / "copies"))
+    monkeypatch.setattr(storage, "default_cache_root", lambda: tmp_path / "copies")
     local = make_tiny_bert(tmp_path / "tiny", words=["acme", "founded"])
     (local / "model.onnx").write_bytes(b"not for torch")
     uri = storage.join(object_store, "models", "tiny")

@@ -61,7 +61,7 @@ def test_a_worker_on_another_node_copies_the_shared_cache_in_the_bucket_once(
     local = _cache(tmp_path / "driver" / "key")
     shared = storage.join(object_store, "worker-data", ".nre_ray_cache", "key")
     assert pipeline._publish_shared(local, shared)
-    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / "node-copies"))
+    monkeypatch.setattr(storage, "default_cache_root", lambda: tmp_path / "node-copies")  # this test's "node"
     description = {"cache": {"dir": str(tmp_path / "not-on-this-node" / "key"), "shared": shared,
                              "splits": ["train", "test"]}}
     splits = open_splits(description)

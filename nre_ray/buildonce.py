@@ -1,0 +1,177 @@
+"""Build a folder once, safely under concurrency: the one protocol of the preprocessing cache
+(:func:`nre_ray.data.pipeline.prepare`) and of the local copies of files in an object store
+(:func:`nre_ray.storage.local_copy`).
+
+* **Private folder, one rename.** A builder works in a private folder next to the target,
+  ``<name>.tmp-<pid>-<random>-<host>`` (:func:`private_folder`; the same file system), and publishes it with one
+  atomic rename onto ``<name>`` (:func:`publish`). A reader sees a complete folder or none; no builder touches
+  another's files.
+* **Builders on one machine take turns** (:func:`turn`: an advisory file lock per target, kept outside the target's
+  folder), so the second one finds the first one's result instead of building it again. Builders on several machines
+  (a folder that they all mount) may build at once: the first rename wins, and the others drop their copies and use
+  the published one.
+* **Builders that are gone leave nothing for long.** A private folder whose builder's process no longer runs on
+  this machine, or (another machine's, whose process cannot be checked) in which nothing changed for
+  :data:`PRIVATE_MAX_AGE` seconds, is removed by the next builder (:func:`remove_stale`); so are the private folders
+  of builds in an object store, which follow the same naming.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from nre_ray import storage
+
+log = logging.getLogger(__name__)
+
+PRIVATE_MAX_AGE = 24 * 3600
+"""Seconds after which a private build folder whose builder cannot be checked (another machine's) counts as stale."""
+HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+"""This machine, in the names of private build folders (a process id means something on its own machine only)."""
+_PRIVATE = re.compile(r"(?P<name>[0-9a-f]+)\.tmp-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{8})")
+"""The name of a private build folder: ``<name>.tmp-<pid>-<random>-<host>`` next to the target ``<name>`` (a key in
+hex digits: the cache's and the copies' folders are named so)."""
+_PUBLISH_TRIES = 20
+
+
+def private_name(name: str) -> str:
+    """A new private name for a build of ``name`` by this process (:data:`_PRIVATE`)."""
+    return f"{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}-{HOST}"
+
+
+@contextlib.contextmanager
+def turn(target: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the turn to build ``target`` among this machine's processes (a ``flock`` on a lock file of this user's
+    under the temporary folder, named after the target's absolute path): a second builder waits until the first one
+    is done, then finds its result. ``waiting`` is called once when this one has to wait. The lock goes with the
+    process that holds it, killed or not."""
+    locks = Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(str(Path(target).absolute()).encode()).hexdigest()[:24]
+    with (locks / f"{name}.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def private_folder(target: Path) -> Iterator[Path]:
+    """A new, empty private build folder next to ``target`` (created after removing the stale ones of builders that
+    are gone); removed on exit, whether it was published (then it is gone already) or not."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target.parent)
+    while True:
+        folder = target.parent / private_name(target.name)
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        break
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def publish(private: Path, target: Path, complete: Callable[[Path], bool], replace: bool = False) -> bool:
+    """Rename the finished folder ``private`` onto ``target`` (atomic: one file system); True when it is published.
+
+    A folder already at ``target`` that is not ``complete`` (a result of an older layout, say), or any with
+    ``replace``, is first moved aside and removed; a complete one (another builder's, published first) is kept:
+    False, and ``private`` is left to the caller."""
+    for _ in range(_PUBLISH_TRIES):
+        try:
+            os.rename(private, target)
+            return True
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if not replace and complete(target):
+            return False
+        discard(target)
+        replace = False  # replaced once: a complete result that another builder publishes after that is as fresh
+    raise RuntimeError(f"could not publish {target}: other builders kept replacing it")
+
+
+def discard(folder: Path) -> None:
+    """Move ``folder`` out of the way under a private name (one rename: readers see it whole or not at all), then
+    remove it."""
+    aside = folder.parent / private_name(folder.name)
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return  # another builder moved it already
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_stale(root: Path | str) -> None:
+    """Remove the private build folders in ``root`` (a local folder, or a folder in an object store) whose builder is
+    gone: its process no longer runs on this machine, or (another machine's) nothing in it changed for
+    :data:`PRIVATE_MAX_AGE` seconds. Never a live builder's folder on this machine, nor a folder not named like a
+    private build folder."""
+    try:
+        entries = storage.list_folders(root)
+    except (OSError, storage.StorageError):
+        return
+    for entry in entries:
+        match = _PRIVATE.fullmatch(storage.name_of(entry))
+        if match is None:
+            continue
+        if match["host"] == HOST:
+            stale = not _process_alive(int(match["pid"]))
+        else:
+            stale = time.time() - _last_change(entry) > PRIVATE_MAX_AGE
+        if stale:
+            log.info("removing %s, left by a build that did not finish", entry)
+            try:
+                storage.remove_tree(entry)
+            except storage.StorageError as err:
+                log.warning("cannot remove %s (%s)", entry, err)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def _last_change(folder: Path | str) -> float:
+    """The newest modification time of ``folder`` and what it holds, one level down (a build adds files to its
+    folder and to its subfolders); in an object store, of every object under it (0 when there is none)."""
+    if storage.is_uri(folder):
+        try:
+            return max((row[2] for row in storage.stamp(folder) if row[2]), default=0) / 1e9
+        except storage.StorageError:
+            return time.time()  # vanishing or unreadable: not stale
+    folder = Path(folder)
+    try:
+        times = [folder.stat().st_mtime]
+        for child in folder.iterdir():
+            times.append(child.lstat().st_mtime)
+    except OSError:
+        return time.time()  # vanishing or unreadable: not stale
+    return max(times)
