@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--columns", help="Column mapping for other column names, e.g. 'text=sentence,label=relation'.")
     parser.add_argument("--on-bad-rows", choices=choices("data.on_bad_rows"), default="error",
                         help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ URIs.")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ (default: "
+                        "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
     parser.add_argument("--address", help=ADDRESS_HELP)
     return parser
 

@@ -64,7 +64,8 @@ def _run_to_resume(cfg: Config, run_name: str, storage: str, tracking_uri: str, 
     """The MLflow run that ``--resume`` continues (an ``mlflow.entities.Run``); UsageError if there is none."""
     from nre_ray.tracking import store as tracking
 
-    found = tracking.find_run(tracking_uri, cfg.run.experiment_name, run_name, storage)
+    with tracking.store_errors(tracking_uri):  # the command's first MLflow call
+        found = tracking.find_run(tracking_uri, cfg.run.experiment_name, run_name, storage)
     if found is None:
         has = f"{storage.rstrip('/')}/{run_name} has checkpoints ({', '.join(existing[:3])}) but " if existing else ""
         raise UsageError(f"--resume: {has}no MLflow run named {run_name!r} with storage {storage} is in experiment "
@@ -316,7 +317,8 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
     if commit:
         tags["mlflow.source.git.commit"] = commit
     if resumed is None:
-        run_id = tracking.start_run(target.tracking_uri, cfg.run.experiment_name, target.run_name, tags)
+        with tracking.store_errors(target.tracking_uri):  # the run's first MLflow call
+            run_id = tracking.start_run(target.tracking_uri, cfg.run.experiment_name, target.run_name, tags)
     else:  # the same MLflow run: the loop logs from the checkpoint's epoch on and does not log params again
         run_id = resumed.info.run_id
         tracking.reopen_run(target.tracking_uri, run_id)

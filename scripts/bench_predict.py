@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 
         import mlflow
 
-        from nre_ray.serving.inference import INPUT_COLUMNS, mlflow_settings
+        from nre_ray.serving.inference import INPUT_COLUMNS
+        from nre_ray.tracking.store import mlflow_settings
 
         uri, store = pyfunc_uri(model, work, tracking_uri)
         with mlflow_settings(store):

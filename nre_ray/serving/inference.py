@@ -12,13 +12,11 @@ exactly as it was during training.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,7 +237,6 @@ def row_problems(problems: pd.Series) -> list[Problem]:
 # naming a model
 
 
-_BARS = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 _STAGES = {"latest", "production", "staging", "archived", "none"}
 
 
@@ -271,20 +268,13 @@ def resolve_checkpoint(model: str, tracking_uri: str | None = None) -> ResolvedM
             raise CheckpointError(f"--model {model}: no such folder (give a checkpoint folder, runs:/<run_id>/model "
                                   "or models:/<name>/<version>)")
         return ResolvedModel(_checkpoint_in(path, model), model)
-    import mlflow
-    import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
-    from nre_ray.tracking.store import resolve_tracking_uri
+    from nre_ray.tracking.store import download_model
 
-    uri = _alias_uri(model)
     temp = tempfile.TemporaryDirectory(prefix="nre_ray_model_")
     try:
-        # MLflow 3.17 resolves runs:/ through the logged model with the *global* tracking URI (the tracking_uri
-        # argument does not reach that lookup), so the global one is set for the download.
-        with mlflow_settings(resolve_tracking_uri(tracking_uri)):
-            local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=temp.name,
-                                                        tracking_uri=mlflow.get_tracking_uri())
+        local = download_model(_alias_uri(model), tracking_uri, temp.name)
         return ResolvedModel(_checkpoint_in(Path(local), model), model, temp)
     except MlflowException as err:
         temp.cleanup()
@@ -294,31 +284,6 @@ def resolve_checkpoint(model: str, tracking_uri: str | None = None) -> ResolvedM
     except BaseException:
         temp.cleanup()
         raise
-
-
-@contextlib.contextmanager
-def mlflow_settings(tracking_uri: str) -> Iterator[None]:
-    """MLflow's global tracking URI set to ``tracking_uri`` and its artifact progress bars off, then restored."""
-    import mlflow
-
-    previous, bars = mlflow.get_tracking_uri(), os.environ.get(_BARS)
-    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(tracking_uri)
-    os.environ[_BARS] = "false"
-    try:
-        yield
-    finally:
-        # set_tracking_uri also writes MLFLOW_TRACKING_URI into the environment: put that back as it was too, or
-        # every later run in this process would silently track into this store.
-        mlflow.set_tracking_uri(previous)
-        if previous_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = previous_env
-        if bars is None:
-            os.environ.pop(_BARS, None)
-        else:
-            os.environ[_BARS] = bars
 
 
 def _alias_uri(uri: str) -> str:

@@ -21,9 +21,8 @@ from typing import Any
 import mlflow
 import mlflow.pyfunc
 import pandas as pd
-from mlflow.entities import LoggedModelOutput
 
-from nre_ray.tracking.store import link_model_metrics
+from nre_ray.tracking import store as tracking
 
 MODEL_NAME = "model"
 #: Distributions the pyfunc model imports (pinned to the versions installed when it was logged).
@@ -139,9 +138,9 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
               registered_model_name: str | None = None) -> LoggedModel:
     """Log ``checkpoint`` (a folder; the optimizer state is left out) as the pyfunc model ``model`` of run ``run_id``
     and register it under ``registered_model_name``; its test and validation scores are linked to it
-    (:func:`nre_ray.tracking.store.link_model_metrics`). The run's status is left as it was."""
+    (:func:`nre_ray.tracking.store.attach_model`). The run's status is left as it was. ``tracking_uri``: resolved
+    and checked (:func:`nre_ray.tracking.store.resolve_tracking_uri`)."""
     import nre_ray
-    from nre_ray.serving.inference import mlflow_settings
 
     with tempfile.TemporaryDirectory(prefix="nre_ray_code_") as tmp:
         # The package without caches, so the model imports nre_ray in an environment that does not have it.
@@ -152,22 +151,20 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
         script = Path(tmp) / "relation_model.py"  # "models from code": the model is built by code, not unpickled
         script.write_text(MODEL_SCRIPT, encoding="utf-8")
         epoch = int(json.loads((slim / "meta.json").read_text(encoding="utf-8")).get("epoch", 0))
-        with mlflow_settings(tracking_uri):
-            client = mlflow.MlflowClient(tracking_uri)
-            run = client.get_run(run_id)
+        with tracking.mlflow_settings(tracking_uri):
             # The model is created first, in the run's experiment and with the run as its source (runs:/<id>/model
             # finds it), and logged without an active run: MLflow would otherwise link to it every metric the run
-            # has at the model's step (the start-up timings). link_model_metrics links its scores instead.
+            # has at the model's step (the start-up timings). attach_model links its scores instead.
             model = mlflow.initialize_logged_model(name=MODEL_NAME, source_run_id=run_id,
-                                                   experiment_id=run.info.experiment_id, params=run.data.params)
+                                                   experiment_id=tracking.experiment_id(tracking_uri, run_id),
+                                                   params=tracking.run_params(tracking_uri, run_id))
             info = mlflow.pyfunc.log_model(
                 name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)}, model_id=model.model_id,
                 code_paths=[str(code)], signature=signature(), input_example=input_example(typed=_typed(slim)),
                 pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
                 registered_model_name=registered_model_name,
             )
-            client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=epoch)])  # the runs table's Models
-            link_model_metrics(tracking_uri, run_id, model.model_id, epoch)
+        tracking.attach_model(tracking_uri, run_id, model.model_id, epoch)
     registered = None
     if registered_model_name and info.registered_model_version is not None:
         registered = f"models:/{registered_model_name}/{info.registered_model_version}"

@@ -20,18 +20,27 @@ charts open with the learning curves:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import getpass
 import hashlib
+import importlib.metadata
 import json
 import os
+import re
+import ssl
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nre_ray.cluster.session import UsageError
+
 if TYPE_CHECKING:
-    from mlflow.entities import DatasetInput
+    from mlflow.entities import DatasetInput, Run
     from mlflow.tracking import MlflowClient
 
 _MAX_PARAM_LEN = 6000
@@ -184,16 +193,182 @@ def make_tracker(rank: int, tracking_uri: str | None, run_id: str | None) -> Tra
     return Tracker()
 
 
+TRACKING_ENV = "MLFLOW_TRACKING_URI"
+#: How long a tracking server has to answer ``GET /health`` before the command gives up on it.
+HEALTH_TIMEOUT_S = 5.0
+#: Tracking URIs that are a whole word, not ``scheme:...`` (MLflow's names for Databricks and Unity Catalog).
+NAMED_STORES = frozenset({"databricks", "databricks-uc", "uc"})
+#: The schemes of MLflow's own tracking stores besides file, sqlite and http(s) (a database may name its driver:
+#: ``postgresql+psycopg2://``); plugins add theirs as ``mlflow.tracking_store`` entry points.
+OTHER_SCHEMES = frozenset({"postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc"})
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
 def resolve_tracking_uri(uri: str | None) -> str:
-    """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db`` (what ``mlflow ui`` in
-    the same folder reads). A relative sqlite path or a bare path is made absolute: workers run in other folders."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).absolute()}"
-    elif "://" not in uri:
-        raise ValueError(f"--tracking-uri {uri!r}: give a URI such as sqlite:///mlflow.db or http://host:5000 "
-                         "(plain folders, MLflow's old file store, are refused by MLflow 3)")
-    return uri
+    """The tracking URI a command uses, checked: ``--tracking-uri`` (``uri``), else ``MLFLOW_TRACKING_URI``, else
+    ``sqlite:///<cwd>/mlflow.db`` (what ``mlflow ui`` in the same folder reads). A relative sqlite path is made
+    absolute (workers run in other folders). UsageError, naming the option or variable it came from, for a URI no
+    run could use (:func:`tracking_uri_problem`): found here, before Ray starts, not at the first MLflow call."""
+    given = uri or os.environ.get(TRACKING_ENV)
+    if not given:
+        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    resolved = given
+    if given.startswith("sqlite:///") and not given.startswith("sqlite:////") and given != "sqlite:///:memory:":
+        resolved = f"sqlite:///{Path(given[len('sqlite:///'):]).expanduser().absolute()}"
+    problem = tracking_uri_problem(resolved)
+    if problem:
+        raise UsageError(f"{'--tracking-uri ' if uri else TRACKING_ENV + '='}{given}: {problem}")
+    return resolved
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """What is wrong with the tracking URI ``uri`` (None: nothing found), without creating or changing anything:
+
+    - a folder or ``file:`` URI: MLflow's old file store, which MLflow 3 refuses to write (an existing one is named,
+      with the command that copies it into sqlite); a file path: the sqlite URI to give instead;
+    - ``sqlite:///PATH``: its folder must exist, PATH must not be a folder, an existing file must be a sqlite
+      database, and a database in memory is refused (nothing would be kept, and the workers could not reach it);
+    - ``http(s)://``: a server must answer ``GET /health`` within :data:`HEALTH_TIMEOUT_S` (any HTTP answer will
+      do: MLflow's own calls say what else is wrong);
+    - another scheme: one of MLflow's stores (:data:`OTHER_SCHEMES`) or of an installed plugin.
+    """
+    if uri in NAMED_STORES:
+        return None
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    scheme = match.group(1).lower() if match else ""
+    if scheme in ("", "file"):
+        return _path_problem(uri)
+    if scheme == "sqlite":
+        return _sqlite_problem(uri)
+    if scheme in ("http", "https"):
+        return _server_problem(uri)
+    plugins = {entry.name for entry in importlib.metadata.entry_points(group="mlflow.tracking_store")}
+    if scheme.split("+", 1)[0] in OTHER_SCHEMES or scheme in plugins:
+        return None
+    return (f"MLflow has no tracking store for {scheme}: URIs; give sqlite:///{Path.cwd() / 'mlflow.db'} (the "
+            "default), an MLflow server http://HOST:PORT or a database (postgresql://, mysql://, mssql://)")
+
+
+def _path_problem(uri: str) -> str:
+    """Why a path (or ``file:`` URI) is not a tracking URI, and what to give instead."""
+    text = re.sub(r"^file:(//[^/]*)?", "", uri) if uri.lower().startswith("file:") else uri
+    path = Path(text).expanduser().absolute()
+    if path.is_file() or path.suffix in (".db", ".sqlite", ".sqlite3"):
+        return f"a file is not a tracking URI; give sqlite:///{path}"
+    if path.is_dir() and _holds_file_store(path):
+        return (f"{path} is an MLflow file store, which MLflow 3 no longer writes; copy its runs into a sqlite store "
+                f"with `mlflow migrate-filestore --source {path} --target sqlite:///{path.with_suffix('.db')}` and "
+                "give that sqlite:/// URI")
+    db = path.parent / "mlflow.db"
+    default = " (the default)" if db == Path.cwd() / "mlflow.db" else ""
+    return (f"a folder is MLflow's old file store, which MLflow 3 no longer writes; give sqlite:///{db}{default} or an "
+            "MLflow server http://HOST:PORT")
+
+
+def _holds_file_store(folder: Path) -> bool:
+    """Whether ``folder`` (or its ``mlruns``) holds an MLflow file store: experiment folders with a ``meta.yaml``
+    (the artifact folder of a sqlite store has experiment folders without one)."""
+    for root in (folder, folder / "mlruns"):
+        if root.is_dir() and any(p.parent.name.isdigit() for p in root.glob("*/meta.yaml")):
+            return True
+    return False
+
+
+def _sqlite_problem(uri: str) -> str | None:
+    """What is wrong with a ``sqlite:`` URI (its path already absolute), or None."""
+    if not uri.startswith("sqlite:///"):
+        return "give a sqlite database as sqlite:///PATH (three slashes, then the path; four for an absolute one)"
+    if uri == "sqlite:///:memory:":
+        return "a database in memory keeps nothing, and the workers cannot reach it; give a file: sqlite:///PATH"
+    path = Path(uri[len("sqlite:///"):])
+    if path.is_dir():
+        return f"{path} is a folder; give the database file in it: sqlite:///{path / 'mlflow.db'}"
+    if not path.parent.is_dir():
+        return f"the folder {path.parent} does not exist; create it, or give a database in a folder that exists"
+    if path.is_file() and path.stat().st_size > 0:
+        with path.open("rb") as fh:
+            if fh.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
+                return f"{path} is not a sqlite database; give another file (a new one is created)"
+    return None
+
+
+def _server_problem(uri: str) -> str | None:
+    """None when something answers HTTP at ``uri``; else why not (refused, no such host, no answer in time)."""
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:  # it answers: MLflow's own calls report what else is wrong
+        return None
+    except urllib.error.URLError as err:
+        if isinstance(err.reason, ssl.SSLError):  # a TLS server: MLflow's own settings decide how to trust it
+            return None
+        reason = "no answer" if isinstance(err.reason, TimeoutError) else str(err.reason)
+    except TimeoutError:
+        reason = f"no answer within {HEALTH_TIMEOUT_S:g} s"
+    except (ValueError, OSError) as err:
+        reason = str(err)
+    return (f"no MLflow server answers there ({reason}); start one (mlflow server --backend-store-uri "
+            "sqlite:///ABS/mlflow.db --host HOST --port PORT) or give the address of one that runs")
+
+
+@contextlib.contextmanager
+def store_errors(tracking_uri: str) -> Iterator[None]:
+    """A command's first MLflow call in ``tracking_uri``: MLflow's errors about the store itself (an MLflow error, a
+    database the store cannot open, a missing database driver) become one UsageError line."""
+    try:
+        yield
+    except Exception as err:
+        from mlflow.exceptions import MlflowException
+
+        kinds: tuple[type[Exception], ...] = (MlflowException, ValueError, ImportError)
+        with contextlib.suppress(ImportError):
+            from sqlalchemy.exc import SQLAlchemyError
+
+            kinds += (SQLAlchemyError,)
+        if not isinstance(err, kinds):
+            raise
+        text = str(getattr(err, "message", "") or err).strip()
+        first = text.splitlines()[0] if text else type(err).__name__
+        raise UsageError(f"tracking URI {tracking_uri}: MLflow cannot use it ({first}); check --tracking-uri or "
+                         f"{TRACKING_ENV}") from None
+
+
+@contextlib.contextmanager
+def mlflow_settings(tracking_uri: str) -> Iterator[None]:
+    """MLflow's global tracking URI set to ``tracking_uri`` and its artifact progress bars off, then restored: for
+    the MLflow calls that read the global URI (``mlflow.pyfunc.log_model``, ``runs:/`` downloads)."""
+    import mlflow
+
+    bars_env = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    previous, bars = mlflow.get_tracking_uri(), os.environ.get(bars_env)
+    previous_env = os.environ.get(TRACKING_ENV)
+    mlflow.set_tracking_uri(tracking_uri)
+    os.environ[bars_env] = "false"
+    try:
+        yield
+    finally:
+        # set_tracking_uri also writes MLFLOW_TRACKING_URI into the environment: put that back as it was too, or
+        # every later run in this process would silently track into this store.
+        mlflow.set_tracking_uri(previous)
+        for key, value in ((TRACKING_ENV, previous_env), (bars_env, bars)):
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def download_model(model_uri: str, tracking_uri: str | None, folder: str) -> str:
+    """Download the MLflow model ``model_uri`` (``runs:/...``, ``models:/...``) from the store of ``tracking_uri``
+    (resolved and checked: :func:`resolve_tracking_uri`) into ``folder``; returns the local path. MLflow's errors
+    about the model (it is not there) are left to the caller."""
+    import mlflow.artifacts
+
+    uri = resolve_tracking_uri(tracking_uri)
+    # MLflow 3.17 resolves runs:/ through the logged model with the *global* tracking URI (the tracking_uri argument
+    # does not reach that lookup), so the global one is set for the download.
+    with mlflow_settings(uri):
+        return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=folder, tracking_uri=uri)
 
 
 def default_artifact_location(tracking_uri: str) -> str | None:
@@ -239,38 +414,59 @@ def source_tags() -> dict[str, str]:
             "mlflow.user": user}
 
 
-def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_path: str) -> Any | None:
+def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_path: str) -> Run | None:
     """The newest MLflow run of ``experiment_name`` tagged ``nre_ray.run_name=run_name`` and ``storage_path``
-    (the tags :mod:`nre_ray.runner` sets), or None. Returns an ``mlflow.entities.Run``."""
-    client = _client(tracking_uri)
-    experiment = client.get_experiment_by_name(experiment_name)
+    (the tags :mod:`nre_ray.runner` sets), or None."""
+    experiment = _client(tracking_uri).get_experiment_by_name(experiment_name)
     if experiment is None:
         return None
     # MLflow's filter syntax has no escapes: quote with whichever quote the name lacks, check the tags here.
     quote = next((q for q in "'\"" if q not in run_name), None)
     filter_string = f"tags.`nre_ray.run_name` = {quote}{run_name}{quote}" if quote else ""
+    for run in search_runs(tracking_uri, experiment.experiment_id, filter_string):
+        tags = run.data.tags
+        if tags.get("nre_ray.run_name") == run_name and tags.get("storage_path") == storage_path:
+            return run
+    return None
+
+
+def search_runs(tracking_uri: str, experiment_id: str, filter_string: str) -> Iterator[Run]:
+    """The runs of the experiment that match MLflow's ``filter_string``, newest first, page after page."""
+    client = _client(tracking_uri)
     page_token = None
     while True:
-        runs = client.search_runs([experiment.experiment_id], filter_string=filter_string,
+        runs = client.search_runs([experiment_id], filter_string=filter_string,
                                   order_by=["attributes.start_time DESC"], page_token=page_token)
-        for run in runs:
-            tags = run.data.tags
-            if tags.get("nre_ray.run_name") == run_name and tags.get("storage_path") == storage_path:
-                return run
+        yield from runs
         page_token = runs.token
         if not page_token:
-            return None
+            return
+
+
+def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every point of the loop's metric ``key`` (e.g. ``valid_macro_f1``) in the run, by step."""
+    name = mlflow_name(key)
+    return sorted((m.step, m.value) for m in _client(tracking_uri).get_metric_history(run_id, name)) if name else []
 
 
 def metric_steps(tracking_uri: str, run_id: str, key: str) -> set[int]:
     """The steps at which the loop's metric ``key`` has been logged in the run (``"epoch"``: the epochs of which any
     learning-curve metric was logged)."""
+    if key != "epoch":
+        return {step for step, _ in metric_history(tracking_uri, run_id, key)}
     client = _client(tracking_uri)
-    if key == "epoch":
-        names = [name for name in client.get_run(run_id).data.metrics if name.startswith(CURVES)]
-    else:
-        names = [name] if (name := mlflow_name(key)) else []
+    names = [name for name in client.get_run(run_id).data.metrics if name.startswith(CURVES)]
     return {m.step for name in names for m in client.get_metric_history(run_id, name)}
+
+
+def run_status(tracking_uri: str, run_id: str) -> str:
+    """The run's status: RUNNING, FINISHED, FAILED or KILLED."""
+    return _client(tracking_uri).get_run(run_id).info.status
+
+
+def run_params(tracking_uri: str, run_id: str) -> dict[str, str]:
+    """The run's parameters."""
+    return dict(_client(tracking_uri).get_run(run_id).data.params)
 
 
 def reopen_run(tracking_uri: str, run_id: str) -> None:
@@ -417,10 +613,21 @@ def link_model_metrics(tracking_uri: str, run_id: str, model_id: str, epoch: int
     return len(linked)
 
 
+def attach_model(tracking_uri: str, run_id: str, model_id: str, epoch: int) -> int:
+    """Record the logged model ``model_id`` (the checkpoint of ``epoch``) as the run's output (the runs table's
+    Models column) and link its scores to it (:func:`link_model_metrics`). Returns how many scores were linked."""
+    from mlflow.entities import LoggedModelOutput
+
+    _client(tracking_uri).log_outputs(run_id, [LoggedModelOutput(model_id, step=epoch)])
+    return link_model_metrics(tracking_uri, run_id, model_id, epoch)
+
+
 __all__ = [
     "MlflowTracker",
     "Tracker",
+    "attach_model",
     "data_params",
+    "download_model",
     "end_run",
     "experiment_id",
     "find_run",
@@ -428,16 +635,24 @@ __all__ = [
     "log_datasets",
     "loop_name",
     "make_tracker",
+    "metric_history",
     "metric_steps",
     "mlflow_metrics",
     "mlflow_name",
+    "mlflow_settings",
     "reopen_run",
     "resolve_tracking_uri",
     "resolved_params",
     "run_metrics",
     "run_page",
+    "run_params",
+    "run_status",
+    "search_runs",
+    "set_run_tags",
     "source_tags",
     "split_datasets",
     "start_run",
+    "store_errors",
+    "tracking_uri_problem",
     "warm_up",
 ]

@@ -22,14 +22,11 @@ from nre_ray.config import Config
 def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: str, epochs: int) -> list[dict]:
     """One dict per trial: id, outcome, epochs reached, best validation score and its epoch, the searched values,
     the child run id, the Train run's folder and Tune's error if any."""
-    from mlflow.tracking import MlflowClient
-
     from nre_ray.cluster.ray_private import trial_statuses
     from nre_ray.tracking import store as tracking
     from nre_ray.tune.report import outcome
     from nre_ray.tune.trial import child_runs
 
-    client = MlflowClient(tracking_uri)
     children = child_runs(tracking_uri, parent)
     statuses = trial_statuses(grid)  # Tune's own view of each trial
     trials = []
@@ -38,8 +35,7 @@ def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: 
         trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
         best, best_epoch, history = math.nan, None, []
         if children.get(trial_id):  # every epoch of the trial, across resumes: its child run's curve
-            history = sorted((m.step, m.value) for m in client.get_metric_history(children[trial_id],
-                                                                                  tracking.mlflow_name(metric)))
+            history = tracking.metric_history(tracking_uri, children[trial_id], metric)
             for epoch, value in history:  # the first epoch that reached the best score, as the loop selects
                 if math.isnan(best) or value > best:
                     best, best_epoch = value, epoch
@@ -58,21 +54,19 @@ def close_children(tracking_uri: str, trials: list[dict], cut: set[str] | None =
     """Close the child runs the trials could not close themselves (ASHA stops a trial by ending its actor): stopped
     and completed ones FINISHED, failed ones FAILED, and the runs still open of the trials in ``cut`` (an
     interrupted sweep's) KILLED, as ``unfinished``; each gets its outcome as the tag ``nre_ray.tune.outcome``."""
-    from mlflow.tracking import MlflowClient
-
+    from nre_ray.tracking import store as tracking
     from nre_ray.tune.report import ERROR, UNFINISHED
 
-    client = MlflowClient(tracking_uri)
     for trial in trials:
         run_id = trial["mlflow_run_id"]
         if not run_id:
             continue
-        running = client.get_run(run_id).info.status == "RUNNING"
+        running = tracking.run_status(tracking_uri, run_id) == "RUNNING"
         outcome = UNFINISHED if running and trial["trial_id"] in (cut or set()) else trial["outcome"]
-        client.set_tag(run_id, "nre_ray.tune.outcome", outcome)
+        tracking.set_run_tags(tracking_uri, run_id, {"nre_ray.tune.outcome": outcome})
         status = {ERROR: "FAILED", UNFINISHED: "KILLED"}.get(outcome, "FINISHED")
         if running or status == "FAILED":
-            client.set_terminated(run_id, status=status)
+            tracking.end_run(tracking_uri, run_id, status)
 
 
 def interrupted(trials: list[dict], num_samples: int, ended: set[str]) -> set[str] | None:
@@ -89,14 +83,12 @@ def interrupted(trials: list[dict], num_samples: int, ended: set[str]) -> set[st
 
 def close_running(tracking_uri: str, parent: str) -> None:
     """Mark the parent's child runs still RUNNING as KILLED (``--resume`` reopens them)."""
-    from mlflow.tracking import MlflowClient
-
+    from nre_ray.tracking import store as tracking
     from nre_ray.tune.trial import child_runs
 
-    client = MlflowClient(tracking_uri)
     for run_id in child_runs(tracking_uri, parent).values():
-        if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, status="KILLED")
+        if tracking.run_status(tracking_uri, run_id) == "RUNNING":
+            tracking.end_run(tracking_uri, run_id, "KILLED")
 
 
 def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict], space: list, parent: str,

@@ -275,7 +275,8 @@ def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, spa
         return run_id
     tags = {"nre_ray.run_name": target.run_name, "nre_ray.kind": "sweep", "storage_path": target.storage,
             "workers": str(cfg.train.num_workers), "device": "gpu" if cfg.train.use_gpu else "cpu"}
-    run_id = tracking.start_run(target.tracking_uri, cfg.run.experiment_name, target.run_name, tags)
+    with tracking.store_errors(target.tracking_uri):  # the sweep's first MLflow call
+        run_id = tracking.start_run(target.tracking_uri, cfg.run.experiment_name, target.run_name, tags)
     tracker = tracking.MlflowTracker(target.tracking_uri, run_id)
     tracker.log_params({**cfg.flat(), "tune.search_space": space_json, "tune.num_samples": opts.num_samples,
                         "tune.searcher": searcher, "tune.metric": metric, "tune.grace_period": opts.grace_period,

@@ -17,7 +17,6 @@ from typing import Any
 
 import ray
 import ray.train
-from mlflow.tracking import MlflowClient
 
 #: Tags of a child run: the Tune trial it records, and (MLflow's own) the sweep's parent run.
 TRIAL_TAG, PARENT_TAG = "nre_ray.trial_id", "mlflow.parentRunId"
@@ -154,8 +153,7 @@ def log_missed_epoch(tracking_uri: str, run_id: str, metrics: dict[str, Any] | N
     if not metrics or "epoch" not in metrics:
         return None
     epoch = int(metrics["epoch"])
-    name = tracking.mlflow_name("train_loss")
-    if any(m.step == epoch for m in MlflowClient(tracking_uri).get_metric_history(run_id, name)):
+    if epoch in tracking.metric_steps(tracking_uri, run_id, "train_loss"):
         return None
     tracking.MlflowTracker(tracking_uri, run_id).log_metrics(metrics, step=epoch)
     return dict(metrics)
@@ -189,17 +187,12 @@ def find_child_run(tracking_uri: str, parent_run_id: str, trial_id: str) -> str 
 
 def child_runs(tracking_uri: str, parent_run_id: str) -> dict[str, str]:
     """``{trial id: run id}`` of the parent's child runs (the oldest run per trial, should there be two)."""
-    client = MlflowClient(tracking_uri)
-    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    from nre_ray.tracking import store as tracking
+
+    experiment_id = tracking.experiment_id(tracking_uri, parent_run_id)
     out: dict[str, str] = {}
-    page_token = None
-    while True:
-        runs = client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
-                                  order_by=["attributes.start_time DESC"], page_token=page_token)
-        for run in runs:
-            trial = run.data.tags.get(TRIAL_TAG)
-            if trial:
-                out[trial] = run.info.run_id  # newest first: the oldest one wins
-        page_token = runs.token
-        if not page_token:
-            return out
+    for run in tracking.search_runs(tracking_uri, experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'"):
+        trial = run.data.tags.get(TRIAL_TAG)
+        if trial:
+            out[trial] = run.info.run_id  # newest first: the oldest one wins
+    return out

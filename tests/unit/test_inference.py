@@ -141,15 +141,3 @@ def test_checkpoint_meta_is_what_the_predictor_rebuilds_from(tmp_path):
     predictor = Predictor.from_checkpoint(folder)
     assert predictor.num_positions == meta["num_positions"] and predictor.labels == sorted(TEMPLATES)
     assert not predictor.model.training
-
-
-def test_mlflow_settings_leaves_no_tracking_uri_behind(monkeypatch, tmp_path):
-    """mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI; later runs in the process must not inherit it."""
-    import os
-
-    from nre_ray.serving.inference import mlflow_settings
-
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    with mlflow_settings(f"sqlite:///{tmp_path / 'other.db'}"):
-        assert os.environ["MLFLOW_TRACKING_URI"].endswith("other.db")
-    assert "MLFLOW_TRACKING_URI" not in os.environ

@@ -12,7 +12,6 @@ from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster.session import Resources
 from nre_ray.config import Config
-from nre_ray.serving.inference import mlflow_settings
 from nre_ray.serving.pyfunc import log_model
 from nre_ray.tracking import store as tracking
 from tests.unit.test_inference import make_checkpoint, raw_rows
@@ -115,7 +114,7 @@ def test_logged_model_carries_the_scores_of_its_epoch(store, tmp_path):
                       "epoch/valid_macro_f1": (0.5, "mydata/valid", 1),
                       "epoch/valid_accuracy": (0.6, "mydata/valid", 1), "epoch/valid_loss": (1.2, "mydata/valid", 1)}
     assert len(client.get_metric_history(run_id, "test/macro_f1")) == 1  # linking added no point to the run
-    with mlflow_settings(uri):
+    with tracking.mlflow_settings(uri):
         loaded = mlflow.pyfunc.load_model(logged.model_uri)
     rows = raw_rows().astype({"head_offset": "int64"})
     assert len(loaded.predict(rows)) == len(rows)
@@ -133,3 +132,13 @@ def test_the_run_page_opens_in_the_model_training_view():
     assert tracking.run_page("http://127.0.0.1:5000/", "3", "abc") == \
         "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
     assert tracking.run_page("http://h:5000", None, "abc") == "http://h:5000/#/experiments?workflowType=machine_learning"
+
+
+def test_mlflow_settings_leaves_no_tracking_uri_behind(monkeypatch, tmp_path):
+    """mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI; later runs in the process must not inherit it."""
+    import os
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with tracking.mlflow_settings(f"sqlite:///{tmp_path / 'other.db'}"):
+        assert os.environ["MLFLOW_TRACKING_URI"].endswith("other.db")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
