@@ -21,11 +21,10 @@ and ``--search-space`` stay local: they are this test's record and fixture, not 
 
 Cost (about 8 minutes on 2 cores): one stand-in for every cell, started and stopped with ``python -m nre_ray.standin
 up``/``down``; a few hundred rows of the bundled sample, on this disk and in the bucket; one epoch, one worker, a
-tiny CNN, a sweep of one trial. The commands run in two lanes at once, each in order: the cells without an address
-(each starts a private Ray) and the cells on the stand-in. A test waits for its own cell's command and checks it.
-evaluate and predict use the checkpoints of ``train-local-none`` and ``train-s3-none``. predict always takes the Ray
-path (``--local-max-rows 0``) and ``data inspect`` always preprocesses (``--no-cache``): otherwise neither would start
-or join Ray, and the address would not matter.
+tiny CNN, a sweep of one trial. The commands run in two lanes at once, each in order (:attr:`Cell.lane`); a test
+waits for its own cell's command and checks it. evaluate and predict use the checkpoints of ``train-local-none`` and
+``train-s3-none``. predict always takes the Ray path (``--local-max-rows 0``) and ``data inspect`` always
+preprocesses (``--no-cache``): otherwise neither would start or join Ray, and the address would not matter.
 """
 
 from __future__ import annotations
@@ -48,22 +47,22 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray import standin
-from tests.procs import RAY_ENV, free_port, stop_tree
+from nre_ray.cluster import standin
+from tests.procs import RAY_ENV, cmdline, free_port, kill_all, stop_tree, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "nre_ray" / "data" / "sample"
 #: Rows of each split taken from the sample (every k-th row, so that every label is in each).
 ROWS = {"train": 300, "valid": 60, "test": 60}
-EXPERIMENT = "matrix"
 #: The smallest run: one epoch, one worker, a tiny CNN on short sentences, no model logged (a checkpoint suffices).
 TINY = ["--epochs", "1", "--num-workers", "1", "--model", "cnn", "--word-dim", "16", "--pos-dim", "4",
         "--hidden-size", "16", "--max-length", "48", "--batch-size", "64", "--keep-checkpoints", "1",
-        "--no-log-model", "--experiment-name", EXPERIMENT]
-#: tune's cheapest sweep: one one-epoch trial.
+        "--no-log-model"]
+#: tune's cheapest sweep: one one-epoch trial, small enough for the stand-in's head (1 CPU) with its trial driver, so
+#: that no autoscaled node is started for it (test_standin covers that).
 SPACE = "[train]\nlr = { choice = [3e-3, 1e-3] }\n"
-TUNE = ["--num-samples", "1", "--max-concurrent-trials", "1"]
+TUNE = ["--num-samples", "1", "--max-concurrent-trials", "1", "--cpus-per-worker", "0.5"]
 COMMANDS = ("train", "tune", "evaluate", "predict", "inspect")
 PATHS = ("local", "s3")
 ADDRESSES = ("none", "env", "flag")
@@ -93,8 +92,13 @@ class Cell:
 
     @property
     def lane(self) -> str:
-        """Cells of one lane run one after the other: ``private`` (each starts its own Ray), ``standin``."""
-        return "private" if self.address == "none" else "standin"
+        """Cells of one lane run one after the other, the two lanes at once: ``private`` (the cells that start a
+        Ray of their own), ``standin`` (jobs on the stand-in, one at a time: its head has one CPU). train and tune
+        with local paths stop at their checks on the stand-in (a local ``--storage-path`` on a cluster that can
+        grow), before any job: they go in the private lane, which has less to do."""
+        if self.address == "none" or (self.command in ("train", "tune") and self.path == "local"):
+            return "private"
+        return "standin"
 
 
 #: In order: train first (evaluate and predict use its checkpoints), then the others.
@@ -174,8 +178,12 @@ def matrix():
         yield Matrix(state, folder, work)
     finally:
         standin_cli(folder, "down", cwd=work)
-        assert not standin.own_processes(state), "stand-in processes left behind"
+        # Every process of the stand-in and of the cells has the store's endpoint (a port of its own) in its
+        # environment: none may be left, whether `down` knew of it or not.
+        left = {pid: cmdline(pid) for pid in with_env("AWS_ENDPOINT_URL", state.endpoint)}
+        kill_all(left)
         shutil.rmtree(base, ignore_errors=True)
+        assert not left, f"processes left behind after `standin down`: {left}"
 
 
 @dataclass
@@ -243,8 +251,11 @@ class Runner:
         """The cell's command line (``python -m ...``) and the files it writes."""
         m = self.matrix
         data, out = m.data(cell.path), m.out(cell)
-        run = ["--tracking-uri", m.state.tracking_uri, "--run-name", f"matrix-{cell.name}",
-               "--storage-path", f"{out}/ray_results", "--summary-json", str(m.summary(cell))]
+        # An experiment per lane: the first runs of two lanes would otherwise create the same experiment at the
+        # same moment, and one of them fail on it (RESOURCE_ALREADY_EXISTS), which is not this test's subject.
+        run = ["--tracking-uri", m.state.tracking_uri, "--experiment-name", f"matrix-{cell.lane}",
+               "--run-name", f"matrix-{cell.name}", "--storage-path", f"{out}/ray_results",
+               "--summary-json", str(m.summary(cell))]
         files = {"summary": str(m.summary(cell))}
         if cell.command == "train":
             args = ["nre_ray.train", "--data-dir", data, *TINY, *run]
