@@ -108,6 +108,23 @@ def mentioning(text: str) -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit() and text in cmdline(int(n)) and int(n) != os.getpid()]
 
 
+def with_env(key: str, value: str) -> list[int]:
+    """Processes whose environment sets ``key`` to ``value`` (e.g. the endpoint of a test's own object store, which
+    every process started for that test inherits, whoever its parent is now)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                variables = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if f"{key}={value}".encode() in variables:
+            found.append(int(name))
+    return found
+
+
 def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """Stop a process started by a test (with :func:`start`: its own session and process group) and everything
     below it: its descendants, found before signalling, and what is left in its process group (orphans)."""
