@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from nre_ray.config import ADDRESS_HELP, choices
@@ -81,7 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_report(report)
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+        from nre_ray.storage import StorageError, write_text
+
+        try:
+            write_text(args.output, json.dumps(report, indent=2, ensure_ascii=False))
+        except StorageError as err:
+            print(f"error: --output: {err}", file=sys.stderr)
+            return 2
         print(f"\nwrote {args.output}")
     return 0
 

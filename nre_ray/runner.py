@@ -111,7 +111,8 @@ def check_inputs(cfg: Config) -> None:
     if missing:
         raise DataError(missing, hint="Check the path (relative paths start from the working directory "
                                       f"{os.getcwd()}).")
-    if cfg.run.summary_json and not Path(cfg.run.summary_json).absolute().parent.is_dir():
+    if cfg.run.summary_json and not fs.is_uri(cfg.run.summary_json) \
+            and not Path(cfg.run.summary_json).absolute().parent.is_dir():
         raise UsageError(f"--summary-json {cfg.run.summary_json}: the folder "
                          f"{Path(cfg.run.summary_json).absolute().parent} does not exist")
 

@@ -482,6 +482,11 @@ def write_bytes(path: PathLike, data: bytes) -> None:
         out.write(data)
 
 
+def write_text(path: PathLike, text: str) -> None:
+    """Write the UTF-8 text file ``path`` (a URI, or a local path whose folders are made): a command's report."""
+    write_bytes(path, text.encode("utf-8"))
+
+
 def remove_tree(path: PathLike) -> None:
     """Delete the folder ``path`` and everything under it, if it exists."""
     if not is_uri(path):

@@ -8,7 +8,6 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from nre_ray import console
@@ -110,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print_summary(summary)
     if cfg.run.summary_json:
-        Path(cfg.run.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
+        from nre_ray.storage import StorageError, write_text
+
+        try:
+            write_text(cfg.run.summary_json, json.dumps(summary, indent=2, ensure_ascii=False))
+        except StorageError as err:
+            print(f"error: --summary-json: {err}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -276,7 +276,7 @@ def own_processes(state: Standin) -> list[int]:
     """Every process of the stand-in: those it recorded, those under its private Ray folder (head, monitor, fake
     nodes, workers: Ray's processes name their session folder), and their descendants."""
     roots = {pid for pid in state.pids.values()}
-    roots |= {pid for pid in _processes() if state.ray_temp in _cmdline(pid)}
+    roots |= {pid for pid in _processes() if state.ray_temp in _cmdline(pid) or _head_client_proxy(state, pid)}
     parents = {pid: _parent(pid) for pid in _processes()}
     found, todo = set(), [p for p in roots if p in parents]
     while todo:
@@ -285,6 +285,15 @@ def own_processes(state: Standin) -> list[int]:
             found.add(pid)
             todo.extend(child for child, parent in parents.items() if parent == pid)
     return sorted(pid for pid in found if _alive(pid))
+
+
+def _head_client_proxy(state: Standin, pid: int) -> bool:
+    """The head's Ray Client proxy (``python -m ray.util.client.server --address=IP:GCS_PORT --mode=proxy``): its
+    command line names no session folder, and Ray leaves it to init when the head stops, so it is found by this
+    stand-in's GCS port instead."""
+    args = _cmdline(pid).split(" ")
+    return "ray.util.client.server" in args and any(a.startswith("--address=") and a.endswith(f":{state.gcs_port}")
+                                                    for a in args)
 
 
 def worker_nodes(state: Standin) -> dict[str, list[int]]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from nre_ray import storage as fs
 from nre_ray.cluster.session import UsageError
 from nre_ray.config import ConfigError, build_parser, config_from_args
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
@@ -63,10 +64,14 @@ def inspect(args: argparse.Namespace) -> int:
     if prepared.rejected_count:
         where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""
         print(f"\n{prepared.rejected_count} bad rows were left out (--on-bad-rows skip){where}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(prepared.audit, indent=2, ensure_ascii=False), encoding="utf-8")
-    if args.report:
-        Path(args.report).write_text(data_audit.to_markdown(prepared.audit), encoding="utf-8")
+    try:
+        if args.json:
+            fs.write_text(args.json, json.dumps(prepared.audit, indent=2, ensure_ascii=False))
+        if args.report:
+            fs.write_text(args.report, data_audit.to_markdown(prepared.audit))
+    except fs.StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
