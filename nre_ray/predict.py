@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nre_ray import storage
 from nre_ray.checkpoint import CheckpointError
 from nre_ray.cluster.session import UsageError
 from nre_ray.data.chunks import DEFAULT_CHUNK_ROWS
+from nre_ray.data.errors import DataError
 from nre_ray.data.read import FORMATS
 from nre_ray.serving.inference import ON_BAD_ROWS
-from nre_ray.serving.predict import LOCAL_MAX_ROWS, data_error, predict_file, worker_died
+from nre_ray.serving.predict import LOCAL_MAX_ROWS, cause, predict_file, worker_died
 
 EXAMPLES = """\
 examples:
@@ -29,11 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "columns, in order, and adds predicted_relation and score. A small file is labelled in this "
                     "process; a large one streams through Ray Data.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
-    parser.add_argument("--model", required=True, help="A checkpoint folder, an MLflow model URI runs:/<run_id>/model, "
-                        "or a registered model models:/<name>/<version> (or models:/<name>@<alias>).")
-    parser.add_argument("--input", required=True, help="Rows to label: any format training reads (CSV, TSV, JSON "
-                        "Lines, Parquet, DeepKE, OpenNRE, SemEval); a relation column is not needed and is ignored.")
-    parser.add_argument("--output", required=True, help="Where to write: .csv, .tsv, .jsonl or .parquet.")
+    parser.add_argument("--model", required=True, help="A checkpoint folder (a local path or a URI such as "
+                        "s3://BUCKET/runs/RUN/checkpoint_...), an MLflow model URI runs:/<run_id>/model, or a "
+                        "registered model models:/<name>/<version> (or models:/<name>@<alias>).")
+    parser.add_argument("--input", required=True, help="Rows to label, a local path or a URI (s3://BUCKET/rows.csv): "
+                        "any format training reads (CSV, TSV, JSON Lines, Parquet, DeepKE, OpenNRE, SemEval); a "
+                        "relation column is not needed and is ignored.")
+    parser.add_argument("--output", required=True, help="Where to write, a local path or a URI: .csv, .tsv, .jsonl or "
+                        ".parquet. It appears when complete; nothing is written when the run fails.")
     parser.add_argument("--batch-size", type=int, default=256, help="Rows per forward pass (default: 256).")
     parser.add_argument("--num-workers", type=int, default=1, help="Ray actors, each holding the model once "
                         "(default: 1).")
@@ -75,9 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: nothing was written", file=sys.stderr)
         return 130
     except Exception as err:
-        bad_data = data_error(err)
+        bad_data = cause(err, DataError)
         if bad_data is not None:
             print(f"error: bad input data\n{bad_data}", file=sys.stderr)
+            return 2
+        unusable = cause(err, storage.StorageError)  # a store that cannot be read or written, here or in Ray
+        if unusable is not None:
+            print(f"error: {unusable}", file=sys.stderr)
             return 2
         if not worker_died(err):
             raise

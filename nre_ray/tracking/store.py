@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nre_ray import storage
+
 if TYPE_CHECKING:
     from mlflow.entities import DatasetInput
     from mlflow.tracking import MlflowClient
@@ -190,7 +192,7 @@ def resolve_tracking_uri(uri: str | None) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).absolute()}"
-    elif "://" not in uri:
+    elif not storage.scheme(uri):
         raise ValueError(f"--tracking-uri {uri!r}: give a URI such as sqlite:///mlflow.db or http://host:5000 "
                          "(plain folders, MLflow's old file store, are refused by MLflow 3)")
     return uri
@@ -325,11 +327,10 @@ def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, A
     if not cfg.data.format:
         from nre_ray.data.errors import DataError
         from nre_ray.data.formats import detect_format
-        from nre_ray.storage import StorageError
 
         try:
             params["data.format"] = detect_format(resolve_files(cfg.data)["train"])
-        except (DataError, StorageError, OSError):  # the run has read it; a param is not worth a failure
+        except (DataError, storage.StorageError, OSError):  # the run has read it; a param is not worth a failure
             pass
     model = cfg.model.model
     if model in ("bilstm", "transformer") and cfg.model.num_layers is None:
@@ -372,7 +373,7 @@ def split_datasets(prepared: Any) -> list[DatasetInput]:
         uri = str(source)
         folder = uri.rstrip("/").rsplit("/", 2)[-2] if "/" in uri else "data"
         digest = hashlib.sha256(f"{key}:{split}".encode()).hexdigest()[:8]
-        scheme = uri.split("://", 1)[0] if "://" in uri else "local"
+        scheme = storage.scheme(uri) or "local"
         dataset = Dataset(name=f"{folder}/{split}", digest=digest, source_type=scheme,
                           source=json.dumps({"uri": uri}), schema=json.dumps({"mlflow_colspec": schema.to_dict()}),
                           profile=json.dumps({"num_rows": len(rows)}))
