@@ -25,11 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "columns, in order, and adds predicted_relation and score. A small file is labelled in this "
                     "process; a large one streams through Ray Data.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
-    parser.add_argument("--model", required=True, help="A checkpoint folder, an MLflow model URI runs:/<run_id>/model, "
-                        "or a registered model models:/<name>/<version> (or models:/<name>@<alias>).")
-    parser.add_argument("--input", required=True, help="Rows to label: any format training reads (CSV, TSV, JSON "
-                        "Lines, Parquet, DeepKE, OpenNRE, SemEval); a relation column is not needed and is ignored.")
-    parser.add_argument("--output", required=True, help="Where to write: .csv, .tsv, .jsonl or .parquet.")
+    parser.add_argument("--model", required=True, help="A checkpoint folder (a local path or a URI such as "
+                        "s3://BUCKET/runs/RUN/checkpoint_...), an MLflow model URI runs:/<run_id>/model, or a "
+                        "registered model models:/<name>/<version> (or models:/<name>@<alias>).")
+    parser.add_argument("--input", required=True, help="Rows to label, a local path or a URI (s3://BUCKET/rows.csv): "
+                        "any format training reads (CSV, TSV, JSON Lines, Parquet, DeepKE, OpenNRE, SemEval); a "
+                        "relation column is not needed and is ignored.")
+    parser.add_argument("--output", required=True, help="Where to write, a local path or a URI: .csv, .tsv, .jsonl or "
+                        ".parquet. It appears when complete; nothing is written when the run fails.")
     parser.add_argument("--batch-size", type=int, default=256, help="Rows per forward pass (default: 256).")
     parser.add_argument("--num-workers", type=int, default=1, help="Ray actors, each holding the model once "
                         "(default: 1).")
@@ -60,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage, 130 interrupted)."""
     args = build_parser().parse_args(argv)
     # torch, pandas and Ray only now: --help and a usage error answer at once
+    from nre_ray import storage
     from nre_ray.checkpoint import CheckpointError
     from nre_ray.cluster.session import UsageError
-    from nre_ray.serving.predict import data_error, predict_file, worker_died
+    from nre_ray.data.errors import DataError
+    from nre_ray.serving.predict import cause, predict_file, worker_died
 
     try:
         summary = predict_file(args.model, args.input, args.output, batch_size=args.batch_size,
@@ -77,9 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: nothing was written", file=sys.stderr)
         return 130
     except Exception as err:
-        bad_data = data_error(err)
+        bad_data = cause(err, DataError)
         if bad_data is not None:
             print(f"error: bad input data\n{bad_data}", file=sys.stderr)
+            return 2
+        unusable = cause(err, storage.StorageError)  # a store that cannot be read or written, here or in Ray
+        if unusable is not None:
+            print(f"error: {unusable}", file=sys.stderr)
             return 2
         if not worker_died(err):
             raise

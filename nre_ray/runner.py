@@ -53,7 +53,9 @@ def _git_commit() -> str | None:
 
 def _existing_checkpoints(storage: str, run_name: str) -> list[str]:
     """Checkpoint folders of the run: all of them on a local path; the latest registered one on s3://, gs://, ..."""
-    if "://" in storage:
+    from nre_ray import storage as fs
+
+    if fs.is_uri(storage):
         latest = _latest_checkpoint(storage, run_name)
         return [latest.path.rstrip("/").rsplit("/", 1)[-1]] if latest is not None else []
     folder = Path(storage) / run_name
@@ -342,7 +344,9 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
 def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
     """``--on-bad-rows skip``: the rejected rows, with their reasons, next to the run (or in the working directory
     when the storage is remote) and in MLflow."""
-    rejected_path = Path(target.storage) / target.run_name / "rejected_rows.csv" if "://" not in target.storage \
+    from nre_ray import storage as fs
+
+    rejected_path = Path(target.storage) / target.run_name / "rejected_rows.csv" if not fs.is_uri(target.storage) \
         else Path("rejected_rows.csv").absolute()
     rejected_path.parent.mkdir(parents=True, exist_ok=True)
     if prepared.rejected_csv:  # every rejected row (prepared.rejected holds the first ones)
@@ -487,8 +491,10 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
 
 def _full_path(path: str, storage: str) -> str:
     """A checkpoint path as the user gave the storage: Ray reports ``bucket/key`` for ``s3://bucket/key``."""
-    scheme = storage.split("://", 1)[0] if "://" in storage else ""
-    return f"{scheme}://{path}" if scheme and "://" not in path else path
+    from nre_ray import storage as fs
+
+    scheme = fs.scheme(storage)
+    return f"{scheme}://{path}" if scheme and not fs.scheme(path) else path
 
 
 def _log_model(best: Any, cfg: Config, tracking_uri: str, run_id: str) -> dict[str, str | None]:

@@ -1,30 +1,42 @@
 """Paths that may be URIs: a local file or folder, or an object store that ``pyarrow.fs`` reaches (``s3://``,
 ``gs://``, ``hdfs://``, ``abfs://`` ...).
 
-URIs stay strings (``pathlib.Path("s3://b/x")`` would fold them to ``s3:/b/x``) and every access goes through
-``pyarrow.fs.FileSystem.from_uri``. Local paths pass through unchanged (``file://`` URIs count as local paths).
+Every operation has one code path, through ``pyarrow.fs``: a URI is opened with ``FileSystem.from_uri``, a local path
+(``file://`` URIs count as local paths, ``~`` is expanded) with ``LocalFileSystem``. URIs stay strings
+(``pathlib.Path("s3://b/x")`` would fold them to ``s3:/b/x``).
+
+Writes are whole or nothing: a file written here (:func:`write_bytes`, :func:`upload`, :func:`download`,
+:func:`move_file`) is written under a temporary name in its folder and renamed when complete (a local path, HDFS),
+or straight to the object in an object store, where an object appears only when its upload completes (and is
+removed again when the writing fails). No reader ever sees a partial file.
 
 Where the store is and who you are come only from the environment, as the store's own tools read it: for S3,
 ``AWS_ENDPOINT_URL`` (an S3-compatible store such as MinIO), ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
 (or ``AWS_PROFILE``, an instance role), ``AWS_DEFAULT_REGION``. Nothing secret is taken from a URI, a flag or a file,
 and no message of this module shows a credential.
 
-A store that cannot be read or written raises :class:`StorageError`, whose message names the URI, what went wrong
-(not found, no such bucket, access refused, store unreachable) and what to check.
+A file or store that cannot be read or written raises :class:`StorageError`. Its :attr:`~StorageError.kind` comes
+from the error's type (``FileNotFoundError``, ``PermissionError``, ``ConnectionError`` ...) or from the AWS error
+code that pyarrow reports (``AWS Error NO_SUCH_BUCKET during ...``), never from words in a path; its message names
+the path, what went wrong and what to check. A store that cannot be reached is not a setting to fix: its message says
+to check the endpoint and the network, then try again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
+import errno
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import tempfile
 import urllib.parse
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -35,39 +47,72 @@ PathLike = str | os.PathLike[str]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _CHUNK = 1 << 20
-_REFUSED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "EXPIRED_TOKEN",
-            "INVALID_CLIENT_TOKEN_ID", "UNRECOGNIZED_CLIENT", "MISSING_AUTHENTICATION_TOKEN", "ACCESS DENIED",
-            "Forbidden", "PermissionDenied", "Permission denied", "403")
-_UNREACHABLE = ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Couldn't connect", "Connection refused",
-                "Could not resolve host", "Timeout was reached")
+_RENAMING = ("local", "hdfs")
+"""``pyarrow.fs`` filesystems (``type_name``) where a rename is atomic and cheap: files are written under a temporary
+name, then renamed. In the others (object stores) an object appears whole when its upload completes."""
+
+# The kinds of StorageError (StorageError.kind).
+NOT_FOUND = "not found"
+NO_BUCKET = "no bucket"
+IS_FOLDER = "is a folder"
+REFUSED = "refused"
+UNREACHABLE = "unreachable"
+BUSY = "busy"
+NO_FILESYSTEM = "no filesystem"
+OTHER = "other"
+
+_AWS_ERROR = re.compile(r"AWS Error (?P<code>[A-Z_]+|\[code \d+\])(?: \(HTTP status (?P<status>\d+)\))? during "
+                        r"(?P<operation>\w+) operation: (?P<message>.*)", re.DOTALL)
+"""How pyarrow reports an error of the S3 API (arrow/filesystem/s3_internal.h, ``ErrorToStatus``): the SDK's error
+type, the HTTP status for an UNKNOWN one, the operation and the store's message."""
+_AWS_KINDS = {
+    "NO_SUCH_KEY": NOT_FOUND, "RESOURCE_NOT_FOUND": NOT_FOUND, "NO_SUCH_BUCKET": NO_BUCKET,
+    "ACCESS_DENIED": REFUSED, "INVALID_ACCESS_KEY_ID": REFUSED, "SIGNATURE_DOES_NOT_MATCH": REFUSED,
+    "INVALID_CLIENT_TOKEN_ID": REFUSED, "UNRECOGNIZED_CLIENT": REFUSED, "MISSING_AUTHENTICATION_TOKEN": REFUSED,
+    "INCOMPLETE_SIGNATURE": REFUSED, "INVALID_SIGNATURE": REFUSED, "REQUEST_EXPIRED": REFUSED,
+    "REQUEST_TIME_TOO_SKEWED": REFUSED,
+    "NETWORK_CONNECTION": UNREACHABLE, "REQUEST_TIMEOUT": UNREACHABLE,
+    "SERVICE_UNAVAILABLE": BUSY, "SLOW_DOWN": BUSY, "THROTTLING": BUSY, "INTERNAL_FAILURE": BUSY,
+}
+_HTTP_KINDS = {401: REFUSED, 403: REFUSED, 404: NOT_FOUND, 408: UNREACHABLE, 429: BUSY, 500: BUSY, 502: BUSY,
+               503: BUSY, 504: BUSY}
+_UNREACHABLE_ERRNOS = (errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EHOSTDOWN)
+"""Network errors that Python raises as a plain OSError (refused, reset, aborted, broken pipe and timed out
+connections have OSError subclasses of their own)."""
 
 
 class StorageError(ConfigError):
-    """A URI that cannot be read or written. ``str(err)`` is ``URI: reason. hint``; :attr:`uri`, :attr:`reason` and
-    :attr:`hint` are also kept apart (for a ``FILE: message`` report)."""
+    """A path that cannot be read or written. ``str(err)`` is ``PATH: reason. hint``; :attr:`uri`, :attr:`reason`,
+    :attr:`hint` and :attr:`kind` (one of the module's ``NOT_FOUND``, ``NO_BUCKET``, ``IS_FOLDER``, ``REFUSED``,
+    ``UNREACHABLE``, ``BUSY``, ``NO_FILESYSTEM``, ``OTHER``) are also kept apart (for a ``FILE: message`` report)."""
 
-    def __init__(self, uri: str, reason: str, hint: str = "") -> None:
-        self.uri, self.reason, self.hint = uri, reason, hint
+    def __init__(self, uri: str, reason: str, hint: str = "", kind: str = OTHER) -> None:
+        self.uri, self.reason, self.hint, self.kind = uri, reason, hint, kind
         super().__init__(f"{uri}: {reason}" + (f". {hint}" if hint else ""))
 
-    def __reduce__(self) -> tuple[type[StorageError], tuple[str, str, str]]:
-        return (type(self), (self.uri, self.reason, self.hint))
+    def __reduce__(self) -> tuple[type[StorageError], tuple[str, str, str, str]]:
+        return (type(self), (self.uri, self.reason, self.hint, self.kind))
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # names
 
 
+def scheme(path: PathLike) -> str:
+    """The scheme of a ``scheme://`` URI, lower case (``file`` for ``file://``); "" for a plain path."""
+    match = _SCHEME.match(os.fspath(path)) if isinstance(path, str | os.PathLike) else None
+    return match.group(1).lower() if match else ""
+
+
 def is_uri(path: PathLike) -> bool:
     """Whether ``path`` is a ``scheme://`` URI of a store (``file://`` is a local path)."""
-    match = _SCHEME.match(os.fspath(path)) if isinstance(path, str | os.PathLike) else None
-    return bool(match) and match.group(1).lower() != "file"
+    return scheme(path) not in ("", "file")
 
 
 def _local(path: PathLike) -> Path:
     """A local path (``file://`` URIs unwrapped, ``~`` expanded)."""
     text = os.fspath(path)
-    if text.lower().startswith("file://"):
+    if scheme(text) == "file":
         return Path(urllib.parse.unquote(urllib.parse.urlparse(text).path))
     return Path(text).expanduser()
 
@@ -81,7 +126,7 @@ def absolute(path: PathLike) -> str:
 def join(base: PathLike, *parts: str) -> str:
     """``base`` / ``parts``: URIs joined with ``/``, local paths with :class:`pathlib.Path`."""
     if not is_uri(base):
-        return str(Path(os.fspath(base), *parts))
+        return str(_local(base).joinpath(*parts))
     tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
     return os.fspath(base).rstrip("/") + ("/" + tail if tail else "")
 
@@ -91,20 +136,84 @@ def name_of(path: PathLike) -> str:
     return PurePosixPath(os.fspath(path).rstrip("/")).name if is_uri(path) else _local(path).name
 
 
+def parent(path: PathLike) -> str:
+    """The folder that holds ``path`` (``s3://b/data`` of ``s3://b/data/train.csv``; a bucket is its own)."""
+    if not is_uri(path):
+        return str(_local(path).parent)
+    text = os.fspath(path).rstrip("/")
+    head = text.rpartition("/")[0]
+    return head if len(head) > len(scheme(text)) + len("://") else text
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# where a path is in pyarrow.fs
+
+
+def _pafs() -> Any:
+    """``pyarrow.fs``, imported when first needed (it takes a moment; ``--help`` does not need it)."""
+    import pyarrow.fs
+
+    return pyarrow.fs
+
+
+@dataclass(frozen=True)
+class _Where:
+    """A path resolved: its ``pyarrow.fs`` filesystem, the path inside it, and the name the user gave."""
+
+    fs: Any
+    path: str
+    name: str
+
+    def child(self, rel: str) -> _Where:
+        """The entry ``rel`` (a relative path with ``/``) under this folder."""
+        if not rel:
+            return self
+        return _Where(self.fs, f"{self.path.rstrip('/')}/{rel}", join(self.name, rel))
+
+    @property
+    def renames(self) -> bool:
+        """Whether files are written under a temporary name and renamed here (see :data:`_RENAMING`)."""
+        return self.fs.type_name in _RENAMING
+
+
+def _where(path: PathLike) -> _Where:
+    """Resolve ``path``: ``FileSystem.from_uri`` for a URI, ``LocalFileSystem`` (the path made absolute) else."""
+    name = os.fspath(path)
+    if not is_uri(name):
+        return _Where(_pafs().LocalFileSystem(), str(_local(name).absolute()), name)
+    import pyarrow as pa
+
+    try:
+        filesystem, inner = _pafs().FileSystem.from_uri(name)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:  # no filesystem for it in this pyarrow
+        raise StorageError(name, f"pyarrow cannot open this URI ({_first_line(err)})",
+                           "Use s3://, gs://, hdfs://, abfs:// or a local path", NO_FILESYSTEM) from None
+    except OSError as err:  # e.g. the bucket's region asked of an unreachable store
+        raise _error(name, err) from None
+    return _Where(filesystem, inner.rstrip("/") or inner, name)
+
+
+def pyarrow_path(path: PathLike) -> tuple[Any, str]:
+    """``(pyarrow filesystem, path in it)`` of a URI or a local path (made absolute): what ``pyarrow.parquet`` and
+    ``pyarrow.fs`` calls take."""
+    where = _where(path)
+    return where.fs, where.path
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # errors
 
 
 def credentials_hint(uri: str) -> str:
-    """What to check when ``uri`` cannot be reached or is refused: the standard environment variables."""
-    scheme = (_SCHEME.match(uri) or _SCHEME.match("x://")).group(1).lower()
-    if scheme in ("s3", "s3a"):
+    """What to check when ``uri`` is not found or is refused: the URI and the standard environment variables."""
+    kind = scheme(uri)
+    if kind in ("s3", "s3a"):
         return ("Check the URI, and the environment of every node: AWS_ENDPOINT_URL (an S3-compatible store), "
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an instance role), "
                 "AWS_DEFAULT_REGION")
-    if scheme in ("gs", "gcs"):
+    if kind in ("gs", "gcs"):
         return "Check the URI, and GOOGLE_APPLICATION_CREDENTIALS (or the instance's service account) on every node"
-    if scheme in ("abfs", "abfss", "az"):
+    if kind in ("abfs", "abfss", "az"):
         return "Check the URI, and the Azure credentials in the environment of every node"
     return "Check the URI, and the store's address and credentials in the environment of every node"
 
@@ -118,98 +227,134 @@ def _endpoint() -> str:
     return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
 
 
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message without the store's request id (or the error's type name)."""
+    text = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)).strip()
+    first = re.sub(r"\s*\(Request ID: [^)]*\)", "", text.splitlines()[0]) if text else ""
+    return first or type(err).__name__
+
+
+def _kind_of(err: BaseException) -> tuple[str, str]:
+    """``(kind, detail)`` of an error raised by ``pyarrow.fs`` or the OS: from its type and errno, or from the AWS
+    error code (or HTTP status) in pyarrow's structured report of an S3 error; ``detail`` is the store's own words
+    (the code and its message) or the OS's."""
+    aws = _AWS_ERROR.search(str(err)) if isinstance(err, OSError) else None
+    if aws is not None:
+        code, status = aws.group("code"), aws.group("status")
+        kind = _AWS_KINDS.get(code) or (_HTTP_KINDS.get(int(status), OTHER) if status else OTHER)
+        message = re.sub(r"\s*\(Request ID: [^)]*\)", "", aws.group("message").strip().splitlines()[0])
+        return kind, f"{code}{f' (HTTP {status})' if status else ''}: {message.split('; Details:')[0]}"
+    if isinstance(err, FileNotFoundError | NotADirectoryError):
+        return NOT_FOUND, ""
+    if isinstance(err, PermissionError):
+        return REFUSED, ""
+    if isinstance(err, IsADirectoryError):
+        return IS_FOLDER, ""
+    if isinstance(err, ConnectionError | TimeoutError):
+        return UNREACHABLE, err.strerror or _first_line(err)
+    if isinstance(err, OSError) and err.errno in _UNREACHABLE_ERRNOS:
+        return UNREACHABLE, err.strerror or ""
+    return OTHER, _first_line(err)
+
+
 def _bucket_missing(uri: str) -> bool:
     """Whether the bucket of an ``s3://`` / ``gs://`` URI does not exist (False when that cannot be told)."""
-    scheme = (_SCHEME.match(uri) or _SCHEME.match("x://")).group(1).lower()
-    if scheme not in ("s3", "s3a", "gs", "gcs"):
+    if scheme(uri) not in ("s3", "s3a", "gs", "gcs"):
         return False
+    import pyarrow as pa
+
     try:
-        from pyarrow import fs as pafs
-
-        filesystem, path = pafs.FileSystem.from_uri(uri)
-        return filesystem.get_file_info(path.split("/", 1)[0]).type == pafs.FileType.NotFound
-    except Exception:  # a best-effort refinement of a not-found message
+        where = _where(uri)
+        return where.fs.get_file_info(where.path.split("/", 1)[0]).type == _pafs().FileType.NotFound
+    except (StorageError, OSError, pa.ArrowException):  # a refinement of a not-found message, when it can be had
         return False
 
 
-def _error(uri: str, err: BaseException) -> StorageError:
-    """:class:`StorageError` for what pyarrow raised about ``uri``."""
-    text = str(err)
-    hint = credentials_hint(uri)
-    if isinstance(err, FileNotFoundError) or "NO_SUCH_KEY" in text or "NoSuchKey" in text:
-        if _bucket_missing(uri):
-            return StorageError(uri, "the bucket does not exist", hint)
-        return StorageError(uri, "not found (no such object or folder)", hint)
-    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
-        return StorageError(uri, "the bucket does not exist", hint)
-    if any(code in text for code in _REFUSED):
-        return StorageError(uri, "access refused: the store did not accept the credentials, or they do not allow "
-                                 "this", hint)
-    if any(code in text for code in _UNREACHABLE):
-        where = f" at {_endpoint()} (AWS_ENDPOINT_URL)" if _endpoint() else ""
-        return StorageError(uri, f"cannot reach the store{where}", hint)
-    if "Unrecognized filesystem type" in text or ("Unsupported" in text and "scheme" in text.lower()):
-        return StorageError(uri, "pyarrow has no filesystem for this URI scheme",
-                            "Use s3://, gs://, hdfs://, abfs:// or a local path")
-    first = re.sub(r"\s*\(Request ID: [^)]*\)", "", text.strip().splitlines()[0] if text.strip() else "")
-    return StorageError(uri, first or type(err).__name__, hint)
+def _error(name: str, err: BaseException) -> StorageError:
+    """:class:`StorageError` for what ``pyarrow.fs`` (or the OS) raised about the path ``name``."""
+    kind, detail = _kind_of(err)
+    remote = is_uri(name)
+    hint = credentials_hint(name) if remote else ""
+    if kind == NOT_FOUND:
+        if _bucket_missing(name):
+            return StorageError(name, "the bucket does not exist", hint, NO_BUCKET)
+        return StorageError(name, "not found (no such object or folder)" if remote else "not found", hint, kind)
+    if kind == NO_BUCKET:
+        return StorageError(name, "the bucket does not exist", hint, kind)
+    if kind == REFUSED:
+        if not remote:
+            return StorageError(name, "permission denied", "Check the permissions of the file and its folders",
+                                kind)
+        return StorageError(name, "access refused: the store did not accept the credentials, or they do not allow "
+                                  "this", hint, kind)
+    if kind == UNREACHABLE:
+        where = f" at {_endpoint()} (AWS_ENDPOINT_URL)" if remote and scheme(name) in ("s3", "s3a") and _endpoint() \
+            else ""
+        return StorageError(name, f"could not reach the store{where}" + (f": {detail}" if detail else ""),
+                            "Check the endpoint and the network, then try again", kind)
+    if kind == BUSY:
+        return StorageError(name, f"the store could not serve the request now: {detail}",
+                            "Try again in a while", kind)
+    if kind == IS_FOLDER:
+        return StorageError(name, "is a folder (expected a file)", hint, kind)
+    if _is_folder(name):  # an operation on a file was given a folder
+        return StorageError(name, "is a folder (expected a file)", hint, IS_FOLDER)
+    return StorageError(name, detail, hint, kind)
+
+
+def _is_folder(name: str) -> bool:
+    """Whether ``name`` is a folder (False when that cannot be told)."""
+    import pyarrow as pa
+
+    try:
+        where = _where(name)
+        return where.fs.get_file_info(where.path).type == _pafs().FileType.Directory
+    except (StorageError, OSError, pa.ArrowException):
+        return False
 
 
 @contextlib.contextmanager
-def _errors(uri: str) -> Iterator[None]:
-    """Turn pyarrow's errors about ``uri`` into :class:`StorageError`."""
+def _errors(name: str) -> Iterator[None]:
+    """Turn the errors of ``pyarrow.fs`` (and the OS) about the path ``name`` into :class:`StorageError`."""
     import pyarrow as pa
 
     try:
         yield
     except StorageError:
         raise
-    except (OSError, pa.ArrowException, ValueError) as err:
-        raise _error(uri, err) from None
+    except (OSError, pa.ArrowException) as err:
+        raise _error(name, err) from None
 
 
-def _resolve(uri: str) -> tuple[Any, str]:
-    """``(pyarrow filesystem, path in it)`` of a URI."""
-    from pyarrow import fs as pafs
-
-    with _errors(uri):
-        return pafs.FileSystem.from_uri(uri)
+def _not_found(where: _Where) -> StorageError:
+    """:class:`StorageError` for a path that is not there."""
+    return _error(where.name, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), where.name))
 
 
-def _info(uri: str) -> Any:
-    """pyarrow's ``FileInfo`` of a URI."""
-    filesystem, path = _resolve(uri)
-    with _errors(uri):
-        return filesystem.get_file_info(path)
+def _info(where: _Where) -> Any:
+    """pyarrow's ``FileInfo`` of a path."""
+    with _errors(where.name):
+        return where.fs.get_file_info(where.path)
 
 
-def pyarrow_path(path: PathLike) -> tuple[Any, str]:
-    """``(pyarrow filesystem, path in it)`` of a URI or a local path (made absolute): what ``pyarrow.parquet`` and
-    ``pyarrow.fs`` calls take, the same code for both."""
-    if is_uri(path):
-        return _resolve(os.fspath(path))
-    from pyarrow import fs as pafs
-
-    return pafs.LocalFileSystem(), str(_local(path).absolute())
-
-
-def _remote_entries(uri: str, kind: Any, recursive: bool, allow_not_found: bool = False) -> list[tuple[str, Any]]:
-    """``(path relative to uri, FileInfo)`` of the entries of type ``kind`` (a ``pyarrow.fs.FileType``) in the
-    folder ``uri``, sorted."""
-    from pyarrow import fs as pafs
-
-    filesystem, path = _resolve(uri)
-    base = path.rstrip("/")
-    with _errors(uri):
-        infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=recursive, allow_not_found=allow_not_found))
+def _entries(where: _Where, kind: Any, recursive: bool, allow_not_found: bool = False) -> list[tuple[str, Any]]:
+    """``(path relative to the folder, FileInfo)`` of its entries of type ``kind`` (a ``pyarrow.fs.FileType``),
+    sorted."""
+    base = where.path.rstrip("/")
+    with _errors(where.name):
+        infos = where.fs.get_file_info(_pafs().FileSelector(base, recursive=recursive,
+                                                            allow_not_found=allow_not_found))
     return sorted((info.path[len(base):].lstrip("/"), info) for info in infos if info.type == kind)
 
 
-def _remote_files(uri: str, recursive: bool) -> list[tuple[str, Any]]:
-    """``(path relative to uri, FileInfo)`` of the files in the folder ``uri``, sorted."""
-    from pyarrow import fs as pafs
-
-    return _remote_entries(uri, pafs.FileType.File, recursive)
+def _files(where: _Where) -> list[tuple[str, Any]]:
+    """``(path relative to where, FileInfo)`` of the file ``where`` (``""``), or of every file in the folder and
+    its subfolders; :class:`StorageError` (not found) when it is neither."""
+    info = _info(where)
+    kinds = _pafs().FileType
+    if info.type == kinds.NotFound:
+        raise _not_found(where)
+    return [("", info)] if info.type == kinds.File else _entries(where, kinds.File, recursive=True)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -218,95 +363,58 @@ def _remote_files(uri: str, recursive: bool) -> list[tuple[str, Any]]:
 
 def exists(path: PathLike) -> bool:
     """Whether ``path`` is an existing file or folder (a URI: an object, or a prefix with objects under it)."""
-    if not is_uri(path):
-        return _local(path).exists()
-    from pyarrow import fs as pafs
-
-    return _info(os.fspath(path)).type != pafs.FileType.NotFound
+    return _info(_where(path)).type != _pafs().FileType.NotFound
 
 
 def is_dir(path: PathLike) -> bool:
     """Whether ``path`` is a folder (a URI: a bucket, or a prefix with objects under it)."""
-    if not is_uri(path):
-        return _local(path).is_dir()
-    from pyarrow import fs as pafs
-
-    return _info(os.fspath(path)).type == pafs.FileType.Directory
+    return _info(_where(path)).type == _pafs().FileType.Directory
 
 
 def is_file(path: PathLike) -> bool:
     """Whether ``path`` is a file (a URI: an object)."""
-    if not is_uri(path):
-        return _local(path).is_file()
-    from pyarrow import fs as pafs
+    return _info(_where(path)).type == _pafs().FileType.File
 
-    return _info(os.fspath(path)).type == pafs.FileType.File
+
+def _file_info(where: _Where) -> Any:
+    """The ``FileInfo`` of the file ``where``; :class:`StorageError` (not found, is a folder) when it is none."""
+    info = _info(where)
+    kinds = _pafs().FileType
+    if info.type == kinds.Directory:
+        raise StorageError(where.name, "is a folder (expected a file)",
+                           credentials_hint(where.name) if is_uri(where.name) else "", IS_FOLDER)
+    if info.type != kinds.File:
+        raise _not_found(where)
+    return info
 
 
 def check_file(path: PathLike) -> None:
     """Raise :class:`StorageError` unless ``path`` is a file (reasons: ``not found ...``, ``is a folder ...``)."""
-    if is_file(path):
-        return
-    text = os.fspath(path)
-    if is_dir(path):
-        raise StorageError(text, "is a folder (expected a file)", credentials_hint(text) if is_uri(path) else "")
-    if not is_uri(path):
-        raise StorageError(text, "not found")
-    raise _error(text, FileNotFoundError(text))
+    _file_info(_where(path))
 
 
 def size(path: PathLike) -> int:
-    """The size of a file in bytes; :class:`StorageError` (not found) when it is none."""
-    if not is_uri(path):
-        try:
-            return _local(path).stat().st_size
-        except OSError as err:
-            raise StorageError(os.fspath(path), err.strerror or str(err)) from None
-    info = _info(os.fspath(path))
-    if info.size is None:
-        raise _error(os.fspath(path), FileNotFoundError(os.fspath(path)))
-    return int(info.size)
+    """The size of a file in bytes; :class:`StorageError` (not found, is a folder) when it is none."""
+    return int(_file_info(_where(path)).size)
 
 
 def list_files(path: PathLike, recursive: bool = False) -> list[str]:
     """The files in the folder ``path`` (in its subfolders too when ``recursive``), sorted: URIs under a URI, paths
     under a local path."""
-    if not is_uri(path):
-        folder = _local(path)
-        found = folder.rglob("*") if recursive else folder.iterdir()
-        return sorted(str(p) for p in found if p.is_file())
-    return [join(path, rel) for rel, _ in _remote_files(os.fspath(path), recursive)]
+    return [join(path, rel) for rel, _ in _entries(_where(path), _pafs().FileType.File, recursive)]
 
 
 def list_folders(path: PathLike) -> list[str]:
     """The folders directly in the folder ``path``, sorted (none when it does not exist): URIs under a URI, paths
     under a local path."""
-    if not is_uri(path):
-        folder = _local(path)
-        return sorted(str(p) for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-    from pyarrow import fs as pafs
-
-    return [join(path, rel) for rel, _ in _remote_entries(os.fspath(path), pafs.FileType.Directory, recursive=False,
-                                                          allow_not_found=True)]
+    return [join(path, rel) for rel, _ in _entries(_where(path), _pafs().FileType.Directory, recursive=False,
+                                                   allow_not_found=True)]
 
 
 def stamp(path: PathLike) -> list[Any]:
     """What changes when the file or folder ``path`` changes, cheaply (no content read): ``[relative path, size,
     mtime in ns]`` of the file, or of every file in the folder."""
-    from pyarrow import fs as pafs
-
-    if not is_uri(path):
-        local = _local(path)
-        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
-        return [[p.relative_to(local).as_posix() if p != local else "", p.stat().st_size, p.stat().st_mtime_ns]
-                for p in files]
-    uri = os.fspath(path)
-    info = _info(uri)
-    if info.type == pafs.FileType.File:
-        return [["", info.size, info.mtime_ns]]
-    if info.type == pafs.FileType.NotFound:
-        raise _error(uri, FileNotFoundError(uri))
-    return [[rel, i.size, i.mtime_ns] for rel, i in _remote_files(uri, recursive=True)]
+    return [[rel, info.size, info.mtime_ns] for rel, info in _files(_where(path))]
 
 
 def object_version(uri: str) -> list[Any]:
@@ -315,16 +423,11 @@ def object_version(uri: str) -> list[Any]:
     S3-compatible stores: a new one whenever the object is written), else ``[size, "mtime:<ns>"]``. The same bytes
     under another name or written again may get another version (a multipart upload's ETag is not a content hash);
     other bytes always do."""
-    from pyarrow import fs as pafs
-
-    filesystem, inner = _resolve(uri)
-    with _errors(uri):
-        info = filesystem.get_file_info(inner)
-        if info.type != pafs.FileType.File:
-            raise _error(uri, FileNotFoundError(uri))
-        with filesystem.open_input_file(inner) as handle:  # S3: a HEAD request; reads start only on read()
-            metadata = {(k.decode() if isinstance(k, bytes) else k).lower(): v
-                        for k, v in (handle.metadata() or {}).items()}
+    where = _where(uri)
+    info = _file_info(where)
+    with _errors(where.name), where.fs.open_input_file(where.path) as handle:  # S3: a HEAD; reads start on read()
+        metadata = {(k.decode() if isinstance(k, bytes) else k).lower(): v
+                    for k, v in (handle.metadata() or {}).items()}
     etag = metadata.get("etag")
     if etag:
         return [info.size, "etag:" + (etag.decode() if isinstance(etag, bytes) else etag)]
@@ -335,38 +438,129 @@ def object_version(uri: str) -> list[Any]:
 # reading
 
 
-def open_input(path: PathLike, compression: str | None = None) -> IO[bytes]:
-    """A binary stream of the file ``path`` (close it, or use it in a ``with``); ``compression="gzip"``: of its
-    decompressed content. Errors when it is opened are :class:`StorageError`; a stream cut while reading, or bad
-    compressed data, raises OSError."""
-    if not is_uri(path):
+class _Reader(io.RawIOBase):
+    """A ``pyarrow.fs`` input stream as a Python raw stream (buffered by :func:`open_input`: lines, ``readline``,
+    text). An error of the store while reading (unreachable, refused ...) becomes :class:`StorageError`; other
+    errors (bad compressed data) stay OSError."""
+
+    def __init__(self, stream: Any, name: str) -> None:
+        super().__init__()
+        self._stream, self._name = stream, name
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
         try:
-            return gzip.open(_local(path), "rb") if compression == "gzip" else _local(path).open("rb")  # type: ignore[return-value]
+            data = self._stream.read(len(buffer))
         except OSError as err:
-            raise StorageError(os.fspath(path), "not found" if isinstance(err, FileNotFoundError)
-                               else err.strerror or str(err)) from None
-    uri = os.fspath(path)
-    filesystem, inner = _resolve(uri)
-    with _errors(uri):
-        return filesystem.open_input_stream(inner, compression=compression)
+            if _kind_of(err)[0] == OTHER:
+                raise
+            raise _error(self._name, err) from None
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+
+def open_input(path: PathLike, compression: str | None = None) -> IO[bytes]:
+    """A buffered binary stream of the file ``path`` (close it, or use it in a ``with``); ``compression="gzip"``: of
+    its decompressed content. Errors when it is opened, and errors of the store while reading, are
+    :class:`StorageError`; bad compressed data raises OSError."""
+    where = _where(path)
+    with _errors(where.name):
+        stream = where.fs.open_input_stream(where.path, compression=compression)
+    return io.BufferedReader(_Reader(stream, where.name), _CHUNK)
 
 
 def read_bytes(path: PathLike) -> bytes:
     """The whole file ``path``."""
-    with open_input(path) as stream, _errors(os.fspath(path)):
+    with open_input(path) as stream:
         return stream.read()
 
 
-def _copy_stream(uri: str, dest: Path) -> None:
-    """Write the file ``uri`` to ``dest`` (through a temporary name, so ``dest`` is whole or absent)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+def read_range(path: PathLike, start: int, length: int) -> bytes:
+    """``length`` bytes of the file ``path`` from byte ``start`` on (fewer at its end)."""
+    where = _where(path)
+    with _errors(where.name), where.fs.open_input_file(where.path) as stream:
+        return stream.read_at(length, start)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# writing
+
+
+@contextlib.contextmanager
+def _output(where: _Where) -> Iterator[Any]:
+    """A stream that writes the file ``where`` whole or not at all (see the module docstring): under a temporary
+    name in its folder (the folders made), renamed when the block ends; in an object store, straight to the object,
+    which is removed again when the block fails."""
+    target = where.path
+    if where.renames:
+        folder, _, base = where.path.rpartition("/")
+        with _errors(where.name):
+            where.fs.create_dir(folder or "/", recursive=True)
+        target = f"{folder}/.{base}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
+    with _errors(where.name):
+        stream = where.fs.open_output_stream(target, compression=None)
     try:
-        with open_input(uri) as stream, partial.open("wb") as out, _errors(uri):
-            shutil.copyfileobj(stream, out, _CHUNK)
-        os.replace(partial, dest)
-    finally:
-        partial.unlink(missing_ok=True)
+        with _errors(where.name), stream as out:
+            yield out
+        if where.renames:
+            with _errors(where.name):
+                where.fs.move(target, where.path)
+    except BaseException:
+        import pyarrow as pa
+
+        with contextlib.suppress(OSError, pa.ArrowException):  # closing the stream has written what it had
+            where.fs.delete_file(target)
+        raise
+
+
+def _copy(source: _Where, dest: _Where) -> None:
+    """Copy the file ``source`` to ``dest``, bytes as they are (even a ``.gz``), whole or not at all."""
+    with _errors(source.name):
+        stream = source.fs.open_input_stream(source.path, compression=None)
+    with stream, _output(dest) as out:
+        while True:
+            with _errors(source.name):
+                chunk = stream.read(_CHUNK)
+            if not chunk:
+                break
+            out.write(chunk)
+
+
+def _copy_tree(source: _Where, dest: _Where, skip: Callable[[str], bool] = lambda rel: False,
+               last: str | None = None) -> None:
+    """Copy the file or folder ``source`` to ``dest``: a folder with its subfolders (made even when empty, where
+    there are folders), each file whole or not at all, except the files for which ``skip(relative path)``; ``last``
+    (a relative path) is copied after every other file, so whoever sees it sees a complete copy."""
+    entries = _files(source)
+    files = [rel for rel, _ in entries if not (rel and skip(rel))]
+    files.sort(key=lambda rel: rel == last)
+    if [rel for rel, _ in entries] != [""] and dest.renames:  # a folder
+        with _errors(dest.name):
+            dest.fs.create_dir(dest.path, recursive=True)
+    for rel in files:
+        _copy(source.child(rel), dest.child(rel))
+
+
+def write_bytes(path: PathLike, data: bytes) -> None:
+    """Write the file ``path`` with ``data`` (the folders of a local path are made), whole or not at all."""
+    with _output(_where(path)) as out:
+        out.write(data)
+
+
+def upload(local_path: PathLike, path: PathLike, last: str | None = None, skip: frozenset[str] = frozenset()) -> None:
+    """Copy the local file or folder ``local_path`` to ``path`` (a URI, or a local path).
+
+    A folder is copied with its subfolders, each file whole or not at all, except the files named in ``skip`` (paths
+    relative to the folder: already there); ``last`` (a path relative to the folder, e.g. a completion marker) is
+    written after every other file, so whoever sees it sees a complete copy."""
+    _copy_tree(_where(local_path), _where(path), lambda rel: rel in skip, last)
 
 
 def download(path: PathLike, local_path: PathLike, skip_suffixes: tuple[str, ...] = (),
@@ -377,36 +571,46 @@ def download(path: PathLike, local_path: PathLike, skip_suffixes: tuple[str, ...
     ``skip_suffixes`` are left out; ``last`` (a path relative to the folder, e.g. a completion marker) is copied after
     every other file."""
     dest = Path(local_path)
-    if not is_uri(path):
-        source = _local(path)
-        if source.is_file():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, dest)
-            return dest
-        if not source.is_dir():
-            raise StorageError(os.fspath(path), "not found")
-        files = [(p.relative_to(source).as_posix(), str(p)) for p in sorted(source.rglob("*")) if p.is_file()]
-    else:
-        from pyarrow import fs as pafs
-
-        uri = os.fspath(path)
-        info = _info(uri)
-        if info.type == pafs.FileType.File:
-            _copy_stream(uri, dest)
-            return dest
-        if info.type == pafs.FileType.NotFound:
-            raise _error(uri, FileNotFoundError(uri))
-        files = [(rel, join(uri, rel)) for rel, _ in _remote_files(uri, recursive=True)]
-    files = [(rel, src) for rel, src in files if not rel.endswith(skip_suffixes)]
-    files.sort(key=lambda item: item[0] == last)
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel, src in files:
-        if is_uri(src):
-            _copy_stream(src, dest / rel)
-        else:
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dest / rel)
+    _copy_tree(_where(path), _where(dest), lambda rel: rel.endswith(skip_suffixes), last)
     return dest
+
+
+def move_file(local_file: PathLike, path: PathLike) -> None:
+    """Put the finished local file ``local_file`` at ``path`` (a URI, or a local path), whole or not at all, and
+    remove ``local_file``: a rename when both are on this machine's disk (no copy when they are on one filesystem),
+    else an upload."""
+    if not is_uri(path):
+        try:
+            os.replace(_local(local_file), _local(path))  # local only: one rename
+            return
+        except OSError as err:
+            if err.errno != errno.EXDEV:  # another filesystem of this machine: copied below
+                raise _error(os.fspath(path), err) from None
+    _copy(_where(local_file), _where(path))
+    _local(local_file).unlink()
+
+
+def remove(path: PathLike) -> None:
+    """Delete the file ``path`` if it exists."""
+    where = _where(path)
+    with _errors(where.name), contextlib.suppress(FileNotFoundError):
+        where.fs.delete_file(where.path)
+
+
+def write_text(path: PathLike, text: str) -> None:
+    """Write the UTF-8 text file ``path`` (a URI, or a local path whose folders are made): a command's report."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def remove_tree(path: PathLike) -> None:
+    """Delete the folder ``path`` and everything under it, if it exists."""
+    where = _where(path)
+    with _errors(where.name), contextlib.suppress(FileNotFoundError):
+        where.fs.delete_dir(where.path)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# local copies (this machine's disk only)
 
 
 @contextlib.contextmanager
@@ -453,77 +657,3 @@ def local_copy(path: PathLike, cache_root: PathLike | None = None, skip_suffixes
                 download(uri, private / target.name, skip_suffixes=skip_suffixes)
                 buildonce.publish(private, done, complete=Path.is_dir)
     return target
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# writing
-
-
-def remove(path: PathLike) -> None:
-    """Delete the file ``path`` if it exists."""
-    if not is_uri(path):
-        _local(path).unlink(missing_ok=True)
-        return
-    uri = os.fspath(path)
-    filesystem, inner = _resolve(uri)
-    with _errors(uri), contextlib.suppress(FileNotFoundError):
-        filesystem.delete_file(inner)
-
-
-def write_bytes(path: PathLike, data: bytes) -> None:
-    """Write the file ``path`` (a URI, or a local path whose folders are made) with ``data``."""
-    if not is_uri(path):
-        _local(path).parent.mkdir(parents=True, exist_ok=True)
-        _local(path).write_bytes(data)
-        return
-    uri = os.fspath(path)
-    store, inner = _resolve(uri)
-    with _errors(uri), store.open_output_stream(inner, compression=None) as out:
-        out.write(data)
-
-
-def write_text(path: PathLike, text: str) -> None:
-    """Write the UTF-8 text file ``path`` (a URI, or a local path whose folders are made): a command's report."""
-    write_bytes(path, text.encode("utf-8"))
-
-
-def remove_tree(path: PathLike) -> None:
-    """Delete the folder ``path`` and everything under it, if it exists."""
-    if not is_uri(path):
-        shutil.rmtree(_local(path), ignore_errors=True)
-        return
-    uri = os.fspath(path)
-    store, inner = _resolve(uri)
-    with _errors(uri), contextlib.suppress(FileNotFoundError):
-        store.delete_dir(inner)
-
-
-def upload(local_path: PathLike, path: PathLike, last: str | None = None, skip: frozenset[str] = frozenset()) -> None:
-    """Copy the local file or folder ``local_path`` to ``path`` (a URI, or a local path).
-
-    A folder is copied with its subfolders, except the files named in ``skip`` (paths relative to the folder:
-    already there); ``last`` (a path relative to the folder, e.g. a completion marker) is written after every other
-    file, so whoever sees it sees a complete copy."""
-    source = _local(local_path)
-    if source.is_file():
-        files = [("", source)]
-    elif source.is_dir():
-        files = [(p.relative_to(source).as_posix(), p) for p in sorted(source.rglob("*")) if p.is_file()]
-        files = [(rel, p) for rel, p in files if rel not in skip]
-        files.sort(key=lambda item: item[0] == last)
-    else:
-        raise StorageError(str(local_path), "not found")
-    if not is_uri(path):
-        for rel, file in files:
-            dest = _local(path) / rel if rel else _local(path)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(file, dest)
-        return
-    uri = os.fspath(path)
-    filesystem, base = _resolve(uri)
-    for rel, file in files:
-        target = join(uri, rel) if rel else uri
-        inner = f"{base.rstrip('/')}/{rel}" if rel else base
-        with (_errors(target), file.open("rb") as stream,
-              filesystem.open_output_stream(inner, compression=None) as out):  # bytes as they are, even a .gz
-            shutil.copyfileobj(stream, out, _CHUNK)

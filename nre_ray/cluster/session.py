@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from nre_ray import storage
+
 log = logging.getLogger("nre_ray")
 
 QUIET_ENV = {
@@ -494,11 +496,6 @@ def set_placement_timeout(seconds: float | None) -> None:
         os.environ[PLACEMENT_TIMEOUT_ENV] = f"{seconds:g}"
 
 
-def is_local_path(path: str) -> bool:
-    """A path on this machine's disk (not ``s3://``, ``gs://``, ...)."""
-    return "://" not in path or path.startswith("file://")
-
-
 def local_tracking(uri: str) -> bool:
     """An MLflow tracking URI that only this machine can reach: a sqlite file, a folder, or an HTTP server on the
     loopback address."""
@@ -516,7 +513,7 @@ def local_tracking(uri: str) -> bool:
     return False  # databricks, a database server, ...: reachable as configured
 
 
-def check_shared_paths(info: Cluster, storage: str, tracking_uri: str, allow_local: bool) -> list[str]:
+def check_shared_paths(info: Cluster, storage_path: str, tracking_uri: str, allow_local: bool) -> list[str]:
     """On a cluster with more than one node, the storage path and the tracking URI must reach every node.
 
     Raises UsageError for a driver-local one; with ``allow_local`` (``--allow-local-storage``: a folder mounted at
@@ -527,8 +524,8 @@ def check_shared_paths(info: Cluster, storage: str, tracking_uri: str, allow_loc
     problems = []
     nodes = f"{len(info.nodes)} nodes" + (f", node types it may add: {info.describe_types()}" if info.can_grow
                                           else "")
-    if is_local_path(storage):
-        problems.append(f"--storage-path {storage} is a folder on this machine, but the cluster has {nodes}: the "
+    if not storage.is_uri(storage_path):
+        problems.append(f"--storage-path {storage_path} is a folder on this machine, but the cluster has {nodes}: the "
                         "workers on other nodes write checkpoints there and a restarted run reads them back. Use "
                         "shared storage, e.g. --storage-path s3://BUCKET/nre_ray/checkpoints")
     file_store = local_tracking(tracking_uri) and urlparse(tracking_uri).scheme not in ("http", "https")

@@ -8,6 +8,9 @@ the same canonical values, the same per-row problems and, after shifting, the sa
 whole file is read. It also returns each row's original columns (the input's own names, in the input's order) so
 that an output can keep them. Ray tasks can read different chunks at the same time.
 
+The file may be a URI (``s3://bucket/rows.csv``, see :mod:`nre_ray.storage`): the scan streams it and each chunk is
+read as a byte range (Parquet: its row groups) from the store, on whichever node the reading task runs.
+
 A chunk's frame holds the input columns, then the canonical columns prefixed with :data:`PREFIX` (``_nre_sentence``,
 ``_nre_head_offset``, ..., ``_nre_file``, ``_nre_line``, ``_nre_problem``). SemEval-2010 text (small by nature) and
 files the scan cannot split are read whole.
@@ -29,8 +32,10 @@ from typing import Any
 
 import pandas as pd
 
+from nre_ray import storage
 from nre_ray.data import read as R
 from nre_ray.data.errors import DataError, Problem
+from nre_ray.data.formats.common import Source, _resolve_columns
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS
 
 PREFIX = "_nre_"
@@ -69,6 +74,14 @@ class InputPlan:
         """Records in the file (blank lines not counted)."""
         return sum(c.rows for c in self.chunks)
 
+    @property
+    def offset_columns(self) -> list[str]:
+        """The input columns that hold ``head_offset`` and ``tail_offset`` (under the input's own names)."""
+        if self.frame is not None:  # read whole: the columns are the canonical ones
+            return ["head_offset", "tail_offset"]
+        found = _resolve_columns(self.path, self.columns, self.column_map, False, None, self.fmt)
+        return [found[c] for c in ("head_offset", "tail_offset")]
+
     def read(self, index: int) -> pd.DataFrame:
         """The records of chunk ``index``: input columns, then the ``_nre_`` canonical columns.
 
@@ -83,18 +96,16 @@ class InputPlan:
             return _combine(part[self.columns], part)
         with tempfile.TemporaryDirectory(prefix="nre_ray_chunk_") as tmp:
             # The chunk becomes a small file of its own that read_table reads as it reads any file.
-            piece = Path(tmp) / Path(self.path).name
+            piece = Path(tmp) / storage.name_of(self.path)
             if self.fmt == "parquet":
                 import pyarrow.parquet as pq
 
-                table = pq.ParquetFile(self.path).read_row_groups(list(range(chunk.start, chunk.end)))
+                table = _parquet_file(self.path).read_row_groups(list(range(chunk.start, chunk.end)))
                 pq.write_table(table, piece)
                 raw = table.select(self.columns).to_pandas()
                 offset = chunk.first_line - 1
             else:
-                with open(self.path, "rb") as fh:
-                    fh.seek(chunk.start)
-                    data = fh.read(chunk.end - chunk.start)
+                data = storage.read_range(self.path, chunk.start, chunk.end - chunk.start)
                 if self.fmt in _DELIMITED:
                     data = self.header + data
                     offset = chunk.first_line - (self.header.count(b"\n") + 1)
@@ -203,15 +214,15 @@ def _header_names(text: str, delimiter: str) -> list[str]:
 # planning
 
 
-def plan_chunks(path: str | Path, fmt: str | None = None, column_map: dict[str, str] | None = None,
+def plan_chunks(path: Source, fmt: str | None = None, column_map: dict[str, str] | None = None,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS, require_relation: bool = False) -> InputPlan:
-    """Scan ``path`` once (streaming) and plan chunks of about ``chunk_rows`` records.
+    """Scan ``path`` (a local path or a URI) once, streaming, and plan chunks of about ``chunk_rows`` records.
 
     The first chunk is parsed here as well, so that problems with the file as a whole (missing columns, a bad
     header, an unknown format) raise :class:`DataError` now rather than in a Ray task.
     """
     name = str(path)
-    path = Path(path)
+    path = name if storage.is_uri(name) else Path(name)
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be >= 1")
     fmt = fmt or R.detect_format(path)
@@ -236,16 +247,16 @@ def plan_chunks(path: str | Path, fmt: str | None = None, column_map: dict[str, 
     return plan
 
 
-def _binary_lines(path: Path, state: dict[str, int]) -> Iterator[str]:
+def _binary_lines(path: Source, state: dict[str, int]) -> Iterator[str]:
     """The lines of ``path`` as text (undecodable bytes replaced), counting bytes and lines read in ``state``."""
-    with open(path, "rb") as fh:
+    with storage.open_input(path) as fh:
         for raw in fh:
             state["pos"] += len(raw)
             state["line"] += 1
             yield raw.decode("utf-8", errors="replace")
 
 
-def _plan_delimited(name: str, path: Path, fmt: str, column_map: dict[str, str] | None, chunk_rows: int,
+def _plan_delimited(name: str, path: Source, fmt: str, column_map: dict[str, str] | None, chunk_rows: int,
                     require_relation: bool) -> InputPlan | None:
     state = {"pos": 0, "line": 0}
     reader = csv.reader(_binary_lines(path, state), delimiter=_DELIMITED[fmt])
@@ -275,18 +286,17 @@ def _plan_delimited(name: str, path: Path, fmt: str, column_map: dict[str, str] 
         chunks.append(Chunk(start, state["pos"], first_line, rows))
     if header_end is None or not chunks:
         return None
-    with open(path, "rb") as fh:
-        header = fh.read(header_end)
+    header = storage.read_range(path, 0, header_end)
     names = _header_names(header.decode("utf-8", errors="replace"), _DELIMITED[fmt])
     return InputPlan(name, fmt, column_map, require_relation, chunks, header=header, columns=names)
 
 
-def _plan_json(name: str, path: Path, fmt: str, column_map: dict[str, str] | None, chunk_rows: int,
+def _plan_json(name: str, path: Source, fmt: str, column_map: dict[str, str] | None, chunk_rows: int,
                require_relation: bool) -> InputPlan | None:
     chunks: list[Chunk] = []
     pos = start = first_line = rows = 0
     keys: dict[str, None] = {}
-    with open(path, "rb") as fh:
+    with storage.open_input(path) as fh:
         for number, raw in enumerate(fh, start=1):
             if raw.decode("utf-8", errors="replace").strip():
                 if rows == chunk_rows:
@@ -310,16 +320,21 @@ def _plan_json(name: str, path: Path, fmt: str, column_map: dict[str, str] | Non
     return InputPlan(name, fmt, column_map, require_relation, chunks, columns=list(keys))
 
 
-def _plan_parquet(name: str, path: Path, column_map: dict[str, str] | None, chunk_rows: int,
-                  require_relation: bool) -> InputPlan | None:
-    import pyarrow as pa
+def _parquet_file(path: Source) -> Any:
+    """``pyarrow.parquet.ParquetFile`` of a local path or a URI."""
     import pyarrow.parquet as pq
 
-    if not path.is_file():
-        return None  # read_table reports it
+    filesystem, inner = storage.pyarrow_path(path)
+    return pq.ParquetFile(inner, filesystem=filesystem)
+
+
+def _plan_parquet(name: str, path: Source, column_map: dict[str, str] | None, chunk_rows: int,
+                  require_relation: bool) -> InputPlan | None:
+    import pyarrow as pa
+
     try:
-        meta = pq.ParquetFile(path).metadata
-    except (pa.ArrowException, OSError):
+        meta = _parquet_file(path).metadata
+    except (pa.ArrowException, OSError, storage.StorageError):
         return None  # read_table reports it
     chunks: list[Chunk] = []
     group = first_row = rows = 0
@@ -334,7 +349,7 @@ def _plan_parquet(name: str, path: Path, column_map: dict[str, str] | None, chun
     return InputPlan(name, "parquet", column_map, require_relation, chunks, columns=names)
 
 
-def _plan_whole(name: str, path: Path, fmt: str, column_map: dict[str, str] | None, chunk_rows: int,
+def _plan_whole(name: str, path: Source, fmt: str, column_map: dict[str, str] | None, chunk_rows: int,
                 require_relation: bool) -> InputPlan:
     frame = R.read_table(path, fmt, column_map, require_relation)
     columns = [c for c in (*R.CANONICAL, *(c for c in frame.columns if c not in R.CANONICAL))

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from nre_ray import storage
 from nre_ray.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
 from nre_ray.config import Config, DataConfig
 from nre_ray.data.batches import EncodedSplit, encode_split, tokenize_batch
@@ -237,6 +238,7 @@ def row_problems(problems: pd.Series) -> list[Problem]:
 # naming a model
 
 
+_MLFLOW_URIS = ("runs:/", "models:/")
 _STAGES = {"latest", "production", "staging", "archived", "none"}
 
 
@@ -258,12 +260,16 @@ class ResolvedModel:
 def resolve_checkpoint(model: str, tracking_uri: str | None = None) -> ResolvedModel:
     """A local checkpoint folder for ``model``.
 
-    ``model`` is a checkpoint folder, a folder holding a logged MLflow model (``MLmodel``), or an MLflow URI:
+    ``model`` is a checkpoint folder, a folder holding a logged MLflow model (``MLmodel``), either of them local or in
+    a store (``s3://bucket/runs/RUN/checkpoint_...``, see :mod:`nre_ray.storage`), or an MLflow URI:
     ``runs:/<run_id>/model``, ``models:/<name>/<version>``, ``models:/<name>@<alias>`` (``models:/<name>/<alias>``
-    is read as the alias). MLflow models are downloaded to a temporary folder (call :meth:`ResolvedModel.cleanup`).
+    is read as the alias). Folders in a store and MLflow models are downloaded to a temporary folder (call
+    :meth:`ResolvedModel.cleanup`).
     """
-    path = Path(model).expanduser()
-    if "://" not in model and ":/" not in model[:10]:
+    if storage.is_uri(model):
+        return _stored_checkpoint(model)
+    if not model.startswith(_MLFLOW_URIS):
+        path = Path(storage.absolute(model))
         if not path.exists():
             raise CheckpointError(f"--model {model}: no such folder (give a checkpoint folder, runs:/<run_id>/model "
                                   "or models:/<name>/<version>)")
@@ -281,6 +287,20 @@ def resolve_checkpoint(model: str, tracking_uri: str | None = None) -> ResolvedM
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"--model {model}: MLflow cannot give this model ({first}). Check the URI and "
                               "--tracking-uri (or MLFLOW_TRACKING_URI).") from None
+    except BaseException:
+        temp.cleanup()
+        raise
+
+
+def _stored_checkpoint(model: str) -> ResolvedModel:
+    """A checkpoint folder in a store (a URI), downloaded to a temporary folder."""
+    temp = tempfile.TemporaryDirectory(prefix="nre_ray_model_")
+    try:
+        local = storage.download(model, Path(temp.name) / (storage.name_of(model) or "model"))
+        return ResolvedModel(_checkpoint_in(local, model), model, temp)
+    except storage.StorageError as err:
+        temp.cleanup()
+        raise CheckpointError(f"--model {err}") from None
     except BaseException:
         temp.cleanup()
         raise

@@ -9,6 +9,10 @@ come back, and memory stays bounded by a few chunks whatever the size of the inp
 :class:`nre_ray.serving.inference.Predictor` (the preprocessing of training) and :func:`_with_predictions`, so they
 write the same file. The output keeps the input's columns, in order, and adds ``predicted_relation`` and ``score`` (and
 ``top_k_labels`` / ``top_k_scores`` with ``--top-k``).
+
+The input, the output and the model may be local paths or URIs (``s3://...``, see :mod:`nre_ray.storage`). The
+output and its ``.rejected.csv`` are written to a staging folder (beside a local output, else a temporary one) and
+put in place when complete, so a failed run leaves no partial file.
 """
 
 from __future__ import annotations
@@ -17,17 +21,19 @@ import dataclasses
 import json
 import logging
 import math
-import os
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from nre_ray import storage
 from nre_ray.checkpoint import load_checkpoint
 from nre_ray.cluster.session import UsageError
 from nre_ray.data.chunks import PREFIX, InputPlan, canonical_part, input_part, plan_chunks
@@ -136,10 +142,12 @@ def _as_text(value: Any) -> Any:
 
 
 class Writer:
-    """Writes frames one after another to a CSV, TSV, JSON Lines or Parquet file (the first frame fixes the columns)."""
+    """Writes frames one after another to a local CSV, TSV, JSON Lines or Parquet file (the first frame fixes the
+    columns). ``integers``: columns that Parquet stores as int64 (the entity offsets, which a CSV input gives as
+    text); the text formats write every value as it came."""
 
-    def __init__(self, path: Path, fmt: str) -> None:
-        self.path, self.fmt = path, fmt
+    def __init__(self, path: Path, fmt: str, integers: tuple[str, ...] = ()) -> None:
+        self.path, self.fmt, self.integers = path, fmt, integers
         self.rows = 0
         self._schema = None
         self._parquet = None
@@ -169,7 +177,9 @@ class Writer:
 
         frame = frame.copy()
         for column in frame.columns:
-            if frame[column].dtype == object and column not in TOP_K_COLUMNS:
+            if column in self.integers:  # checked offsets: integers, or their text ("3", "3.0")
+                frame[column] = pd.to_numeric(frame[column]).astype("int64")
+            elif frame[column].dtype == object and column not in TOP_K_COLUMNS:
                 frame[column] = [_as_text(v) for v in frame[column]]
         if self._schema is None:
             table = pa.Table.from_pandas(frame, preserve_index=False)
@@ -194,7 +204,7 @@ class Writer:
 
 def output_format(path: str | Path) -> str:
     """The output format from the extension; UsageError for others."""
-    ext = Path(path).suffix.lower()
+    ext = PurePosixPath(storage.name_of(path)).suffix.lower()
     if ext not in OUTPUT_FORMATS:
         raise UsageError(f"--output {path}: cannot tell the format from {ext or 'no extension'!r}; use one of "
                          f"{', '.join(OUTPUT_FORMATS)}")
@@ -218,9 +228,8 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
     if on_bad_rows not in ON_BAD_ROWS:
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
     out_fmt = output_format(output)
-    out_path = Path(output)
-    if not out_path.parent.is_dir():
-        raise UsageError(f"--output {output}: the folder {out_path.parent} does not exist")
+    if not storage.is_uri(output) and not storage.is_dir(storage.parent(output)):
+        raise UsageError(f"--output {output}: the folder {storage.parent(output)} does not exist")
     column_map = parse_column_map(columns) if columns else None
     plan = plan_chunks(input_path, fmt, column_map, chunk_rows, require_relation=False)
     in_process = plan.total_rows <= local_max_rows
@@ -247,7 +256,7 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
         start_ray(address)
         start = time.perf_counter()
         batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu)
-    summary = _write(batches, plan, out_path, out_fmt, on_bad_rows, progress)
+    summary = _write(batches, plan, output, out_fmt, on_bad_rows, progress)
     summary.seconds = time.perf_counter() - start
     summary.workers = 0 if in_process else num_workers
     summary.in_process = in_process
@@ -321,19 +330,24 @@ def worker_died(err: BaseException) -> bool:
     return False
 
 
-def _rejected_path(output: Path) -> Path:
-    return output.with_name(output.name[: -len(output.suffix)] + ".rejected.csv")
+def _rejected_path(output: storage.PathLike) -> str:
+    """``<output without its extension>.rejected.csv``, beside the output."""
+    name = PurePosixPath(storage.name_of(output))
+    return storage.join(storage.parent(output), name.stem + ".rejected.csv")
 
 
-def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: Path, out_fmt: str, on_bad_rows: str,
-           progress: bool) -> PredictSummary:
-    """Write the good rows (in order) to a temporary file renamed to ``output`` at the end; bad rows are collected
-    (error) or written to ``<output>.rejected.csv`` (skip)."""
+def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.PathLike, out_fmt: str,
+           on_bad_rows: str, progress: bool) -> PredictSummary:
+    """Write the good rows (in order) to ``output`` (a local path or a URI); bad rows are collected (error) or
+    written to ``<output>.rejected.csv`` (skip). Both are written in a staging folder and put in place at the end,
+    or not at all."""
     from nre_ray import console
 
-    partial = output.with_name(output.name + ".partial")
+    output = str(output)
+    staging = Path(tempfile.mkdtemp(prefix=".nre_ray_predict_",
+                                    dir=None if storage.is_uri(output) else storage.parent(output)))
     rejected_path = _rejected_path(output)
-    writer = Writer(partial, out_fmt)
+    writer = Writer(staging / storage.name_of(output), out_fmt, tuple(plan.offset_columns))
     rejected: Writer | None = None
     problems: list[Problem] = []
     bad_rows = rows = 0
@@ -357,7 +371,7 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: Path, out_f
                             break
                     else:
                         if rejected is None:
-                            rejected = Writer(rejected_path, "csv")
+                            rejected = Writer(staging / storage.name_of(rejected_path), "csv")
                         rejected.write(_rejected_frame(flagged))
                 if on_bad_rows == "skip" or not problems:
                     writer.write(batch.loc[~bad].drop(columns=internal))
@@ -367,16 +381,21 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: Path, out_f
         if rejected is not None:
             rejected.close()
         if not done or problems:
-            partial.unlink(missing_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)
     if problems:
         more = " (stopped reading there)" if bad_rows >= MAX_PROBLEMS else ""
         raise DataError(problems, hint=f"{bad_rows} bad rows{more}. Fix them, or pass --on-bad-rows skip to predict "
                                        "the good rows only (the others are listed in a .rejected.csv file).")
-    os.replace(partial, output)
-    if rejected is None:
-        rejected_path.unlink(missing_ok=True)  # a stale list from an earlier run would mislead
-    return PredictSummary(rows=rows, written=writer.rows, skipped=bad_rows, seconds=0.0, output=str(output),
-                          rejected=str(rejected_path) if rejected is not None else None, workers=0)
+    try:
+        storage.move_file(writer.path, output)
+        if rejected is not None:
+            storage.move_file(rejected.path, rejected_path)
+        else:
+            storage.remove(rejected_path)  # a stale list from an earlier run would mislead
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return PredictSummary(rows=rows, written=writer.rows, skipped=bad_rows, seconds=0.0, output=output,
+                          rejected=rejected_path if rejected is not None else None, workers=0)
 
 
 class _Discard:
@@ -398,11 +417,12 @@ def _rejected_frame(flagged: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def data_error(err: BaseException) -> DataError | None:
-    """The DataError behind an error raised through Ray (a task's exception arrives wrapped)."""
+def cause(err: BaseException, kind: type[Exception]) -> Exception | None:
+    """The error of type ``kind`` behind an error raised through Ray (a task's exception arrives wrapped, as an
+    instance of a subclass that Ray makes: hence the exact type)."""
     seen = set()
     while err is not None and id(err) not in seen:
-        if type(err) is DataError:
+        if type(err) is kind:
             return err
         seen.add(id(err))
         err = getattr(err, "cause", None) or err.__cause__ or err.__context__

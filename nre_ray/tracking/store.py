@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nre_ray import storage
 from nre_ray.cluster.session import UsageError
 
 if TYPE_CHECKING:
@@ -523,11 +524,10 @@ def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, A
     if not cfg.data.format:
         from nre_ray.data.errors import DataError
         from nre_ray.data.formats import detect_format
-        from nre_ray.storage import StorageError
 
         try:
             params["data.format"] = detect_format(resolve_files(cfg.data)["train"])
-        except (DataError, StorageError, OSError):  # the run has read it; a param is not worth a failure
+        except (DataError, storage.StorageError, OSError):  # the run has read it; a param is not worth a failure
             pass
     model = cfg.model.model
     if model in ("bilstm", "transformer") and cfg.model.num_layers is None:
@@ -567,7 +567,7 @@ def split_datasets(prepared: Any) -> list[DatasetInput]:
         uri = str(source)
         folder = uri.rstrip("/").rsplit("/", 2)[-2] if "/" in uri else "data"
         digest = hashlib.sha256(f"{key}:{split}".encode()).hexdigest()[:8]
-        scheme = uri.split("://", 1)[0] if "://" in uri else "local"
+        scheme = storage.scheme(uri) or "local"
         dataset = Dataset(name=f"{folder}/{split}", digest=digest, source_type=scheme,
                           source=json.dumps({"uri": uri}), schema=json.dumps({"mlflow_colspec": schema.to_dict()}),
                           profile=json.dumps({"num_rows": len(rows)}))

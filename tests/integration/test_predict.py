@@ -4,6 +4,7 @@ the same file; bad rows stop with a clear message; evaluation gives the same sco
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
+from nre_ray import storage
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import main as evaluate_main
 from nre_ray.predict import main as predict_main
@@ -201,6 +203,29 @@ def test_cli_bad_row_exits_2_with_file_line_and_field(trained, tmp_path, capsys)
     assert (tmp_path / "out.rejected.csv").exists()
 
 
+def test_cli_reads_and_writes_an_object_store_through_ray(trained, tmp_path, object_store, capfd):
+    """``--input`` and ``--output`` as s3:// URIs (a real S3 server) with Ray's read tasks and 2 actors: the
+    predictions of the checkpoint, the offsets as integers in Parquet."""
+    rows = sample_rows(200).drop(columns=["relation"])
+    source = tmp_path / "in.csv"
+    rows.to_csv(source, index=False)
+    folder = storage.join(object_store, "predict-it")
+    storage.upload(source, f"{folder}/in.csv")
+    code = predict_main(["--model", trained["best_checkpoint"], "--input", f"{folder}/in.csv", "--output",
+                         f"{folder}/out.parquet", "--num-workers", "2", "--chunk-rows", "32", "--no-progress",
+                         "--local-max-rows", "0"])
+    said = capfd.readouterr()
+    assert code == 0, said.err
+    assert f"2 Ray worker(s)) -> {folder}/out.parquet" in said.out
+    got = pd.read_parquet(io.BytesIO(storage.read_bytes(f"{folder}/out.parquet")))
+    assert list(got.columns) == [*rows.columns, "predicted_relation", "score"] and got["id"].tolist() == \
+        rows["id"].tolist()
+    assert got["head_offset"].dtype == got["tail_offset"].dtype == "int64"
+    assert got["head_offset"].tolist() == rows["head_offset"].tolist()
+    assert_same(got, Predictor.from_checkpoint(trained["best_checkpoint"]).predict_frame(rows))
+    assert storage.list_files(folder) == [f"{folder}/in.csv", f"{folder}/out.parquet"]
+
+
 def test_evaluate_gives_identical_scores_on_1_2_and_3_workers(trained, tmp_path, capsys):
     reports = [evaluate_file(trained["best_checkpoint"], str(SAMPLE_TEST), num_workers=n) for n in (1, 2, 3)]
     assert [r["workers"] for r in reports] == [1, 2, 3]
@@ -258,4 +283,4 @@ def test_a_prediction_worker_that_dies_ends_the_command_with_one_clear_error(tra
     assert proc.returncode == 1, said
     assert "error: a prediction worker died (ActorDiedError), most often killed for memory: nothing was written" \
         in said and "Traceback" not in said and "\x1b[" not in said, said
-    assert not out.exists() and not (tmp_path / "out.csv.partial").exists()
+    assert not out.exists() and not list(tmp_path.glob(".nre_ray_predict_*"))  # nor its staging folder

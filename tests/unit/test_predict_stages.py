@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pandas as pd
 import pytest
 
+from nre_ray import storage
 from nre_ray.checkpoint import load_checkpoint
 from nre_ray.data.chunks import plan_chunks
 from nre_ray.data.errors import DataError
 from nre_ray.predict import main
 from nre_ray.serving.inference import Predictor
-from nre_ray.serving.predict import PredictChunks, UsageError, Writer, _write, output_format
+from nre_ray.serving.predict import PredictChunks, UsageError, Writer, _write, output_format, predict_file
 from tests.unit.test_inference import make_checkpoint, raw_rows
 
 
@@ -50,6 +52,11 @@ def test_output_keeps_input_columns_order_and_matches_predict_frame(checkpoint, 
     assert [float(s) for s in got["score"]] == pytest.approx(expected["score"].tolist(), abs=1e-6)
     top = got["top_k_labels"].iloc[0]
     assert list(json.loads(top) if isinstance(top, str) else top) == expected["top_k_labels"].iloc[0]
+    for column in ("head_offset", "tail_offset"):  # Parquet: integers; the text formats: the text as read
+        if suffix == ".parquet":
+            assert got[column].dtype == "int64" and got[column].tolist() == rows[column].astype(int).tolist()
+        else:
+            assert got[column].tolist() == rows[column].astype(str).tolist()
 
 
 def test_bad_rows_error_writes_nothing_and_names_file_and_line(checkpoint, tmp_path):
@@ -62,7 +69,7 @@ def test_bad_rows_error_writes_nothing_and_names_file_and_line(checkpoint, tmp_p
     with pytest.raises(DataError) as err:
         _write(batches, plan, out, "csv", "error", progress=False)
     assert f"{source}:8: tail_offset: negative" in str(err.value)
-    assert not out.exists() and not (tmp_path / "out.csv.partial").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["in.csv"]  # no output, no staging folder
 
 
 def test_bad_rows_skipped_are_listed_beside_the_output(checkpoint, tmp_path):
@@ -78,6 +85,55 @@ def test_bad_rows_skipped_are_listed_beside_the_output(checkpoint, tmp_path):
     assert rejected["problem"].str.startswith("head: empty").all()
     written = pd.read_csv(tmp_path / "out.csv", dtype=str)
     assert "r2" not in written["id"].tolist() and len(written) == len(rows) - 2
+
+
+def test_mapped_offset_columns_are_integers_in_parquet(checkpoint, tmp_path):
+    rows = raw_rows().rename(columns={"head_offset": "pos1", "tail_offset": "pos2"})
+    source = tmp_path / "in.jsonl"
+    rows.to_json(source, orient="records", lines=True)
+    summary = predict_file(str(checkpoint), str(source), str(tmp_path / "out.parquet"),
+                           columns="pos1=head_offset,pos2=tail_offset", progress=False)
+    got = pd.read_parquet(tmp_path / "out.parquet")
+    assert summary.in_process and got["pos1"].dtype == got["pos2"].dtype == "int64"
+    assert got["pos1"].tolist() == rows["pos1"].astype(int).tolist() and got["note"].tolist() == rows["note"].tolist()
+
+
+def test_input_output_and_model_in_an_object_store(checkpoint, tmp_path, object_store, capsys):
+    """``--input``, ``--output`` and ``--model`` as s3:// URIs (a real S3 server): the same rows as a local run,
+    the rejected rows beside the output, integer offsets in Parquet; a missing input or bucket is one line, exit 2,
+    and nothing is written."""
+    rows = raw_rows()
+    rows.loc[2, "head"] = ""
+    source = tmp_path / "in.csv"
+    rows.to_csv(source, index=False)
+    base = storage.join(object_store, "predict", tmp_path.name)
+    storage.upload(source, f"{base}/in.csv")
+    storage.upload(checkpoint, f"{base}/checkpoint")
+    args = ["--input", f"{base}/in.csv", "--on-bad-rows", "skip", "--chunk-rows", "4", "--no-progress"]
+    assert main(["--model", f"{base}/checkpoint", *args, "--output", f"{base}/out/labelled.parquet"]) == 0
+    said = capsys.readouterr().out
+    assert f"-> {base}/out/labelled.parquet" in said and f"listed in {base}/out/labelled.rejected.csv" in said
+    assert main(["--model", str(checkpoint), *args, "--input", str(source), "--output", str(tmp_path / "o.parquet")]) \
+        == 0
+    got = pd.read_parquet(io.BytesIO(storage.read_bytes(f"{base}/out/labelled.parquet")))
+    pd.testing.assert_frame_equal(got, pd.read_parquet(tmp_path / "o.parquet"))
+    assert got["head_offset"].dtype == "int64" and len(got) == len(rows) - 1
+    rejected = pd.read_csv(io.BytesIO(storage.read_bytes(f"{base}/out/labelled.rejected.csv")), dtype=str)
+    assert rejected["id"].tolist() == ["r2"] and rejected["file"].tolist() == [f"{base}/in.csv"]
+    assert storage.list_files(f"{base}/out") == [f"{base}/out/labelled.parquet", f"{base}/out/labelled.rejected.csv"]
+    capsys.readouterr()
+
+    assert main(["--model", str(checkpoint), *args, "--input", f"{base}/missing.csv", "--output", f"{base}/x.csv"]) \
+        == 2
+    err = capsys.readouterr().err
+    assert f"{base}/missing.csv: file not found" in err and "Traceback" not in err
+    assert main(["--model", str(checkpoint), *args, "--output", "s3://no-such-bucket-here/x.csv"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: s3://no-such-bucket-here/x.csv: the bucket does not exist") and \
+        len(err.splitlines()) == 1
+    assert main(["--model", f"{base}/no-checkpoint", *args, "--output", str(tmp_path / "y.csv")]) == 2
+    assert f"--model {base}/no-checkpoint: not found" in capsys.readouterr().err
+    assert not storage.exists(f"{base}/x.csv") and not (tmp_path / "y.csv").exists()
 
 
 def test_writer_parquet_keeps_one_schema_across_batches(tmp_path):
