@@ -52,10 +52,11 @@ def _git_commit() -> str | None:
 
 
 def _existing_checkpoints(storage: str, run_name: str) -> list[str]:
-    """Checkpoint folders of the run: all of them on a local path; the latest registered one on s3://, gs://, ..."""
+    """Checkpoint folders of the run: all of them on a local path; the latest registered one for a URI (s3://,
+    gs://, ... and file://), from Ray Train's record of the run."""
     from nre_ray import storage as fs
 
-    if fs.is_uri(storage):
+    if fs.scheme(storage):
         latest = _latest_checkpoint(storage, run_name)
         return [latest.path.rstrip("/").rsplit("/", 1)[-1]] if latest is not None else []
     folder = Path(storage) / run_name
@@ -346,7 +347,7 @@ def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
     when the storage is remote) and in MLflow."""
     from nre_ray import storage as fs
 
-    rejected_path = Path(target.storage) / target.run_name / "rejected_rows.csv" if not fs.is_uri(target.storage) \
+    rejected_path = Path(target.storage) / target.run_name / "rejected_rows.csv" if not fs.scheme(target.storage) \
         else Path("rejected_rows.csv").absolute()
     rejected_path.parent.mkdir(parents=True, exist_ok=True)
     if prepared.rejected_csv:  # every rejected row (prepared.rejected holds the first ones)
