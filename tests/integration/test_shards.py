@@ -20,7 +20,7 @@ import pytest
 import ray
 from torch.utils.data import DistributedSampler
 
-from nre_ray import loop, tracking
+from nre_ray import loop
 from nre_ray.cluster.session import Resources
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
@@ -28,6 +28,7 @@ from nre_ray.data.pipeline import Prepared, save_prepared
 from nre_ray.data.rowfile import RowFile
 from nre_ray.data.vocab import Vocab
 from nre_ray.runner import Target, build_trainer
+from nre_ray.tracking import store as tracking
 from tests.helpers import tiny_data
 
 pytestmark = pytest.mark.integration
