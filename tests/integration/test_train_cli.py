@@ -30,7 +30,8 @@ def test_two_workers_two_epochs_on_the_sample(ray_cluster, tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "best epoch" in out and "test " in out
     # The console: each phase with its time, the epoch lines from the driver under a legend, no worker prefixes
-    for phase in ("ray: using the Ray this process has already joined", "preprocess: ", "mlflow: run ", "workers: 2 up", "model: runs:/"):
+    for phase in ("ray: using the Ray this process has already joined", "preprocess: ", "mlflow: run ", "workers: 2 up",
+                  "model: runs:/"):
         assert re.search(r"^\[ *\d+\.\ds\] " + re.escape(phase), out, re.M), phase
     assert "valid_macro_f1 selects the best checkpoint; * marks an epoch that improved it" in out
     assert re.search(r"^epoch   1/2  train_loss \d\.\d{4}  valid_loss .*  \*$", out, re.M)
