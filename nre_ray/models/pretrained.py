@@ -30,7 +30,7 @@ def _open(path: Path | str) -> IO[str]:
         try:
             stream = storage.open_input(path, compression="gzip" if os.fspath(path).endswith(".gz") else None)
         except storage.StorageError as err:
-            reason = "word vector file not found" if err.reason.startswith("not found") else err.reason
+            reason = "word vector file not found" if err.kind == storage.NOT_FOUND else err.reason
             raise ValueError(f"{path}: {reason} (--embeddings). {err.hint}") from None
         return io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
     path = Path(path)

@@ -136,11 +136,13 @@ def _batched(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
 # files in an object store
 
 
-def storage_problem(err: storage.StorageError) -> DataError:
-    """A :class:`DataError` (``URI: reason`` and what to check) for a file of the store that cannot be had."""
-    reason = "file not found" if err.reason.startswith("not found") else \
-        "is a directory (expected a data file)" if err.reason.startswith("is a folder") else err.reason
-    return DataError([Problem(err.uri, None, None, reason)], hint=err.hint or HINT_PATH)
+def storage_problem(err: storage.StorageError) -> DataError | storage.StorageError:
+    """A :class:`DataError` (``URI: reason`` and what to check) for a file of the store that cannot be had; ``err``
+    itself when the store cannot be reached or cannot serve now, which is no problem of the data."""
+    if err.kind in (storage.UNREACHABLE, storage.BUSY):
+        return err
+    reason = {storage.NOT_FOUND: "file not found", storage.IS_FOLDER: "is a directory (expected a data file)"}
+    return DataError([Problem(err.uri, None, None, reason.get(err.kind, err.reason))], hint=err.hint or HINT_PATH)
 
 
 def _renamed(err: DataError, local: str, uri: str) -> DataError:
