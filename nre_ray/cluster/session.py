@@ -277,6 +277,8 @@ def start_ray(address: str | None, log_to_driver: bool = True) -> RayAddress:
     at the address."""
     import ray
 
+    from nre_ray.cluster.ray_private import keep_worker_pool_warning_off_console
+
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
@@ -334,33 +336,6 @@ def _start_local(log_to_driver: bool) -> None:
                          f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
                          "machine is too busy; try again when it is quieter, or start Ray once with "
                          "`ray start --head` and pass --address auto.") from None
-
-
-#: The raylet's warning that a node has started many Python worker processes ("which is 4x the maximum expected
-#: startup concurrency"). A sweep's trial drivers and Train controllers are many small actors by design, so it comes
-#: with every sweep; it stays in Ray's log of that raylet (``logs/raylet.out`` in Ray's session folder).
-WORKER_POOL_WARNING = "worker processes have been started on node"
-
-
-def keep_worker_pool_warning_off_console() -> None:
-    """Keep the raylet's :data:`WORKER_POOL_WARNING` off this driver's console; its other messages still show."""
-    # Private Ray API: the driver prints what the raylets report to it (GCS error messages) from the thread of
-    # ray._private.worker.listen_error_messages, through that module's print_to_stdstream, whatever log_to_driver
-    # says, and Ray has no setting to leave one message out (ray-project/ray#63800). The workers' own output goes
-    # through a reference taken when Ray connects, so wrapping the module's function touches only these messages.
-    import ray._private.worker as ray_worker
-
-    show = ray_worker.print_to_stdstream
-    if getattr(show, "drops", None) == WORKER_POOL_WARNING:
-        return
-
-    def show_but_the_warning(data: dict, ignore_prefix: bool) -> None:
-        lines = [line for line in data.get("lines", []) if WORKER_POOL_WARNING not in line]
-        if lines:
-            show({**data, "lines": lines}, ignore_prefix)
-
-    show_but_the_warning.drops = WORKER_POOL_WARNING  # type: ignore[attr-defined]
-    ray_worker.print_to_stdstream = show_but_the_warning
 
 
 def pin_state_api() -> dict[str, int]:

@@ -18,24 +18,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from nre_ray import storage as fs
 from nre_ray.cluster.session import UsageError
-from nre_ray.config import ConfigError, build_parser, config_from_args
+from nre_ray.config import ConfigError, build_parser, choices, config_from_args
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
-from nre_ray.data.read import (
-    FORMATS,
-    OPTIONAL,
-    REQUIRED,
-    check_rows,
-    parse_column_map,
-    problems_of,
-    read_chunks,
-    split_problem,
-)
+
+if TYPE_CHECKING:  # pandas and the readers are imported by the commands, not by --help
+    import pandas as pd
 
 log = logging.getLogger("nre_ray")
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
@@ -120,6 +111,9 @@ class _Writer:
 
 def _canonical(checked: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """The canonical columns of checked good rows: offsets as integers, text as str."""
+    import numpy as np
+    import pandas as pd
+
     out = pd.DataFrame(index=checked.index)
     for column in columns:
         if column in ("head_offset", "tail_offset"):
@@ -131,6 +125,16 @@ def _canonical(checked: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def convert(args: argparse.Namespace) -> int:
     """Stream INPUT into OUTPUT in the canonical schema (see the module docstring)."""
+    from nre_ray.data.read import (
+        OPTIONAL,
+        REQUIRED,
+        check_rows,
+        parse_column_map,
+        problems_of,
+        read_chunks,
+        split_problem,
+    )
+
     source, target = Path(args.input), Path(args.output)
     kind = OUTPUT_FORMATS.get(target.suffix.lower())
     if kind is None:
@@ -218,7 +222,7 @@ def build_cli() -> argparse.ArgumentParser:
                "  python -m nre_ray.data convert raw.csv clean.jsonl --on-bad-rows skip --force\n")
     convert_parser.add_argument("input", metavar="INPUT", help="The file to read.")
     convert_parser.add_argument("output", metavar="OUTPUT", help="The file to write (must not exist, unless --force).")
-    convert_parser.add_argument("--format", choices=FORMATS, help="INPUT's format (default: detected).")
+    convert_parser.add_argument("--format", choices=choices("data.format"), help="INPUT's format (default: detected).")
     convert_parser.add_argument("--columns", metavar="MAP", help="Map INPUT's column names to ours, e.g. "
                                 "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
     convert_parser.add_argument("--on-bad-rows", choices=("error", "skip"), default="error",

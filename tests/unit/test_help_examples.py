@@ -1,5 +1,5 @@
 """Every command's --help ends with examples, and every example parses with that command's own parser; the help
-says what the command does, and answers without importing torch, Ray or MLflow."""
+says what the command does, and answers without importing torch, Ray, MLflow or pandas."""
 
 from __future__ import annotations
 
@@ -114,11 +114,11 @@ def test_the_commands_take_the_formats_and_bad_row_policies_the_library_knows():
     assert choices("data.on_bad_rows") == ON_BAD_ROWS
 
 
-HEAVY = ("torch", "ray", "mlflow")
+HEAVY = ("torch", "ray", "mlflow", "pandas", "pyarrow")
 
 
 @pytest.mark.parametrize("command", ["train", "tune", "evaluate", "predict", "data", "standin"])
-def test_help_imports_no_torch_ray_or_mlflow(command):
+def test_help_imports_no_torch_ray_mlflow_or_pandas(command):
     script = (f"import runpy, sys\nsys.argv = ['nre_ray.{command}', '--help']\ntry:\n"
               f"    runpy.run_module('nre_ray.{command}', run_name='__main__')\nexcept SystemExit as err:\n"
               f"    assert err.code == 0, err.code\n"
