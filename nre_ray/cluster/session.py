@@ -452,9 +452,9 @@ def placement_timeout(requested: float | None, info: Cluster) -> float:
 
 def size_workers(info: Cluster, num_workers: int, use_gpu: bool = False, cpus_per_worker: float | None = None,
                  wait: float | None = None) -> Resources:
-    """The workers of ``train``, ``evaluate`` and a sweep's trials on the joined cluster: :func:`plan_resources` over
-    its alive nodes and the node types its autoscaler may add, and the placement timeout (``wait``:
-    ``--placement-timeout``, else by the cluster's kind: :func:`placement_timeout`)."""
+    """The workers of ``train`` and ``evaluate`` (and ``predict``'s actors) on the joined cluster:
+    :func:`plan_resources` over its alive nodes and the node types its autoscaler may add, and the placement timeout
+    (``wait``: ``--placement-timeout``, else by the cluster's kind: :func:`placement_timeout`)."""
     resources = plan_resources(num_workers, use_gpu, info.nodes, cpus_per_worker, info.node_types)
     resources.placement_timeout = placement_timeout(wait, info)
     return resources
