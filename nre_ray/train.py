@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import os
 import sys
 import time
 from typing import Any
 
-from nre_ray import console
-from nre_ray.cluster.session import QUIET_ENV, UsageError
-from nre_ray.config import ConfigError, build_parser, config_from_args
+from nre_ray.config import build_parser, config_from_args
+from nre_ray.frontdoor import print_model_and_ui, run_command
 from nre_ray.runner import run
 
 
@@ -31,21 +27,6 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 #: Where ``mlflow ui`` (and ``make ui``) serves by default.
-UI_ADDRESS = "http://127.0.0.1:5000"
-
-
-def print_model_and_ui(summary: dict[str, Any]) -> None:
-    """The summary's last lines (a run's and a sweep's): the logged model, and how to look at the runs."""
-    if summary.get("model_uri"):
-        print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
-                                                  if summary.get("registered_model_uri") else ""))
-    from nre_ray.tracking.store import run_page
-
-    uri = summary["tracking_uri"]
-    server = uri.startswith(("http://", "https://"))
-    page = run_page(uri if server else UI_ADDRESS, summary.get("experiment_id"), summary["run_id"])
-    print(f"look at it: open {page}" if server
-          else f"look at it: mlflow ui --backend-store-uri {uri} (or make ui), then open {page}", flush=True)
 
 
 EXAMPLES = """\
@@ -73,50 +54,16 @@ def cli_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _checkpoint_error() -> tuple[type[Exception], ...]:
-    """``(CheckpointError,)``, imported only when an error reaches ``main``: its module imports torch, which a run
-    needs only once Ray is up, so the first console line comes sooner."""
-    from nre_ray.checkpoint import CheckpointError
-
-    return (CheckpointError,)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
+    """Entry point; returns the exit status (0, 2 for bad input or usage, 130 when interrupted)."""
     started = time.time()
     args = cli_parser().parse_args(argv)
-    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
-        os.environ.setdefault(key, value)
-    console.use(console.Console(started=started))
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("nre_ray").setLevel(logging.INFO)
-    for noisy in ("ray.data", "mlflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    from nre_ray.data.errors import DataError
 
-    try:
+    def work() -> tuple[dict[str, Any], str | None]:
         cfg = config_from_args(args)
-        with console.logs_on_console("nre_ray"):
-            summary = run(cfg, started)
-    except (ConfigError, UsageError, *_checkpoint_error()) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"error: bad input data\n{err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the MLflow run is marked KILLED", file=sys.stderr)
-        return 130
-    print_summary(summary)
-    if cfg.run.summary_json:
-        from nre_ray.storage import StorageError, write_text
+        return run(cfg, started), cfg.run.summary_json
 
-        try:
-            write_text(cfg.run.summary_json, json.dumps(summary, indent=2, ensure_ascii=False))
-        except StorageError as err:
-            print(f"error: --summary-json: {err}", file=sys.stderr)
-            return 2
-    return 0
+    return run_command(work, print_summary, "interrupted: the MLflow run is marked KILLED", started=started)
 
 
 if __name__ == "__main__":

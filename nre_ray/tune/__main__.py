@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import os
 import sys
 import time
 from typing import Any
 
-from nre_ray import console
-from nre_ray.cluster.session import QUIET_ENV, UsageError
 from nre_ray.config import Config, ConfigError, build_parser, config_from_args
+from nre_ray.frontdoor import print_model_and_ui, run_command
 from nre_ray.tune.sweep import SEARCHERS, SweepOptions, run
 
 #: A trial's epoch budget when --epochs is not given, whatever the --model (a single run's default is larger: early
@@ -113,8 +110,6 @@ def print_summary(summary: dict[str, Any]) -> None:
         print("  test  " + "  ".join(f"{k} {summary['test'][k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1",
                                                                                "pos_macro_f1", "pos_micro_f1")
                                      if k in summary["test"]))
-    from nre_ray.train import print_model_and_ui
-
     print_model_and_ui(summary)
 
 
@@ -126,41 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0, 2 for bad input or usage, 130 when interrupted)."""
     started = time.time()
     args = sweep_parser().parse_args(argv)
-    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
-        os.environ.setdefault(key, value)
-    console.use(console.Console(started=started))
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("nre_ray").setLevel(logging.INFO)
-    for noisy in ("ray.data", "mlflow", "ray.tune"):
-        logging.getLogger(noisy).setLevel(logging.ERROR if noisy == "ray.tune" else logging.WARNING)
-    from nre_ray.checkpoint import CheckpointError
-    from nre_ray.data.errors import DataError
 
-    try:
+    def work() -> tuple[dict[str, Any], str | None]:
         cfg = sweep_config(args)
-        opts = options_from_args(args, cfg)
-        with console.logs_on_console("nre_ray"):
-            summary = run(cfg, opts)
-    except (ConfigError, UsageError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"error: bad input data\n{err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the sweep's MLflow runs are marked KILLED; continue it with the same command and "
-              "--resume", file=sys.stderr)
-        return 130
-    print_summary(summary)
-    if cfg.run.summary_json:
-        from nre_ray.storage import StorageError, write_text
+        return run(cfg, options_from_args(args, cfg)), cfg.run.summary_json
 
-        try:
-            write_text(cfg.run.summary_json, json.dumps(summary, indent=2, ensure_ascii=False, default=str))
-        except StorageError as err:
-            print(f"error: --summary-json: {err}", file=sys.stderr)
-            return 2
-    return 0
+    return run_command(work, print_summary, "interrupted: the sweep's MLflow runs are marked KILLED; continue it with "
+                       "the same command and --resume", quiet={"ray.tune": logging.ERROR}, started=started)
 
 
 if __name__ == "__main__":

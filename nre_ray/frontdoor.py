@@ -1,0 +1,84 @@
+"""What the long-running commands (``python -m nre_ray.train`` and ``python -m nre_ray.tune``) do around their work:
+quiet Ray and MLflow, open the console, turn the errors a user can fix into one line and an exit status, print the
+summary and write ``--summary-json``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nre_ray import console
+from nre_ray.cluster.session import QUIET_ENV, UsageError
+from nre_ray.config import ConfigError
+
+UI_ADDRESS = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` (and ``make ui``) serves a local store."""
+
+Work = Callable[[], tuple[dict[str, Any], str | None]]
+"""Parse the settings and run: the summary, and the ``--summary-json`` destination (None: none)."""
+
+
+def _checkpoint_error() -> tuple[type[Exception], ...]:
+    """``(CheckpointError,)``, imported only when an error reaches :func:`run_command`: its module imports torch,
+    which a run needs only once Ray is up, so the first console line comes sooner."""
+    from nre_ray.checkpoint import CheckpointError
+
+    return (CheckpointError,)
+
+
+def run_command(work: Work, show: Callable[[dict[str, Any]], None], interrupted: str,
+                quiet: dict[str, int] | None = None, started: float | None = None) -> int:
+    """Run ``work`` as a command: the exit status (0; 2 for bad settings, data or checkpoints, with one ``error:``
+    line; 130 when interrupted, with the line ``interrupted``). ``show`` prints the summary; ``quiet`` raises the
+    level of other loggers (name -> level) beyond Ray Data's and MLflow's warnings."""
+    started = time.time() if started is None else started
+    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
+        os.environ.setdefault(key, value)
+    console.use(console.Console(started=started))
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("nre_ray").setLevel(logging.INFO)
+    for name, level in {"ray.data": logging.WARNING, "mlflow": logging.WARNING, **(quiet or {})}.items():
+        logging.getLogger(name).setLevel(level)
+    from nre_ray.data.errors import DataError
+
+    try:
+        with console.logs_on_console("nre_ray"):
+            summary, summary_json = work()
+    except (ConfigError, UsageError, *_checkpoint_error()) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"error: bad input data\n{err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        return 130
+    show(summary)
+    if summary_json:
+        from nre_ray.storage import StorageError, write_text
+
+        try:
+            write_text(summary_json, json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+        except StorageError as err:
+            print(f"error: --summary-json: {err}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def print_model_and_ui(summary: dict[str, Any]) -> None:
+    """The summary's last lines (a run's and a sweep's): the logged model, and how to look at the runs."""
+    if summary.get("model_uri"):
+        print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
+                                                  if summary.get("registered_model_uri") else ""))
+    from nre_ray.tracking.store import run_page
+
+    uri = summary["tracking_uri"]
+    server = uri.startswith(("http://", "https://"))
+    page = run_page(uri if server else UI_ADDRESS, summary.get("experiment_id"), summary["run_id"])
+    print(f"look at it: open {page}" if server
+          else f"look at it: mlflow ui --backend-store-uri {uri} (or make ui), then open {page}", flush=True)
