@@ -44,6 +44,20 @@ ADDRESS_HELP = ("Ray cluster to join: HOST:PORT (the head's GCS, port 6379 by de
                 "or auto (the Ray `ray start` runs on this machine); default: RAY_ADDRESS if set, else a local Ray "
                 "this command starts. Not the dashboard's http:// address: that one is for `ray job submit`.")
 
+#: The least share of a CPU a CPU worker gets unless --cpus-per-worker says otherwise: two workers per CPU, so
+#: that ``--num-workers 4`` runs on a 2-core laptop. Below it a run spends its time switching between processes:
+#: each worker is a whole torch process (its own interpreter, torch and model: hundreds of MB, started one after
+#: another), and every step of DDP ends in gloo's all-reduce, which waits for the slowest rank, that is for every
+#: rank sharing a core to have had its turn. 64 workers on 2 CPUs (0.03 each) took 261 s just to start.
+MIN_CPUS_PER_WORKER = 0.5
+#: The help of --cpus-per-worker, in every command that sizes workers (train, tune, evaluate, predict).
+CPUS_PER_WORKER_HELP = (
+    "CPUs reserved for each worker; its torch threads are the whole CPUs of it. Default: CPU workers share the "
+    f"cluster's CPUs evenly, at most 1 and at least {MIN_CPUS_PER_WORKER:g} each (one thread per process scales best "
+    "for these models; more workers than that are refused before Ray starts); GPU workers take their node's CPUs "
+    "per GPU, at most 4. A share given here is used as given where the nodes hold it: oversubscription on purpose, "
+    "e.g. --num-workers 8 --cpus-per-worker 0.25 on 2 CPUs.")
+
 
 def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None) -> Any:
     meta = {"help": help, "choices": choices, "flag": flag}
@@ -140,10 +154,7 @@ class TrainConfig:
     seed: int = _f(1, "Random seed for initialisation, shuffling and the validation split.")
     num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu.")
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
-    cpus_per_worker: float | None = _f(None, "CPUs reserved for each worker; its torch threads are the whole CPUs "
-                                             "of it. Default: CPU workers share the cluster's CPUs evenly, at most "
-                                             "1 each (one thread per process scales best for these models); GPU "
-                                             "workers take their node's CPUs per GPU, at most 4.")
+    cpus_per_worker: float | None = _f(None, CPUS_PER_WORKER_HELP)
     keep_checkpoints: int = _f(2, "Checkpoints kept besides the latest: the best by the selection metric (an epoch "
                                   "that only ties an earlier best does not count as better).")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")

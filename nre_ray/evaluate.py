@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from nre_ray.config import ADDRESS_HELP, choices
+from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, choices
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "models:/<name>/<version>).")
     parser.add_argument("--data", required=True, help="A labelled file in any format training reads.")
     parser.add_argument("--num-workers", type=int, default=1, help="Ray Train workers (default: 1).")
+    parser.add_argument("--cpus-per-worker", type=float, help=CPUS_PER_WORKER_HELP)
     parser.add_argument("--negative-label", help="The 'no relation' label for the positive-class scores (default: the "
                         "one the model was trained with, if any).")
     parser.add_argument("--output", help="Write the scores, the per-class table and the confusion matrix here as "
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = evaluate_file(args.model, args.data, num_workers=args.num_workers,
                                negative_label=args.negative_label, fmt=args.format, columns=args.columns,
-                               on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address)
+                               on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address,
+                               cpus_per_worker=args.cpus_per_worker)
     except (UsageError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nre_ray.config import ADDRESS_HELP, choices
+from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, choices
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 
 EXAMPLES = """\
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=256, help="Rows per forward pass (default: 256).")
     parser.add_argument("--num-workers", type=int, default=1, help="Ray actors, each holding the model once "
                         "(default: 1).")
+    parser.add_argument("--cpus-per-worker", type=float, help=CPUS_PER_WORKER_HELP)
     parser.add_argument("--top-k", type=int, default=0, help="Also write the K most likely labels and their "
                         "probabilities (top_k_labels, top_k_scores as JSON lists in CSV).")
     parser.add_argument("--format", choices=choices("data.format"),
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                                num_workers=args.num_workers, top_k=args.top_k, fmt=args.format, columns=args.columns,
                                on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address,
                                chunk_rows=args.chunk_rows, use_gpu=args.use_gpu, progress=not args.no_progress,
-                               local_max_rows=args.local_max_rows)
+                               local_max_rows=args.local_max_rows, cpus_per_worker=args.cpus_per_worker)
     except (UsageError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from nre_ray.cluster.session import (
     UsageError,
     check_shared_paths,
     cluster,
+    local_cluster,
     placement_failed,
     quiet_env_for_workers,
     ray_phase,
@@ -139,6 +140,7 @@ def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     imported = time.time() - started  # imports and config
     out = console.get()
     with out.phase("setup", "checking the settings, the inputs and the run's storage") as step:
+        check_scale(cfg)
         target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
         step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
     from nre_ray.tracking import store as tracking
@@ -234,6 +236,15 @@ def warm_up(tracking_uri: str) -> threading.Thread:
     thread = threading.Thread(target=work, name="nre_ray-warm-up", daemon=True)
     thread.start()
     return thread
+
+
+def check_scale(cfg: Config) -> None:
+    """Before Ray starts: UsageError for workers the local Ray this command would start can never hold (too many
+    for the machine's CPUs, ``--use-gpu`` without a GPU), by the sizing of :func:`connect` over
+    :func:`nre_ray.cluster.session.local_cluster`. Joining a cluster, :func:`connect` refuses them once joined."""
+    ahead = local_cluster(cfg.run.address)
+    if ahead is not None:
+        size_workers(ahead, cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
 
 
 def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> Resources:

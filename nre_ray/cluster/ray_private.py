@@ -28,6 +28,22 @@ def autoscaler_node_groups() -> list[tuple[str, dict[str, float], int]] | None:
             for g in config.node_group_configs]
 
 
+def local_gpus() -> int:
+    """How many GPUs a Ray started on this machine would have: those Ray detects, at most those
+    CUDA_VISIBLE_DEVICES (or the like) shows this process."""
+    # Private: Ray counts a new node's GPUs with its accelerator managers (ray._private.accelerators, as
+    # ray._private.resource_and_label_spec does when ray.init starts a node); no public API says what a Ray not yet
+    # started would find, and asking torch means importing it (seconds) before a refusal.
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+
+    manager = get_accelerator_manager_for_resource("GPU")
+    if manager is None:
+        return 0
+    count = manager.get_current_node_num_accelerators()
+    visible = manager.get_current_process_visible_accelerator_ids()
+    return min(count, len(visible)) if visible is not None else count
+
+
 def in_local_train_mode() -> bool:
     """True inside a Ray Train loop that runs in local mode (``ScalingConfig(num_workers=0)``: in this process, with
     no workers and no controller)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from nre_ray import storage
+from nre_ray.config import MIN_CPUS_PER_WORKER
 
 log = logging.getLogger("nre_ray")
 
@@ -123,44 +124,49 @@ def node_groups(nodes: list[dict[str, float]], node_types: list[NodeType]) -> li
 
 
 def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]],
-                   cpus_per_worker: float | None = None, node_types: list[NodeType] | None = None) -> Resources:
+                   cpus_per_worker: float | None = None, node_types: list[NodeType] | None = None,
+                   plus: int = 0) -> Resources:
     """Size each worker from what the cluster has or can grow to, or raise UsageError if it can never be placed.
 
     ``nodes``: the ``Resources`` dict of each alive node; ``node_types``: the worker node types an autoscaler may add
     (each counted ``max_count`` times on top of the alive nodes, by arithmetic: any maximum is sized at once). CPU
-    workers share the CPUs evenly (fractions allowed, so 4 workers run on 2 cores), at most one each; GPU workers take
-    one GPU each and a share of their node's CPUs (at most 4). ``cpus_per_worker`` (``--cpus-per-worker``) sets the
-    CPUs instead. A worker runs as many torch threads as it has whole CPUs (at least 1).
+    workers share the CPUs evenly, at most one each and at least :data:`MIN_CPUS_PER_WORKER` (so 4 workers run on
+    2 cores, 64 are refused); GPU workers take one GPU each and a share of their node's CPUs (at most 4).
+    ``cpus_per_worker`` (``--cpus-per-worker``) sets the CPUs instead, any share the nodes hold (oversubscription
+    on purpose). A worker runs as many torch threads as it has whole CPUs (at least 1). ``plus``: that many more
+    CPU shares sized like a worker's that are not workers (``predict``'s reading tasks); the messages count workers.
     """
     node_types = node_types or []
     possible = node_groups(nodes, node_types)
-    if any(not t.resources for t in node_types) and not _fits(num_workers, use_gpu, possible):
+    if any(not t.resources for t in node_types) and not _fits(num_workers + plus, use_gpu, possible):
         # The autoscaler knows these types' resources from their instance types, and did not tell: trust it.
         per = {"CPU": cpus_per_worker or 1.0, **({"GPU": 1} if use_gpu else {})}
         return Resources(per, max(1, int(per["CPU"])), waits=True)
     where = f" (node types it may add: {'; '.join(t.describe() for t in node_types)})" if node_types else ""
-    plan = _plan(num_workers, use_gpu, possible, cpus_per_worker, where)
-    plan.waits = _holds(nodes, plan.per_worker) < num_workers
+    plan = _plan(num_workers, use_gpu, possible, cpus_per_worker, where, Cluster(nodes, node_types), plus)
+    plan.waits = _holds(nodes, plan.per_worker) < num_workers + plus
     return plan
 
 
 def _fits(num_workers: int, use_gpu: bool, groups: list[NodeGroup]) -> bool:
     """Whether the default sizing places ``num_workers`` on the nodes of ``groups``."""
     try:
-        _plan(num_workers, use_gpu, groups, None, "")
+        _plan(num_workers, use_gpu, groups, None, "", Cluster([]))
     except UsageError:
         return False
     return True
 
 
 def _plan(num_workers: int, use_gpu: bool, groups: list[NodeGroup], cpus_per_worker: float | None,
-          where: str) -> Resources:
-    """:func:`plan_resources` over the nodes of ``groups`` (``where``: how the message names the cluster)."""
+          where: str, info: Cluster, plus: int = 0) -> Resources:
+    """:func:`plan_resources` over the nodes of ``groups`` (``where``: how the messages name the node types;
+    ``info``: the cluster the refusals describe)."""
     if use_gpu:
         gpus = sum(int(n.get("GPU", 0)) * count for n, count in groups)
         if gpus == 0:
-            raise UsageError(f"--use-gpu: this Ray cluster has no GPU{where}. Drop --use-gpu to train on CPUs, or "
-                             "join a cluster with GPUs (--address).")
+            none = " and its autoscaler adds none" if info.can_grow else ""
+            raise UsageError(f"--use-gpu: this Ray cluster has no GPU{none} ({info.describe()}). Drop --use-gpu to "
+                             "run on CPUs, or join a cluster with GPUs (--address).")
         if gpus < num_workers:
             raise UsageError(f"--num-workers {num_workers} with --use-gpu needs {num_workers} GPUs, but the cluster "
                              f"has {gpus}{where}. Use --num-workers {gpus} or add GPU nodes.")
@@ -176,15 +182,39 @@ def _plan(num_workers: int, use_gpu: bool, groups: list[NodeGroup], cpus_per_wor
     if cpus <= 0:
         raise UsageError(f"this Ray cluster has no CPUs to run workers on{where}.")
     if cpus_per_worker is not None:
-        _check_fits(num_workers, cpus_per_worker, _room(groups, cpus_per_worker), "", where)
+        _check_fits(num_workers, cpus_per_worker, _room(groups, cpus_per_worker) - plus, "", where)
         return Resources({"CPU": cpus_per_worker}, max(1, int(cpus_per_worker)))
-    per = min(1.0, cpus / num_workers)
-    per = math.floor(per * 100) / 100
-    while per >= 0.01 and _room(groups, per) < num_workers:
-        per = math.floor(per * 90) / 100
-    if per < 0.01:
-        raise UsageError(f"--num-workers {num_workers} cannot be placed on this cluster ({cpus:g} CPUs{where}).")
+    total = num_workers + plus
+    per = _even_share(groups, total, MIN_CPUS_PER_WORKER)
+    if per is None:
+        raise UsageError(_too_many(num_workers, groups, info, plus))
     return Resources({"CPU": per}, max(1, int(per)))
+
+
+def _even_share(groups: list[NodeGroup], num_workers: int, least: float) -> float | None:
+    """The largest share of a CPU, in hundredths and at most 1, at which the nodes of ``groups`` hold
+    ``num_workers`` workers, if it is ``least`` or more (None otherwise): the CPUs split evenly, then less for
+    nodes whose CPUs do not divide."""
+    cpus = sum(n.get("CPU", 0.0) * count for n, count in groups)
+    per = math.floor(min(1.0, cpus / num_workers) * 100) / 100
+    while per > least and _room(groups, per) < num_workers:
+        per = max(math.floor(per * 90) / 100, least)
+    return per if per >= least and _room(groups, per) >= num_workers else None
+
+
+def _too_many(num_workers: int, groups: list[NodeGroup], info: Cluster, plus: int) -> str:
+    """The refusal of ``num_workers`` CPU workers that the cluster can never hold at a sensible share each: what
+    the cluster has and holds, what to ask instead, and how to oversubscribe on purpose."""
+    room = max(_room(groups, MIN_CPUS_PER_WORKER) - plus, 0)
+    share = _even_share(groups, num_workers + plus, 0.01)
+    fewer = f"Use --num-workers {room} or fewer, or join a larger cluster (--address)" if room else \
+        "Join a larger cluster (--address)"
+    on_purpose = (f"; to oversubscribe on purpose, pass --cpus-per-worker {share:g} ({num_workers} workers "
+                  "sharing the CPUs start and train slowly)" if share is not None
+                  else "; not even --cpus-per-worker 0.01 places that many")
+    return (f"--num-workers {num_workers}: this Ray cluster can never hold that many workers at "
+            f"{MIN_CPUS_PER_WORKER:g} CPU or more each ({info.describe()}; room for {room} such workers). "
+            f"{fewer}{on_purpose}.")
 
 
 def _room(groups: list[NodeGroup], cpus_per_worker: float) -> int:
@@ -322,13 +352,14 @@ def _check_answers(where: RayAddress) -> None:
 
 
 def _start_local(log_to_driver: bool) -> None:
-    """A private local Ray with a logical CPU per core of this machine, reachable from this host only."""
+    """A private local Ray of :func:`local_node`'s resources, reachable from this host only."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    node = local_node()
     try:
-        ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING, log_to_driver=log_to_driver,
-                 **pin_state_api())
+        ray.init(num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)), logging_level=logging.WARNING,
+                 log_to_driver=log_to_driver, **pin_state_api())
     except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
         if "timed out during startup" not in str(err):
             raise
@@ -336,6 +367,26 @@ def _start_local(log_to_driver: bool) -> None:
                          f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
                          "machine is too busy; try again when it is quieter, or start Ray once with "
                          "`ray start --head` and pass --address auto.") from None
+
+
+def local_node() -> dict[str, float]:
+    """The resources of the local Ray a command starts (:func:`start_ray` without an address): a CPU per core of
+    this machine, and the GPUs Ray finds here (CUDA_VISIBLE_DEVICES respected)."""
+    from nre_ray.cluster.ray_private import local_gpus
+
+    gpus = local_gpus()
+    return {"CPU": float(os.cpu_count() or 1), **({"GPU": float(gpus)} if gpus else {})}
+
+
+def local_cluster(address: str | None) -> Cluster | None:
+    """The cluster :func:`start_ray` will start for ``address``, known before it starts: a local Ray's one node
+    (:func:`local_node`), so that workers it can never hold are refused before Ray starts (:func:`size_workers`).
+    None when ``address`` names a cluster to join (what it holds is known once joined: :func:`cluster`) or when
+    this process has joined a Ray already."""
+    ray = sys.modules.get("ray")
+    if (ray is not None and ray.is_initialized()) or resolve_address(address).kind != "local":
+        return None
+    return Cluster([local_node()], addresses={"127.0.0.1"})
 
 
 def pin_state_api() -> dict[str, int]:
@@ -451,11 +502,12 @@ def placement_timeout(requested: float | None, info: Cluster) -> float:
 
 
 def size_workers(info: Cluster, num_workers: int, use_gpu: bool = False, cpus_per_worker: float | None = None,
-                 wait: float | None = None) -> Resources:
-    """The workers of ``train`` and ``evaluate`` (and ``predict``'s actors) on the joined cluster:
-    :func:`plan_resources` over its alive nodes and the node types its autoscaler may add, and the placement timeout
-    (``wait``: ``--placement-timeout``, else by the cluster's kind: :func:`placement_timeout`)."""
-    resources = plan_resources(num_workers, use_gpu, info.nodes, cpus_per_worker, info.node_types)
+                 wait: float | None = None, plus: int = 0) -> Resources:
+    """The workers of ``train`` and ``evaluate`` (and ``predict``'s actors, ``plus`` its reading tasks' share) on
+    the cluster: :func:`plan_resources` over its alive nodes and the node types its autoscaler may add, and the
+    placement timeout (``wait``: ``--placement-timeout``, else by the cluster's kind: :func:`placement_timeout`).
+    Called with the joined cluster, and before Ray starts with :func:`local_cluster`'s."""
+    resources = plan_resources(num_workers, use_gpu, info.nodes, cpus_per_worker, info.node_types, plus)
     resources.placement_timeout = placement_timeout(wait, info)
     return resources
 

@@ -24,7 +24,7 @@ import torch
 from nre_ray import console
 from nre_ray import metrics as M
 from nre_ray.checkpoint import load_checkpoint
-from nre_ray.cluster.session import UsageError, resolve_address
+from nre_ray.cluster.session import UsageError, local_cluster, size_workers
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import DataError
@@ -94,15 +94,19 @@ def _resolve(value: Any) -> Any:
 
 def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: str | None = None,
                   fmt: str | None = None, columns: str | None = None, on_bad_rows: str = "error",
-                  tracking_uri: str | None = None, address: str | None = None) -> dict[str, Any]:
-    """Evaluate ``model`` (checkpoint folder or MLflow model URI) on the labelled file ``data``.
+                  tracking_uri: str | None = None, address: str | None = None,
+                  cpus_per_worker: float | None = None) -> dict[str, Any]:
+    """Evaluate ``model`` (checkpoint folder or MLflow model URI) on the labelled file ``data`` with ``num_workers``
+    workers (``cpus_per_worker`` CPUs each: ``--cpus-per-worker``; default: sized as training sizes them).
 
     Returns ``model``, ``data``, ``rows``, ``skipped``, ``workers``, ``negative_label``, ``metrics`` (the scores of
     :func:`nre_ray.metrics.scores`), ``loss``, ``per_class`` (one dict per label), ``labels`` and
     ``confusion_matrix`` (rows = gold, columns = predicted).
     """
-    _check_options(num_workers, on_bad_rows)
-    resolve_address(address)  # an address Ray cannot join is refused before anything is loaded
+    _check_options(num_workers, on_bad_rows, cpus_per_worker)
+    ahead = local_cluster(address)  # an address Ray cannot join is refused before anything is loaded
+    if ahead is not None:  # and workers the local Ray can never hold, before it starts
+        size_workers(ahead, num_workers, cpus_per_worker=cpus_per_worker)
     loaded = _load_model(model, tracking_uri)
     labels = loaded.labels
     negative = _negative(loaded, negative_label)
@@ -118,17 +122,18 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
         raise UsageError(f"{data}: no usable rows to evaluate")
     with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_data_") as folder:
         result = _run_trainer(loaded, lambda info: _ship(split, Path(folder) / "data", info), len(split), negative,
-                              num_workers, address)
+                              num_workers, address, cpus_per_worker)
     return _report(model, str(data), int(bad.sum()), negative, result)
 
 
 def evaluate_split(model: str, prepared: Any, split: str = "test", num_workers: int = 1,
-                   negative_label: str | None = None, address: str | None = None) -> dict[str, Any]:
+                   negative_label: str | None = None, address: str | None = None,
+                   cpus_per_worker: float | None = None) -> dict[str, Any]:
     """Evaluate the checkpoint folder ``model`` on the split ``split`` of the preprocessing result ``prepared``
     (:class:`nre_ray.data.pipeline.Prepared`) that it was trained on: the rows as training encoded them, read by the
     workers from the cache as training reads them (:func:`nre_ray.loop.open_splits`), not from the input file
     again (a sweep's final test). Returns what :func:`evaluate_file` returns, ``data`` naming the split's file."""
-    _check_options(num_workers, "error")
+    _check_options(num_workers, "error", cpus_per_worker)
     loaded = _load_model(model, None)
     if loaded.labels != prepared.labels or loaded.vocab.tokens != prepared.vocab.tokens:
         raise UsageError(f"{model}: this checkpoint was not trained on the preprocessed data in {prepared.cache_dir} "
@@ -136,13 +141,15 @@ def evaluate_split(model: str, prepared: Any, split: str = "test", num_workers: 
     negative = _negative(loaded, negative_label)
     cache = {"dir": str(Path(prepared.cache_dir).absolute()), "shared": prepared.shared_cache_dir, "splits": [split]}
     result = _run_trainer(loaded, lambda info: {"cache": cache}, len(prepared.splits[split]), negative, num_workers,
-                          address)
+                          address, cpus_per_worker)
     return _report(model, prepared.sources.get(split, split), 0, negative, result)
 
 
-def _check_options(num_workers: int, on_bad_rows: str) -> None:
+def _check_options(num_workers: int, on_bad_rows: str, cpus_per_worker: float | None) -> None:
     if num_workers < 1:
         raise UsageError("--num-workers must be >= 1")
+    if cpus_per_worker is not None and cpus_per_worker < 0.01:
+        raise UsageError("--cpus-per-worker must be >= 0.01")
     if on_bad_rows not in ON_BAD_ROWS:
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
 
@@ -184,7 +191,7 @@ def _bad_rows_hint(frame: Any, bad: np.ndarray, labels: list[str]) -> str:
 
 
 def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: str | None, num_workers: int,
-                 address: str | None) -> dict[str, Any]:
+                 address: str | None, cpus_per_worker: float | None) -> dict[str, Any]:
     """Score ``loaded`` with :func:`eval_loop_per_worker` on ``num_workers`` workers; ``ship(info)`` (called once
     Ray runs, with the :class:`nre_ray.cluster.session.Cluster`) gives the workers' ``data``, ``rows`` rows."""
     import ray.train
@@ -197,7 +204,6 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
         ray_quiet_env,
         root_cause,
         set_placement_timeout,
-        size_workers,
         start_ray,
     )
 
@@ -205,7 +211,7 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
     with out.phase("ray", ray_phase(address)) as step:
         start_ray(address)
         info = cluster()  # sized as train sizes: the alive nodes and the node types the autoscaler may add
-        resources = size_workers(info, num_workers)
+        resources = size_workers(info, num_workers, cpus_per_worker=cpus_per_worker)
         step.done(f"{len(info.nodes)} node(s); {num_workers} worker(s), {resources.per_worker} each")
         if resources.waits:
             step.note(f"the alive nodes cannot hold the workers yet; waiting up to {resources.placement_timeout:g} "

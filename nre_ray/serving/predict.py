@@ -35,7 +35,7 @@ import pandas as pd
 
 from nre_ray import storage
 from nre_ray.checkpoint import load_checkpoint
-from nre_ray.cluster.session import UsageError
+from nre_ray.cluster.session import Cluster, Resources, UsageError, local_cluster, local_node, size_workers
 from nre_ray.data.chunks import PREFIX, InputPlan, canonical_part, input_part, plan_chunks
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.read import parse_column_map, problems_of
@@ -219,12 +219,15 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
                  top_k: int = 0, fmt: str | None = None, columns: str | None = None, on_bad_rows: str = "error",
                  tracking_uri: str | None = None, address: str | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, use_gpu: bool = False, progress: bool = True,
-                 local_max_rows: int = LOCAL_MAX_ROWS) -> PredictSummary:
+                 local_max_rows: int = LOCAL_MAX_ROWS, cpus_per_worker: float | None = None) -> PredictSummary:
     """Label ``input_path`` with ``model`` and write ``output``; see the module docstring and ``--help``.
-    ``local_max_rows``: inputs of at most this many rows are labelled in this process, without Ray (0: always Ray)."""
+    ``local_max_rows``: inputs of at most this many rows are labelled in this process, without Ray (0: always Ray);
+    ``cpus_per_worker``: the CPUs of each actor (``--cpus-per-worker``; default: sized as training sizes them)."""
     if num_workers < 1 or batch_size < 1 or top_k < 0 or chunk_rows < 1 or local_max_rows < 0:
         raise UsageError("--num-workers, --batch-size and --chunk-rows must be >= 1, --top-k and --local-max-rows "
                          ">= 0")
+    if cpus_per_worker is not None and cpus_per_worker < 0.01:
+        raise UsageError("--cpus-per-worker must be >= 0.01")
     if on_bad_rows not in ON_BAD_ROWS:
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
     out_fmt = output_format(output)
@@ -233,10 +236,13 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
     column_map = parse_column_map(columns) if columns else None
     plan = plan_chunks(input_path, fmt, column_map, chunk_rows, require_relation=False)
     in_process = plan.total_rows <= local_max_rows
-    if not in_process:
-        from nre_ray.cluster.session import resolve_address
-
-        resolve_address(address)  # an address Ray cannot join is refused before the model is loaded
+    if in_process and use_gpu and not local_node().get("GPU"):
+        raise UsageError(f"--use-gpu: this machine has no GPU, and {input_path} ({plan.total_rows} rows, at most "
+                         f"--local-max-rows {local_max_rows}) is labelled here, without Ray. Drop --use-gpu, or "
+                         "pass --local-max-rows 0 to label it on a Ray cluster with GPUs (--address).")
+    ahead = None if in_process else local_cluster(address)  # an address Ray cannot join is refused here
+    if ahead is not None:  # and actors the local Ray can never hold, before it starts and the model is loaded
+        _size_actors(ahead, num_workers, use_gpu, cpus_per_worker)
 
     resolved = resolve_checkpoint(model, tracking_uri)
     try:
@@ -255,7 +261,7 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
 
         start_ray(address)
         start = time.perf_counter()
-        batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu)
+        batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu, cpus_per_worker)
     summary = _write(batches, plan, output, out_fmt, on_bad_rows, progress)
     summary.seconds = time.perf_counter() - start
     summary.workers = 0 if in_process else num_workers
@@ -270,21 +276,26 @@ def _run_here(plan: InputPlan, predictor: Predictor, top_k: int) -> Iterator[pd.
         yield _with_predictions(frame, predictor.predict_rows(canonical_part(frame), top_k))
 
 
+def _size_actors(info: Cluster, num_workers: int, use_gpu: bool, cpus_per_worker: float | None) -> Resources:
+    """The actors' resources on the cluster ``info``, sized as train sizes workers (the alive nodes and the node
+    types the autoscaler may add): one CPU share per actor and one for the reading tasks; with ``use_gpu`` also one
+    GPU per actor. UsageError when the cluster can never hold them."""
+    resources = size_workers(info, num_workers, cpus_per_worker=cpus_per_worker, plus=1)
+    if use_gpu:
+        size_workers(info, num_workers, use_gpu=True)
+    return resources
+
+
 def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, top_k: int,
-             use_gpu: bool) -> Iterator[pd.DataFrame]:
+             use_gpu: bool, cpus_per_worker: float | None) -> Iterator[pd.DataFrame]:
     import ray
     import ray.data
     from ray.util.annotations import RayDeprecationWarning
 
-    from nre_ray.cluster.session import cluster, size_workers
+    from nre_ray.cluster.session import cluster
     from nre_ray.data.pipeline import quiet_ray_data
 
-    # Sized as train sizes (the alive nodes and the node types the autoscaler may add): one CPU share per actor and
-    # one for the reading tasks; with --use-gpu also one GPU per actor.
-    info = cluster()
-    resources = size_workers(info, num_workers + 1)
-    if use_gpu:
-        size_workers(info, num_workers, use_gpu=True)
+    resources = _size_actors(cluster(), num_workers, use_gpu, cpus_per_worker)
     cpu = resources.per_worker["CPU"]
     quiet_ray_data(_ActorDeathFilter())
     ctx = ray.data.DataContext.get_current()

@@ -136,6 +136,7 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     with out.phase("setup", "checking the search space, the settings and the sweep's storage") as step:
         space = load_space(opts.search_space, cfg)  # refused before anything starts
         searcher = resolve_searcher(opts.searcher)
+        check_scale(cfg, opts)  # workers the local Ray can never hold: before Ray starts
         from ray import tune  # (seconds: after the first line)
 
         from nre_ray.runner import prepare_data, resolve_target, trainer_data
@@ -210,6 +211,18 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         raise
     finally:
         tracking.end_run(target.tracking_uri, parent, status)
+
+
+def check_scale(cfg: Config, opts: SweepOptions) -> None:
+    """Before Ray starts: UsageError when not even one trial fits on the local Ray this command would start, by the
+    planning of :func:`connect` over :func:`nre_ray.cluster.session.local_cluster`. Joining a cluster,
+    :func:`connect` refuses it once joined."""
+    from nre_ray.cluster.session import local_cluster
+
+    ahead = local_cluster(cfg.run.address)
+    if ahead is not None:
+        plan_trials(cfg.train.num_workers, cfg.train.use_gpu, ahead.nodes, cfg.train.cpus_per_worker,
+                    ahead.node_types, opts.max_concurrent_trials, opts.num_samples)
 
 
 def connect(cfg: Config, target: Any, requested: int | None, num_samples: int, step: console.Phase) -> TrialPlan:

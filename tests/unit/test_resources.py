@@ -1,5 +1,9 @@
 """Worker sizing from the cluster's resources, and clear refusals for what cannot be placed."""
 
+import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,13 +14,17 @@ from nre_ray.cluster.session import (
     NodeType,
     UsageError,
     check_shared_paths,
+    local_cluster,
+    local_node,
     local_tracking,
     placement_timeout,
     plan_resources,
     read_node_types,
     size_workers,
 )
+from nre_ray.config import MIN_CPUS_PER_WORKER
 from nre_ray.tune.sweep import plan_trials
+from tests.procs import env
 
 
 def test_more_workers_than_cores_get_fractions():
@@ -56,6 +64,139 @@ def test_cpus_per_worker_that_does_not_fit_is_refused():
         plan_resources(3, False, [{"CPU": 3.0}, {"CPU": 1.0}], cpus_per_worker=1.5)
     with pytest.raises(UsageError, match="room for 1 workers of one GPU and 8 CPUs"):
         plan_resources(2, True, [{"CPU": 12.0, "GPU": 2.0}], cpus_per_worker=8.0)
+
+
+# --- mistakes of scale: refused with what the cluster has and how to oversubscribe on purpose ----------------------
+
+def test_more_workers_than_half_a_cpu_each_are_refused():
+    """64 workers on 2 CPUs ran at 0.03 CPU each and took 261 s to start; 4 still run (0.5 each)."""
+    assert MIN_CPUS_PER_WORKER == 0.5 and plan_resources(4, False, [{"CPU": 2.0}]).per_worker == {"CPU": 0.5}
+    with pytest.raises(UsageError) as caught:
+        plan_resources(64, False, [{"CPU": 2.0}])
+    assert str(caught.value) == (
+        "--num-workers 64: this Ray cluster can never hold that many workers at 0.5 CPU or more each (1 node(s), "
+        "2 CPUs; room for 4 such workers). Use --num-workers 4 or fewer, or join a larger cluster (--address); to "
+        "oversubscribe on purpose, pass --cpus-per-worker 0.03 (64 workers sharing the CPUs start and train slowly).")
+    with pytest.raises(UsageError, match=r"--num-workers 5: .* room for 4 such workers.*--cpus-per-worker 0\.4 "):
+        plan_resources(5, False, [{"CPU": 2.0}])
+    with pytest.raises(UsageError, match=r"\(2 node\(s\), 1.5 CPUs; room for 3 .*not even --cpus-per-worker 0\.01"):
+        plan_resources(200, False, [{"CPU": 1.0}, {"CPU": 0.5}])
+
+
+def test_the_share_the_refusal_suggests_is_accepted_as_oversubscription_on_purpose():
+    for workers, nodes in ((64, [{"CPU": 2.0}]), (9, [{"CPU": 3.0}, {"CPU": 1.0}]), (5, [{"CPU": 0.4}])):
+        with pytest.raises(UsageError) as caught:
+            plan_resources(workers, False, nodes)
+        share = float(re.search(r"--cpus-per-worker ([0-9.]+)", str(caught.value)).group(1))
+        r = plan_resources(workers, False, nodes, cpus_per_worker=share)
+        assert r.per_worker == {"CPU": share} and r.threads == 1 and not r.waits
+
+
+def test_the_least_share_is_tried_when_uneven_nodes_need_it():
+    """7 workers fit on 3.5 + 0.5 CPUs at exactly 0.5 each (7 + 1), not at 0.57 or 0.51."""
+    assert plan_resources(7, False, [{"CPU": 3.5}, {"CPU": 0.5}]).per_worker == {"CPU": 0.5}
+    with pytest.raises(UsageError, match="room for 8 such workers"):
+        plan_resources(9, False, [{"CPU": 3.5}, {"CPU": 0.5}])
+
+
+def test_what_the_autoscaler_can_add_counts_and_what_it_never_can_is_refused():
+    head = [{"CPU": 1.0}]
+    cpu3 = NodeType("cpu_worker", {"CPU": 1.0}, 3)
+    r = plan_resources(8, False, head, node_types=[cpu3])  # 2 on the head, 6 on three new nodes
+    assert r.per_worker == {"CPU": 0.5} and r.waits
+    with pytest.raises(UsageError, match=r"--num-workers 9: .*\(1 node\(s\), 1 CPUs; the autoscaler may add "
+                                         r"cpu_worker \(up to 3 x \{CPU 1\}\); room for 8 such workers\)"):
+        plan_resources(9, False, head, node_types=[cpu3])
+    tiny = NodeType("tiny", {"CPU": 0.25}, NO_MAXIMUM)  # never holds a worker at half a CPU, however many
+    started = time.perf_counter()
+    with pytest.raises(UsageError, match=r"room for 2 such workers.*--cpus-per-worker 0\.32 "):
+        plan_resources(3, False, head, node_types=[tiny])
+    assert plan_resources(1000, False, head, node_types=[NodeType("big", {"CPU": 4.0}, NO_MAXIMUM)]).waits
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_gpu_request_where_no_gpu_can_ever_be_is_refused_and_one_that_can_is_not():
+    with pytest.raises(UsageError) as caught:
+        plan_resources(1, True, [{"CPU": 2.0}])
+    assert str(caught.value) == ("--use-gpu: this Ray cluster has no GPU (1 node(s), 2 CPUs). Drop --use-gpu to "
+                                 "run on CPUs, or join a cluster with GPUs (--address).")
+    with pytest.raises(UsageError, match=r"^--use-gpu: this Ray cluster has no GPU and its autoscaler adds none "
+                                         r"\(1 node\(s\), 2 CPUs; the autoscaler may add cpu_worker \(up to "
+                                         r"2147483647 x \{CPU 8\}\)\)\. Drop --use-gpu"):
+        plan_resources(1, True, [{"CPU": 2.0}], node_types=[NodeType("cpu_worker", {"CPU": 8.0}, NO_MAXIMUM)])
+    # GPUs alive, or a node type with GPUs: GPU workers are not held to the CPU workers' least share
+    r = plan_resources(8, True, [{"CPU": 2.0, "GPU": 8.0}])
+    assert r.per_worker == {"CPU": 0.25, "GPU": 1} and not r.waits
+    r = plan_resources(2, True, [{"CPU": 2.0}], node_types=[NodeType("gpu", {"CPU": 8.0, "GPU": 1.0}, NO_MAXIMUM)])
+    assert r.per_worker == {"CPU": 4.0, "GPU": 1} and r.waits
+
+
+def test_tune_and_predict_size_through_the_same_rule():
+    """A sweep's trials (workers x trials at once) and predict's actors (plus one share for reading the input)."""
+    with pytest.raises(UsageError, match=r"^not even one trial fits: --num-workers 64: .*--cpus-per-worker 0\.03 "):
+        plan_trials(64, False, [{"CPU": 2.0}], None, [], None, 8)
+    # asked for 8 trials of 2 workers at once: 1 fits at half a CPU or more each (the trial drivers hold 0.01 each)
+    plan = plan_trials(2, False, [{"CPU": 2.0}], None, [], 8, 8)
+    assert (plan.at_once, plan.per_worker) == (1, {"CPU": 0.99})
+    plan = plan_trials(2, False, [{"CPU": 2.0}], 0.2, [], 8, 8)  # on purpose: 4 trials of 2 x 0.2 CPU and 4 drivers
+    assert (plan.at_once, plan.per_worker) == (4, {"CPU": 0.2})
+    r = size_workers(ONE_NODE, 3, plus=1)  # 3 actors and the reading tasks: 4 shares of half a CPU
+    assert r.per_worker == {"CPU": 0.5}
+    with pytest.raises(UsageError, match=r"^--num-workers 4: .*room for 3 such workers\)\. Use --num-workers 3 or "
+                                         r"fewer.*--cpus-per-worker 0\.4 "):
+        size_workers(ONE_NODE, 4, plus=1)
+    assert size_workers(ONE_NODE, 4, cpus_per_worker=0.4, plus=1).per_worker == {"CPU": 0.4}
+
+
+def test_the_local_ray_is_known_before_it_starts(monkeypatch):
+    """What ``start_ray`` starts without an address: one node of this machine's CPUs (and GPUs); a cluster to join
+    is known only once joined."""
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    node = local_node()
+    assert node["CPU"] == os.cpu_count() and set(node) <= {"CPU", "GPU"}
+    assert local_cluster("10.0.0.5:6379") is None and local_cluster("auto") is None
+    # this test session may have joined a Ray already (another test's): then that one is sized, once joined
+    assert local_cluster(None) == (None if ray.is_initialized() else Cluster([node], addresses={"127.0.0.1"}))
+
+
+def _command(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """``python -m ARGS`` in ``tmp_path`` with its own Ray temporary folder (``RAY_TMPDIR``): a Ray started by the
+    command would leave its session folder there."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=env(RAY_TMPDIR=str(tmp_path / "ray")))
+    return done, time.perf_counter() - started
+
+
+def test_train_refuses_too_many_workers_before_ray_starts(tmp_path):
+    """``--num-workers 64`` on a 2-CPU machine (32 per CPU wherever this runs): one line, exit 2, in seconds, no
+    Ray started; with ``--cpus-per-worker`` the same request passes the check (and fails on the next one here,
+    a missing data folder, still before Ray)."""
+    workers = str(32 * (os.cpu_count() or 1))
+    done, seconds = _command(tmp_path, "nre_ray.train", "--num-workers", workers, "--epochs", "1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --num-workers {workers}: this Ray cluster can never hold "
+                                                   f"that many workers at 0.5 CPU or more each (1 node(s), "
+                                                   f"{os.cpu_count()} CPUs; room for {2 * os.cpu_count()} such"), lines
+    assert "--cpus-per-worker 0.03 " in lines[0] and "Traceback" not in done.stdout
+    assert " ray: " not in done.stdout and not (tmp_path / "ray").exists(), done.stdout  # no Ray started
+    assert seconds < 30  # (about 3 s on an idle 2-core machine; 261 s to start the workers before)
+    on_purpose, _ = _command(tmp_path, "nre_ray.train", "--num-workers", workers, "--cpus-per-worker", "0.03",
+                             "--epochs", "1", "--data-dir", str(tmp_path / "missing"))
+    assert on_purpose.returncode == 2 and "--num-workers" not in on_purpose.stderr
+    assert str(tmp_path / "missing") in on_purpose.stderr and not (tmp_path / "ray").exists()
+
+
+@pytest.mark.skipif(bool(local_node().get("GPU")), reason="this machine has a GPU")
+def test_use_gpu_without_a_gpu_is_refused_before_ray_starts(tmp_path):
+    done, seconds = _command(tmp_path, "nre_ray.train", "--use-gpu", "--epochs", "1")
+    assert done.returncode == 2 and done.stderr == (
+        f"error: --use-gpu: this Ray cluster has no GPU (1 node(s), {os.cpu_count()} CPUs). Drop --use-gpu to run on "
+        "CPUs, or join a cluster with GPUs (--address).\n")
+    assert " ray: " not in done.stdout and not (tmp_path / "ray").exists() and seconds < 30
 
 
 def test_a_local_ray_that_does_not_start_in_time_is_a_clear_error(monkeypatch):
