@@ -55,7 +55,8 @@ def sweep_parser() -> argparse.ArgumentParser:
     group.add_argument("--num-samples", type=int, default=8, help="Trials to run (default: 8).")
     group.add_argument("--max-concurrent-trials", type=int,
                        help="Trials at once; default: as many as the cluster holds with one CPU (or GPU) per worker. "
-                            "More than that shares the CPUs (fractions), fewer leaves room.")
+                            "More than that shares the CPUs (fractions, at least half a CPU per worker unless "
+                            "--cpus-per-worker says otherwise; fewer trials when they do not fit), fewer leaves room.")
     group.add_argument("--grace-period", type=int, default=1,
                        help="ASHA: epochs every trial trains before it can be stopped (default: 1).")
     group.add_argument("--reduction-factor", type=int, default=2,

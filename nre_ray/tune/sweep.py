@@ -97,7 +97,7 @@ def plan_trials(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]], 
     try:
         best = plan(1)
     except UsageError as err:
-        raise UsageError(f"not even one trial fits: {err}") from None
+        raise UsageError(f"not even one trial fits beside its driver's {DRIVER_CPU:g} CPU: {err}") from None
     # More trials at once never fit where fewer do not: the most that fit, found by halving the range.
     fits, too_many = 1, requested + 1
     while too_many - fits > 1:

@@ -133,7 +133,8 @@ def test_a_gpu_request_where_no_gpu_can_ever_be_is_refused_and_one_that_can_is_n
 
 def test_tune_and_predict_size_through_the_same_rule():
     """A sweep's trials (workers x trials at once) and predict's actors (plus one share for reading the input)."""
-    with pytest.raises(UsageError, match=r"^not even one trial fits: --num-workers 64: .*--cpus-per-worker 0\.03 "):
+    with pytest.raises(UsageError, match=r"^not even one trial fits beside its driver's 0.01 CPU: --num-workers 64: "
+                                         r".*1.99 CPUs.*--cpus-per-worker 0\.03 "):
         plan_trials(64, False, [{"CPU": 2.0}], None, [], None, 8)
     # asked for 8 trials of 2 workers at once: 1 fits at half a CPU or more each (the trial drivers hold 0.01 each)
     plan = plan_trials(2, False, [{"CPU": 2.0}], None, [], 8, 8)

@@ -111,7 +111,9 @@ def test_trial_plan_says_how_many_fit():
     assert plan.at_once == 2 and plan.per_worker["CPU"] <= (2 - 2 * 0.01) / 2
     plan = plan_trials(2, False, two_cores, None, None, None)
     assert plan.at_once == 1
-    plan = plan_trials(2, False, two_cores, None, None, 2)  # asked for: the CPUs are shared
+    plan = plan_trials(2, False, two_cores, None, None, 2)  # asked: 4 workers at half a CPU and 2 drivers do not fit
+    assert plan.at_once == 1 and "does not fit" in plan.describe(2)
+    plan = plan_trials(2, False, two_cores, 0.45, None, 2)  # the CPUs shared on purpose
     assert plan.at_once == 2 and 4 * plan.per_worker["CPU"] + 2 * 0.01 <= 2.0
     gpus = [{"CPU": 8.0, "GPU": 2.0}, {"CPU": 8.0, "GPU": 2.0}]
     plan = plan_trials(2, True, gpus, None, None, None)
