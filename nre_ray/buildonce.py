@@ -1,6 +1,7 @@
 """Build a folder once, safely under concurrency: the one protocol of the preprocessing cache
-(:func:`nre_ray.data.pipeline.prepare`) and of the local copies of files in an object store
-(:func:`nre_ray.storage.local_copy`).
+(:func:`nre_ray.data.pipeline.prepare`), of the local copies of files in an object store
+(:func:`nre_ray.storage.local_copy`) and of a local MLflow sqlite store (:func:`nre_ray.tracking.sqlite_store.ready`,
+built in a private folder too, then its file renamed).
 
 * **Private folder, one rename.** A builder works in a private folder next to the target,
   ``<name>.tmp-<pid>-<random>-<host>`` (:func:`private_folder`; the same file system), and publishes it with one
@@ -41,9 +42,9 @@ PRIVATE_MAX_AGE = 24 * 3600
 """Seconds after which a private build folder whose builder cannot be checked (another machine's) counts as stale."""
 HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 """This machine, in the names of private build folders (a process id means something on its own machine only)."""
-_PRIVATE = re.compile(r"(?P<name>[0-9a-f]+)\.tmp-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{8})")
+_PRIVATE = re.compile(r"(?P<name>[^/]+)\.tmp-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{8})")
 """The name of a private build folder: ``<name>.tmp-<pid>-<random>-<host>`` next to the target ``<name>`` (a key in
-hex digits: the cache's and the copies' folders are named so)."""
+hex digits for the cache's and the copies' folders, ``mlflow.db`` for a local MLflow store)."""
 _PUBLISH_TRIES = 20
 
 

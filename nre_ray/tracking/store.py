@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from nre_ray import storage
 from nre_ray.cluster.session import UsageError
+from nre_ray.tracking import sqlite_store
 
 if TYPE_CHECKING:
     from mlflow.entities import DatasetInput, Run
@@ -104,9 +105,11 @@ def mlflow_metrics(metrics: dict[str, Any], step: int) -> tuple[list[tuple[str, 
 
 def _client(tracking_uri: str) -> MlflowClient:
     """An MLflow client. MLflow is imported here, on first use, not with this module: a training worker imports the
-    loop (and so this module) at start-up and needs MLflow only when rank 0 first logs (about a second saved)."""
+    loop (and so this module) at start-up and needs MLflow only when rank 0 first logs (about a second saved). A local
+    sqlite store is created or migrated first, once (:func:`nre_ray.tracking.sqlite_store.ready`)."""
     from mlflow.tracking import MlflowClient
 
+    sqlite_store.ready(tracking_uri)
     return MlflowClient(tracking_uri)
 
 
@@ -337,13 +340,15 @@ def store_errors(tracking_uri: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def mlflow_settings(tracking_uri: str) -> Iterator[None]:
-    """MLflow's global tracking URI set to ``tracking_uri`` and its artifact progress bars off, then restored: for
-    the MLflow calls that read the global URI (``mlflow.pyfunc.log_model``, ``runs:/`` downloads)."""
+    """MLflow's global tracking URI set to ``tracking_uri`` (a local sqlite store made ready first, as by
+    :func:`_client`) and its artifact progress bars off, then restored: for the MLflow calls that read the global URI
+    (``mlflow.pyfunc.log_model``, ``runs:/`` downloads)."""
     import mlflow
 
     bars_env = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
     previous, bars = mlflow.get_tracking_uri(), os.environ.get(bars_env)
     previous_env = os.environ.get(TRACKING_ENV)
+    sqlite_store.ready(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     os.environ[bars_env] = "false"
     try:
@@ -387,18 +392,30 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 def start_run(tracking_uri: str, experiment_name: str, run_name: str, tags: dict[str, str]) -> str:
     """Create (or reuse) the experiment and create a run; returns the run id."""
     client = _client(tracking_uri)
-    experiment = client.get_experiment_by_name(experiment_name)
-    if experiment is None:
-        experiment_id = client.create_experiment(experiment_name,
-                                                 artifact_location=default_artifact_location(tracking_uri))
-    else:
-        experiment_id = experiment.experiment_id
-    if experiment is None or EXPERIMENT_KIND[0] not in experiment.tags:
-        # MLflow 3's UI treats an experiment without this tag as a GenAI one (traces); the view a browser opens in
-        # is its own choice, which the address that run_page gives sets
-        client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
-    run = client.create_run(experiment_id, run_name=run_name, tags={**source_tags(), **tags})
+    run = client.create_run(_experiment(client, experiment_name, tracking_uri), run_name=run_name,
+                            tags={**source_tags(), **tags})
     return run.info.run_id
+
+
+def _experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
+    """The id of the experiment ``name``, created when there is none; runs that create it at once all get the one
+    that was created (MLflow's RESOURCE_ALREADY_EXISTS for the others). It is tagged as a model-training experiment:
+    MLflow 3's UI treats one without :data:`EXPERIMENT_KIND` as a GenAI one (traces); the view a browser opens in is
+    its own choice, which the address that :func:`run_page` gives sets."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri),
+                                            tags=dict([EXPERIMENT_KIND]))
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        experiment = client.get_experiment_by_name(name)  # another run's, created since
+    if EXPERIMENT_KIND[0] not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
+    return experiment.experiment_id
 
 
 def source_tags() -> dict[str, str]:

@@ -1,0 +1,76 @@
+"""A local MLflow sqlite store (``sqlite:///PATH``), created or migrated once, whatever number of runs open it at once.
+
+MLflow creates the tables of a new sqlite file (and migrates them with alembic) in place, when a client first opens
+it. Several processes doing that at the same moment fail (alembic's ``Online migration expected to match one row``,
+``table _alembic_tmp_model_versions already exists``) and can leave a file no later run can open. :func:`ready`
+follows the protocol of :mod:`nre_ray.buildonce` instead: the processes of this machine take turns; the one that finds
+the file missing, empty or of an older MLflow's schema builds it in a private folder next to it (a copy of an older
+one, migrated as ``mlflow db upgrade`` does) and renames it onto PATH, so that every process sees a whole store or
+none. A builder killed half-way leaves only its private folder, which the next builder removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+
+from nre_ray import buildonce
+
+_READY: set[str] = set()
+"""The sqlite URIs this process has found or made ready (checked once per process)."""
+
+
+def ready(tracking_uri: str) -> None:
+    """Make the sqlite store of ``tracking_uri`` ready for this MLflow: created, or migrated to its schema, once,
+    under the turn of :func:`nre_ray.buildonce.turn` (see the module's docstring). Other tracking URIs (a server,
+    another database) are MLflow's to open: nothing is done."""
+    if not tracking_uri.startswith("sqlite:///") or tracking_uri == "sqlite:///:memory:" or tracking_uri in _READY:
+        return
+    from mlflow.store.db.utils import _get_latest_schema_revision  # what MLflow checks a store against (3.17)
+
+    db = Path(tracking_uri[len("sqlite:///"):])
+    with buildonce.turn(db):
+        if schema_version(db) != _get_latest_schema_revision():
+            with buildonce.private_folder(db) as folder:
+                _build(db, folder / db.name, tracking_uri)
+    _READY.add(tracking_uri)
+
+
+def schema_version(db: Path) -> str | None:
+    """The alembic revision of the MLflow schema in the sqlite file ``db``; None when there is no such file, or it is
+    empty, or it has no MLflow schema yet. The file is only read."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True)) as connection:
+            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.OperationalError:  # no alembic_version table: no MLflow schema
+        return None
+    return row[0] if row else None
+
+
+def _build(db: Path, private: Path, tracking_uri: str) -> None:
+    """Build the store ``db`` (of ``tracking_uri``) as the file ``private`` (in a private folder next to it), then
+    rename it onto ``db``: an existing ``db`` (an older MLflow's, or a sqlite file without MLflow's tables) is copied
+    first, through sqlite's backup (a consistent copy), and migrated; a new one gets MLflow's tables and its Default
+    experiment, with its artifacts where the runs' go (:func:`nre_ray.tracking.store.default_artifact_location`)."""
+    from mlflow.store.db import utils as db_utils  # MLflow's own steps of `mlflow db upgrade` (private API, 3.17)
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from nre_ray.tracking.store import default_artifact_location
+
+    uri = f"sqlite:///{private}"
+    if db.is_file() and db.stat().st_size > 0:
+        with contextlib.closing(sqlite3.connect(db)) as source, contextlib.closing(sqlite3.connect(private)) as copy:
+            source.backup(copy)
+        if schema_version(private) is not None:
+            engine = db_utils.create_sqlalchemy_engine(uri)
+            try:
+                db_utils._upgrade_db(engine)
+            finally:
+                engine.dispose()
+    store = SqlAlchemyStore(uri, default_artifact_location(tracking_uri))
+    store.engine.dispose()  # (creates the tables of a new store and the Default experiment, and checks the schema)
+    os.replace(private, db)

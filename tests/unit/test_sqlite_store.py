@@ -1,0 +1,94 @@
+"""A local MLflow sqlite store opened by several processes at the same moment (nre_ray.tracking.sqlite_store): real
+processes, a real sqlite file. Without the lock, MLflow's own creation of a new store fails in most of them (alembic's
+``table ... already exists``) and can leave a file no later run opens."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from nre_ray.tracking import sqlite_store
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Each process imports what a run imports, says it is ready, waits for the go, then creates a run in the store: the
+#: experiment and the store are created by whichever gets there first.
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from nre_ray.tracking import store
+import mlflow.store.tracking.sqlalchemy_store  # imported before the go: only the store's opening is raced
+folder, i = Path(sys.argv[1]), sys.argv[2]
+(folder / f"ready-{i}").touch()
+while not (folder / "go").exists():
+    time.sleep(0.005)
+print(store.start_run(f"sqlite:///{folder / 'mlflow.db'}", "at-once", f"run-{i}", {}))
+"""
+#: An older MLflow's schema: the store as MLflow of that time left it (alembic revision "add evaluation datasets").
+OLD_REVISION = "71994744cf8e"
+
+
+def _open_at_once(folder: Path, n: int) -> list[subprocess.CompletedProcess]:
+    """Start ``n`` processes that open the store in ``folder`` at the same moment; their results."""
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(folder), str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(n)]
+    deadline = time.time() + 120
+    while len(list(folder.glob("ready-*"))) < n and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    (folder / "go").touch()
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def _check_all_ran(folder: Path, done: list[subprocess.CompletedProcess]) -> MlflowClient:
+    assert [p.returncode for p in done] == [0] * len(done), "\n".join(p.stderr[-2000:] for p in done)
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")  # the store opens afterwards
+    experiment = client.get_experiment_by_name("at-once")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted(p.stdout.strip() for p in done)
+    assert sorted(r.info.run_name for r in runs) == [f"run-{i}" for i in range(len(done))]
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.artifact_location == (folder / "mlruns").as_uri()
+    assert not list(folder.glob("*.tmp-*")), "a private build folder was left"
+    return client
+
+
+def test_processes_that_open_a_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    done = _open_at_once(tmp_path, 4)
+    client = _check_all_ran(tmp_path, done)
+    assert client.get_experiment("0").artifact_location == (tmp_path / "mlruns" / "0").as_uri()
+    assert not any("alembic" in p.stderr for p in done)
+
+
+def test_an_older_store_is_migrated_once_and_keeps_its_runs(tmp_path: Path) -> None:
+    from alembic import command
+    from mlflow.store.db import utils as db_utils
+    from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
+
+    db = tmp_path / "mlflow.db"
+    engine = db_utils.create_sqlalchemy_engine(f"sqlite:///{db}")
+    InitialBase.metadata.create_all(engine)  # what MLflow of that time created, migrated up to its revision
+    config = db_utils._get_alembic_config(str(engine.url))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, OLD_REVISION)
+    engine.dispose()
+    with sqlite3.connect(db) as connection:
+        connection.execute("INSERT INTO experiments (experiment_id, name, artifact_location, lifecycle_stage) "
+                           "VALUES (7, 'kept', '/somewhere', 'active')")
+    assert sqlite_store.schema_version(db) == OLD_REVISION
+
+    done = _open_at_once(tmp_path, 3)
+    client = _check_all_ran(tmp_path, done)
+    assert sqlite_store.schema_version(db) == db_utils._get_latest_schema_revision()
+    assert client.get_experiment_by_name("kept").experiment_id == "7"
+    assert sum(p.stderr.count("Updating database tables") for p in done) == 1  # migrated once, by one of them
