@@ -175,7 +175,8 @@ class RunConfig:
     """Where the run goes: Ray cluster, storage, MLflow."""
 
     experiment_name: str = _f("nre_ray", "MLflow experiment.")
-    run_name: str | None = _f(None, "Name of the run (Ray Train run and MLflow run); default: model and time.")
+    run_name: str | None = _f(None, "Name of the run (Ray Train run and MLflow run); default: model, time and a "
+                                    "random suffix.")
     tracking_uri: str | None = _f(None, "MLflow tracking URI: sqlite:///PATH or a server http://HOST:PORT (default: "
                                         "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
     storage_path: str | None = _f(None, "Where Ray Train writes checkpoints (shared storage on a cluster, e.g. "

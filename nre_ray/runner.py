@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -181,6 +182,13 @@ def _events_file(cfg: Config) -> str | None:
     return path
 
 
+def default_run_name(prefix: str) -> str:
+    """A new run name, ``<prefix>-<date>-<time>-<6 random hex digits>`` (``cnn-20261201-120638-3fa9c1``): runs started
+    in the same second, in one folder or on one storage path, still get names (and checkpoint folders) of their
+    own."""
+    return f"{prefix}-{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
 def resolve_target(cfg: Config) -> Target:
     """Name the run, resolve the storage path and tracking URI, and find the MLflow run ``--resume`` continues.
     Refuses to overwrite an existing run's checkpoints and an address Ray cannot join. Makes local input paths
@@ -190,7 +198,7 @@ def resolve_target(cfg: Config) -> Target:
 
     resolve_address(cfg.run.address)
     check_inputs(cfg)
-    run_name = cfg.run.run_name or f"{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    run_name = cfg.run.run_name or default_run_name(cfg.model.model)
     storage = fs.absolute(cfg.run.storage_path or "ray_results")
     existing = _existing_checkpoints(storage, run_name)
     if existing and not cfg.run.resume:
@@ -354,18 +362,21 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
 
 
 def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
-    """``--on-bad-rows skip``: the rejected rows, with their reasons, next to the run (or in the working directory
-    when the storage is remote) and in MLflow."""
+    """``--on-bad-rows skip``: the rejected rows, with their reasons, in the run's folder of the storage path
+    (``<storage>/<run name>/rejected_rows.csv``, local or in an object store) and in MLflow
+    (``data/rejected_rows.csv``): written in a private temporary folder, nothing in the working directory, so runs at
+    once never write over each other's."""
     from nre_ray import storage as fs
 
-    rejected_path = Path(target.storage) / target.run_name / "rejected_rows.csv" if not fs.scheme(target.storage) \
-        else Path("rejected_rows.csv").absolute()
-    rejected_path.parent.mkdir(parents=True, exist_ok=True)
-    if prepared.rejected_csv:  # every rejected row (prepared.rejected holds the first ones)
-        shutil.copyfile(prepared.rejected_csv, rejected_path)
-    else:
-        prepared.rejected.to_csv(rejected_path, index=False)
-    tracker.log_artifact(rejected_path, "data")
+    rejected_path = fs.join(target.storage, target.run_name, "rejected_rows.csv")
+    with tempfile.TemporaryDirectory(prefix="nre_ray_rejected_") as folder:
+        local = Path(folder) / "rejected_rows.csv"
+        if prepared.rejected_csv:  # every rejected row (prepared.rejected holds the first ones)
+            shutil.copyfile(prepared.rejected_csv, local)
+        else:
+            prepared.rejected.to_csv(local, index=False)
+        tracker.log_artifact(local, "data")
+        fs.upload(local, rejected_path)
     tracker.log_metrics({"rejected_rows": prepared.rejected_count}, step=0)
     console.get().line(f"data: skipped {prepared.rejected_count} bad rows, listed in {rejected_path}")
 

@@ -592,13 +592,29 @@ def split_datasets(prepared: Any) -> list[DatasetInput]:
     return inputs
 
 
+_LOG_INPUTS_TRIES = 3
+
+
 def log_datasets(tracking_uri: str, run_id: str, prepared: Any) -> None:
-    """Log the splits (:func:`split_datasets`) as the run's dataset inputs, those it does not have yet."""
+    """Log the splits (:func:`split_datasets`) as the run's dataset inputs, those it does not have yet.
+
+    A dataset is the experiment's, shared by its runs: when another run on the same inputs logs it at the same moment,
+    MLflow's insert of it can fail (sqlite: ``UNIQUE constraint failed``; the whole call is undone), and the next try
+    links the dataset that run logged."""
+    from mlflow.exceptions import MlflowException
+
     client = _client(tracking_uri)
-    have = {(d.dataset.name, d.dataset.digest) for d in client.get_run(run_id).inputs.dataset_inputs}
-    fresh = [d for d in split_datasets(prepared) if (d.dataset.name, d.dataset.digest) not in have]
-    if fresh:
-        client.log_inputs(run_id, datasets=fresh)
+    for attempt in range(_LOG_INPUTS_TRIES):
+        have = {(d.dataset.name, d.dataset.digest) for d in client.get_run(run_id).inputs.dataset_inputs}
+        fresh = [d for d in split_datasets(prepared) if (d.dataset.name, d.dataset.digest) not in have]
+        if not fresh:
+            return
+        try:
+            client.log_inputs(run_id, datasets=fresh)
+            return
+        except MlflowException:
+            if attempt == _LOG_INPUTS_TRIES - 1:  # not that race: the same error each time
+                raise
 
 
 def link_model_metrics(tracking_uri: str, run_id: str, model_id: str, epoch: int) -> int:

@@ -18,7 +18,6 @@ are kept, unfinished ones restart from their latest Train checkpoint, all in the
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 import tempfile
@@ -139,13 +138,13 @@ def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         check_scale(cfg, opts)  # workers the local Ray can never hold: before Ray starts
         from ray import tune  # (seconds: after the first line)
 
-        from nre_ray.runner import prepare_data, resolve_target, trainer_data
+        from nre_ray.runner import default_run_name, prepare_data, resolve_target, trainer_data
         from nre_ray.tracking import store as tracking
         from nre_ray.tune.report import ProgressPrinter
         from nre_ray.tune.results import close_children, close_running, collect, finish, interrupted
         from nre_ray.tune.trial import trial_trainable
 
-        cfg.run.run_name = cfg.run.run_name or f"tune-{cfg.model.model}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+        cfg.run.run_name = cfg.run.run_name or default_run_name(f"tune-{cfg.model.model}")
         target = resolve_target(cfg)  # storage, tracking URI; with --resume the parent MLflow run
         path = fs.join(target.storage, target.run_name)
         can_restore = tune.Tuner.can_restore(path)
