@@ -183,7 +183,7 @@ def _events_file(cfg: Config) -> str | None:
 
 
 def default_run_name(prefix: str) -> str:
-    """A new run name, ``<prefix>-<date>-<time>-<6 random hex digits>`` (``cnn-20261201-120638-3fa9c1``): runs started
+    """A new run name, ``<prefix>-<date>-<time>-<6 random hex digits>`` (``cnn-20261201-120638-402817``): runs started
     in the same second, in one folder or on one storage path, still get names (and checkpoint folders) of their
     own."""
     return f"{prefix}-{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"

@@ -6,7 +6,7 @@ it. Several processes doing that at the same moment fail (alembic's ``Online mig
 follows the protocol of :mod:`nre_ray.buildonce` instead: the processes of this machine take turns; the one that finds
 the file missing, empty or of an older MLflow's schema builds it in a private folder next to it (a copy of an older
 one, migrated as ``mlflow db upgrade`` does) and renames it onto PATH, so that every process sees a whole store or
-none. A builder killed half-way leaves only its private folder, which the next builder removes.
+none. A builder killed half-way leaves only its private folder, which the next process that opens the store removes.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def ready(tracking_uri: str) -> None:
 
     db = Path(tracking_uri[len("sqlite:///"):])
     with buildonce.turn(db):
+        buildonce.remove_stale(db.parent)  # a builder killed after its rename, before removing its private folder
         if schema_version(db) != _get_latest_schema_revision():
             with buildonce.private_folder(db) as folder:
                 _build(db, folder / db.name, tracking_uri)
@@ -46,7 +47,7 @@ def schema_version(db: Path) -> str | None:
     try:
         with contextlib.closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True)) as connection:
             row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-    except sqlite3.OperationalError:  # no alembic_version table: no MLflow schema
+    except sqlite3.DatabaseError:  # no alembic_version table (no MLflow schema), or not a database (_build says so)
         return None
     return row[0] if row else None
 

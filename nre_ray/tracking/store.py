@@ -28,6 +28,7 @@ import importlib.metadata
 import json
 import os
 import re
+import sqlite3
 import ssl
 import sys
 import time
@@ -319,13 +320,13 @@ def _server_problem(uri: str) -> str | None:
 @contextlib.contextmanager
 def store_errors(tracking_uri: str) -> Iterator[None]:
     """A command's first MLflow call in ``tracking_uri``: MLflow's errors about the store itself (an MLflow error, a
-    database the store cannot open, a missing database driver) become one UsageError line."""
+    database the store cannot open or migrate, a missing database driver) become one UsageError line."""
     try:
         yield
     except Exception as err:
         from mlflow.exceptions import MlflowException
 
-        kinds: tuple[type[Exception], ...] = (MlflowException, ValueError, ImportError)
+        kinds: tuple[type[Exception], ...] = (MlflowException, ValueError, ImportError, sqlite3.Error)
         with contextlib.suppress(ImportError):
             from sqlalchemy.exc import SQLAlchemyError
 

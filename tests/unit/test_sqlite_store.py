@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from nre_ray import buildonce
 from nre_ray.tracking import sqlite_store
 
 pytestmark = pytest.mark.timeout(180)
@@ -92,3 +93,17 @@ def test_an_older_store_is_migrated_once_and_keeps_its_runs(tmp_path: Path) -> N
     assert sqlite_store.schema_version(db) == db_utils._get_latest_schema_revision()
     assert client.get_experiment_by_name("kept").experiment_id == "7"
     assert sum(p.stderr.count("Updating database tables") for p in done) == 1  # migrated once, by one of them
+
+
+def test_a_killed_builders_half_made_store_is_removed_and_never_opened(tmp_path: Path) -> None:
+    """A builder killed half-way leaves its private folder (a half-made store in it) and no ``mlflow.db``: the next
+    process that opens the store removes that folder and builds a whole store."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f"mlflow.db.tmp-{dead.pid}-0badc0de-{buildonce.HOST}"
+    left.mkdir()
+    (left / "mlflow.db").write_bytes(b"SQLite format 3\x00 cut short")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sqlite_store.ready(uri)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+    assert MlflowClient(uri).get_experiment("0").name == "Default"
