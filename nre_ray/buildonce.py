@@ -53,19 +53,27 @@ def private_name(name: str) -> str:
     return f"{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}-{HOST}"
 
 
+class Busy(Exception):
+    """Another process on this machine holds the turn (:func:`turn` with ``wait=False``)."""
+
+
 @contextlib.contextmanager
-def turn(target: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold the turn to build ``target`` among this machine's processes (a ``flock`` on a lock file of this user's
-    under the temporary folder, named after the target's absolute path): a second builder waits until the first one
-    is done, then finds its result. ``waiting`` is called once when this one has to wait. The lock goes with the
-    process that holds it, killed or not."""
+def turn(target: Path | str, waiting: Callable[[], None] | None = None, wait: bool = True) -> Iterator[None]:
+    """Hold the turn to build ``target`` (a local path or a URI) among this machine's processes (a ``flock`` on a
+    lock file of this user's under the temporary folder, named after the target's absolute path): a second builder
+    waits until the first one is done, then finds its result. ``waiting`` is called once when this one has to wait;
+    with ``wait=False`` it does not wait but raises :class:`Busy`. The lock goes with the process that holds it,
+    killed or not."""
     locks = Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    name = hashlib.sha256(str(Path(target).absolute()).encode()).hexdigest()[:24]
+    where = str(target) if storage.is_uri(target) else str(Path(target).absolute())
+    name = hashlib.sha256(where.encode()).hexdigest()[:24]
     with (locks / f"{name}.lock").open("w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                raise Busy(where) from None
             if waiting is not None:
                 waiting()
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,11 +133,39 @@ class Target:
     resumed: Any = None  # an mlflow.entities.Run with --resume
 
 
+@contextlib.contextmanager
+def claim_run(cfg: Config, what: str = "run") -> Iterator[None]:
+    """Hold the run's name for as long as the command runs: a second command on this machine that names the same
+    ``--run-name`` on the same ``--storage-path`` meanwhile is refused (UsageError) before it touches anything, as
+    both would write into one folder. Default names are new for every run (:func:`default_run_name`); so nothing
+    to hold."""
+    if not cfg.run.run_name:
+        yield
+        return
+    from nre_ray import buildonce
+    from nre_ray import storage as fs
+
+    folder = fs.join(fs.absolute(cfg.run.storage_path or "ray_results"), cfg.run.run_name)
+    try:
+        with buildonce.turn(folder, wait=False):
+            yield
+    except buildonce.Busy:
+        raise UsageError(f"{what} {cfg.run.run_name!r} is running now in another command on this machine ({folder}); "
+                         "nothing was touched. Wait for it to end (then --resume continues it), or choose another "
+                         "--run-name.") from None
+
+
 def run(cfg: Config, started: float | None = None) -> dict[str, Any]:
     """Train once; returns the summary dict (also written to ``--summary-json``).
 
     ``started``: Unix time the command started (default: now); start-up times logged to MLflow count from it.
     """
+    with claim_run(cfg):
+        return _run(cfg, started)
+
+
+def _run(cfg: Config, started: float | None) -> dict[str, Any]:
+    """:func:`run`, its name held."""
     started = started or time.time()
     imported = time.time() - started  # imports and config
     out = console.get()

@@ -126,7 +126,15 @@ def _trial_dirname(trial: Any) -> str:
 
 def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     """Run (or with ``--resume`` continue) the sweep, each step a console phase as in a training run; returns the
-    summary."""
+    summary. A sweep of the same ``--run-name`` running meanwhile on this machine is refused."""
+    from nre_ray.runner import claim_run
+
+    with claim_run(cfg, "sweep"):
+        return _run(cfg, opts)
+
+
+def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
+    """:func:`run`, its name held."""
     from nre_ray import storage as fs
     from nre_ray.cluster.session import ray_phase
     from nre_ray.tune.space import describe, load_space, to_tune

@@ -62,3 +62,35 @@ def test_allow_local_storage_puts_the_cache_under_the_storage_path_where_every_n
     plain = Config.from_dict({"run": {"storage_path": str(storage), "run_name": "r"}})
     resolve_target(plain)
     assert plain.data.cache_dir is None and not cache_on_every_node(plain, str(storage))
+
+
+def test_a_run_name_in_use_by_another_command_is_refused_before_anything_starts(in_tmp, capsys):
+    """Two commands with one --run-name on one storage path would write into one folder: the second is refused while
+    the first runs (here a process holding the name as a run does), and the name is free once that one has ended."""
+    import subprocess
+    import sys
+
+    from nre_ray import runner
+    from nre_ray.config import Config
+    from nre_ray.tune.__main__ import main as tune_main
+
+    storage = in_tmp / "runs"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom nre_ray import buildonce\n"
+         f"with buildonce.turn({str(storage / 'r1')!r}, wait=False):\n    print('held', flush=True)\n"
+         "    sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        err = _refused(["--run-name", "r1", "--storage-path", str(storage)], capsys)
+        assert err.strip() == (f"error: run 'r1' is running now in another command on this machine ({storage / 'r1'}); "
+                               "nothing was touched. Wait for it to end (then --resume continues it), or choose "
+                               "another --run-name.")
+        assert tune_main(["--run-name", "r1", "--storage-path", str(storage), "--num-samples", "1"]) == 2
+        assert "error: sweep 'r1' is running now in another command" in capsys.readouterr().err
+        assert not storage.exists() and not (in_tmp / "mlflow.db").exists()
+    finally:
+        holder.communicate("", timeout=30)
+    cfg = Config()
+    cfg.run.run_name, cfg.run.storage_path = "r1", str(storage)
+    with runner.claim_run(cfg):  # free again
+        pass
