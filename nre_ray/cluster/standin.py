@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -167,7 +167,7 @@ def autoscaler_config(gcs_address: str, max_workers: int, cpus_per_node: float, 
     }
 
 
-def _free_port(taken: Iterable[int]) -> int:
+def _free_port(taken: Collection[int]) -> int:
     """A port the system has free now, not among ``taken`` (ports chosen but not yet opened)."""
     while True:
         with socket.socket() as sock:
