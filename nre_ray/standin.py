@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # `up` has stopped what it had started
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
