@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nre_ray.cluster.session import UsageError
 from nre_ray.cluster.standin import Standin, down, kill_node, status, up, upload
 
 #: The commands and what each does.
@@ -76,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # `up` has stopped what it had started
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    """Do the command of ``args`` and say what it did."""
     folder = Path(args.dir)
     if args.command == "up":
         state = up(folder, args.bucket, args.max_workers, args.cpus_per_node, idle_minutes=args.idle_minutes,
@@ -92,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "kill-node":
         print(f"killed worker node {kill_node(Standin.load(folder), args.node, 'RayTrainWorker')}")
     else:
-        print(f"stopped {down(folder)} processes of the stand-in in {folder}")
-    return 0
+        done = down(folder)
+        print(f"stopped {len(done.stopped)} processes of the stand-in in {folder}")
+        if done.strangers:
+            print(f"left alone {len(done.strangers)} recorded process id(s) that now belong to other programs "
+                  "(their start time or command line differ from the record): "
+                  + "; ".join(f"{now.describe()}, recorded as `{was.cmdline[:60]}`" for was, now in done.strangers))
 
 
 if __name__ == "__main__":

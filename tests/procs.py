@@ -7,6 +7,7 @@ their descendants: never ``ray stop``, ``pkill`` or anything matched by name acr
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -153,6 +154,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_port_between(low: int, high: int) -> int:
+    """A TCP port from ``low`` to ``high`` that was free a moment ago on 127.0.0.1."""
+    for port in random.sample(range(low, high + 1), min(200, high + 1 - low)):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port from {low} to {high}")
 
 
 def start(args: list[str], log: Path, cwd: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:

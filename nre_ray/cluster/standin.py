@@ -9,14 +9,23 @@ machine before paying for it.
 
 Every process of the stand-in gets the store's endpoint and credentials in the standard variables
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), as an AWS node gets them from its instance profile; ``up`` writes
-them to ``<dir>/env.sh`` for your shell. ``down`` stops exactly the processes the stand-in started (by process id and
-by its private Ray folder), never every Ray process on the machine as ``ray stop`` would.
+them to ``<dir>/env.sh`` for your shell.
+
+``up`` checks its ports before it starts anything, and keeps them out of the ports Ray gives its workers. Every process
+it starts carries a session mark of its own in its environment (:data:`SESSION_ENV`), which its descendants inherit
+whoever their parent is now (Ray leaves its head's processes to init); ``up`` records each one by identity (process
+id, start time, command line: :mod:`nre_ray.cluster.processes`). ``down`` stops exactly those still matching their
+record, the processes with the mark, and everything below them, never every Ray process on the machine as
+``ray stop`` would.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -25,10 +34,15 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+
+from nre_ray.cluster import processes
+from nre_ray.cluster.processes import Process
+from nre_ray.cluster.session import UsageError
 
 #: Credentials of the local object store: moto accepts any, and they are not secret (nothing leaves this host).
 STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "standin", "AWS_SECRET_ACCESS_KEY": "standin",
@@ -39,6 +53,14 @@ WORKER_TYPE = "cpu_worker"
 PROVIDER = "nre_ray.cluster.provider.StandinNodeProvider"
 #: The node id the fake_multinode provider gives the head (ray.autoscaler._private.fake_multi_node.node_provider).
 HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
+#: The variable that marks every process of one stand-in (its value: that stand-in's session, a random token).
+SESSION_ENV = "NRE_RAY_STANDIN_SESSION"
+#: The ports ``ray start`` gives the head's workers unless told otherwise (its --min-worker-port and
+#: --max-worker-port defaults, ray/scripts/scripts.py in Ray 2.60); the stand-in passes a part of it that leaves out
+#: its own ports.
+RAY_WORKER_PORTS = (10002, 19999)
+#: The options that set the stand-in's ports, by port name.
+PORT_OPTIONS = {"s3": "--s3-port", "gcs": "--gcs-port", "dashboard": "--dashboard-port", "mlflow": "--mlflow-port"}
 
 
 @dataclass
@@ -52,7 +74,9 @@ class Standin:
     dashboard_port: int
     mlflow_port: int
     ray_temp: str
-    pids: dict[str, int] = field(default_factory=dict)
+    session: str  #: the value of :data:`SESSION_ENV` in the environment of each of its processes
+    worker_ports: tuple[int, int]  #: the first and last port of the head's Ray workers
+    processes: list[Process] = field(default_factory=list)  #: as recorded by ``up``
 
     @property
     def endpoint(self) -> str:
@@ -95,13 +119,25 @@ class Standin:
         (folder / STATE_FILE).write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
         (folder / "env.sh").write_text(self.shell(), encoding="utf-8")
 
+    def record(self) -> None:
+        """Record every process of the stand-in now running (:func:`own_processes`) and save."""
+        self.processes = own_processes(self)
+        self.save()
+
     @classmethod
     def load(cls, folder: Path) -> Standin:
         path = folder / STATE_FILE
         if not path.is_file():
-            raise SystemExit(f"error: no stand-in in {folder} ({path} is missing); start one with "
+            raise UsageError(f"no stand-in in {folder} ({path} is missing); start one with "
                              f"`python -m nre_ray.standin up --dir {folder}`")
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            saved["worker_ports"] = tuple(saved["worker_ports"])
+            saved["processes"] = [Process(**p) for p in saved["processes"]]
+            return cls(**saved)
+        except (ValueError, TypeError, KeyError) as err:
+            raise UsageError(f"{path} is not a stand-in record this version reads ({type(err).__name__}: {err}); "
+                             "stop that stand-in's processes by their ids, then remove the file") from None
 
 
 def autoscaler_config(gcs_address: str, max_workers: int, cpus_per_node: float, head_cpus: float,
@@ -131,15 +167,51 @@ def autoscaler_config(gcs_address: str, max_workers: int, cpus_per_node: float, 
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_port(taken: Collection[int]) -> int:
+    """A port the system has free now, not among ``taken`` (ports chosen but not yet opened)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 def _port_free(port: int) -> bool:
+    """True if a server could listen on ``port`` on every address now (as the stand-in's servers do, with
+    SO_REUSEADDR: a connection just closed does not hold it)."""
     with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
+
+def check_ports(ports: dict[str, int]) -> None:
+    """UsageError unless each port of ``ports`` (by name, as :data:`PORT_OPTIONS`) is one of its own, from 1024 to
+    65535, and free."""
+    for name, port in ports.items():
+        if not 1024 <= port <= 65535:
+            raise UsageError(f"{PORT_OPTIONS[name]} {port}: the stand-in's ports are from 1024 to 65535; pass one "
+                             "in that range")
+    for port in ports.values():
+        same = [PORT_OPTIONS[n] for n, p in ports.items() if p == port]
+        if len(same) > 1:
+            raise UsageError(f"{' and '.join(same)} are both {port}; give each its own port")
+    busy = [f"{PORT_OPTIONS[name]} {port}" for name, port in ports.items() if not _port_free(port)]
+    if busy:
+        raise UsageError(f"port(s) in use on this machine: {', '.join(busy)}; pass free ones "
+                         f"({', '.join(PORT_OPTIONS.values())})")
+
+
+def worker_ports(taken: Iterable[int]) -> tuple[int, int]:
+    """The longest run of :data:`RAY_WORKER_PORTS` without any port of ``taken``: the first and the last port."""
+    low, high = RAY_WORKER_PORTS
+    edges = [low - 1, *sorted(p for p in set(taken) if low <= p <= high), high + 1]
+    start, end = max(itertools.pairwise(edges), key=lambda gap: gap[1] - gap[0])
+    return start + 1, end - 1
 
 
 def _tool(name: str) -> str:
@@ -147,8 +219,16 @@ def _tool(name: str) -> str:
     local = Path(sys.executable).parent / name
     found = str(local) if local.exists() else shutil.which(name)
     if not found:
-        raise SystemExit(f"error: `{name}` is not installed here; run `pip install -e '.[standin]'`")
+        raise UsageError(f"`{name}` is not installed here; run `pip install -e '.[standin]'`")
     return found
+
+
+def _last_line(log: Path) -> str:
+    """The line of ``log`` that says what went wrong: the last exception's (``ValueError: ...``), else the last."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()] \
+        if log.exists() else []
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+    return (errors or lines or ["(its log is empty)"])[-1]
 
 
 def _wait(what: str, check, timeout: float, log: Path) -> None:
@@ -160,8 +240,7 @@ def _wait(what: str, check, timeout: float, log: Path) -> None:
         except OSError:
             pass
         time.sleep(0.3)
-    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-    raise SystemExit(f"error: {what} did not come up within {timeout:.0f} s; its log {log}:\n{tail}")
+    raise UsageError(f"{what} did not come up within {timeout:.0f} s: {_last_line(log)} (its log: {log})")
 
 
 def _http_ok(url: str) -> bool:
@@ -179,36 +258,38 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
        head_cpus: float = 1.0, idle_minutes: float = 1.0, ports: dict[str, int] | None = None,
        heartbeat_timeout_s: int = 10) -> Standin:
     """Start the object store, the Ray head with its autoscaler, and the MLflow server; returns the stand-in.
+    UsageError, with nothing left running, if a port is taken or a part does not start.
 
     ``ports``: ``s3``, ``gcs``, ``dashboard``, ``mlflow`` (default 9000, 6379, 8265, 5000; tests pass free ones).
+    Ray's workers on the head get the ports of :data:`RAY_WORKER_PORTS` less these (:func:`worker_ports`).
     ``heartbeat_timeout_s``: how long the autoscaler waits before it replaces a node that stopped answering.
     """
     folder = folder.absolute()
     if (folder / STATE_FILE).is_file():
-        raise SystemExit(f"error: a stand-in is already recorded in {folder}; stop it first with "
+        raise UsageError(f"a stand-in is already recorded in {folder}; stop it first with "
                          f"`python -m nre_ray.standin down --dir {folder}`")
     ports = {"s3": 9000, "gcs": 6379, "dashboard": 8265, "mlflow": 5000, **(ports or {})}
-    busy = [f"{name} {port}" for name, port in ports.items() if not _port_free(port)]
-    if busy:
-        raise SystemExit(f"error: port(s) in use on 127.0.0.1: {', '.join(busy)}; pass free ones "
-                         "(--s3-port, --gcs-port, --dashboard-port, --mlflow-port)")
+    check_ports(ports)
+    client_port = _free_port(ports.values())
+    agent_port = _free_port([*ports.values(), client_port])
+    first, last = worker_ports([*ports.values(), client_port, agent_port])
     folder.mkdir(parents=True, exist_ok=True)
     logs = folder / "logs"
     logs.mkdir(exist_ok=True)
     # Ray's Unix sockets live under its temp folder: keep the path short, and private to this stand-in.
     ray_temp = tempfile.mkdtemp(prefix="nre_standin_", dir="/tmp")
-    state = Standin(str(folder), bucket, ports["s3"], ports["gcs"], ports["dashboard"], ports["mlflow"], ray_temp)
+    state = Standin(str(folder), bucket, ports["s3"], ports["gcs"], ports["dashboard"], ports["mlflow"], ray_temp,
+                    secrets.token_hex(8), (first, last))
     env = {**os.environ, **state.env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
            "MLFLOW_S3_ENDPOINT_URL": state.endpoint, "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(heartbeat_timeout_s),
            # Train's placement-group cleaner asks the dashboard about the run's controller: this cluster's own.
-           "RAY_API_SERVER_ADDRESS": state.dashboard}
+           "RAY_API_SERVER_ADDRESS": state.dashboard, SESSION_ENV: state.session}
     env.pop("RAY_ADDRESS", None)
+    state.save()  # before anything starts: `down` (here on failure, or later) reads it
     try:
-        store = _spawn([_tool("moto_server"), "-H", "127.0.0.1", "-p", str(state.s3_port)], logs / "s3.log", env,
-                       folder)
-        state.pids["s3"] = store.pid
-        state.save()
+        _spawn([_tool("moto_server"), "-H", "127.0.0.1", "-p", str(state.s3_port)], logs / "s3.log", env, folder)
+        state.record()
         _wait("the object store", lambda: _http_ok(state.endpoint), 60, logs / "s3.log")
         _create_bucket(state)
 
@@ -219,25 +300,25 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
             [_tool("ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(state.gcs_port),
              "--num-cpus", f"{head_cpus:g}", "--autoscaling-config", str(config), "--temp-dir", ray_temp,
              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(state.dashboard_port),
-             "--ray-client-server-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port()),
-             "--disable-usage-stats"],
+             "--ray-client-server-port", str(client_port), "--dashboard-agent-listen-port", str(agent_port),
+             "--min-worker-port", str(first), "--max-worker-port", str(last), "--disable-usage-stats"],
             env={**env, "RAY_FAKE_CLUSTER": "1"}, cwd=folder, capture_output=True, text=True, timeout=180)
         (logs / "ray-head.log").write_text(head.stdout + head.stderr, encoding="utf-8")
+        state.record()  # the head's processes: `ray start` has left them to init
         if head.returncode != 0:
-            raise SystemExit(f"error: the Ray head did not start (exit {head.returncode}); see {logs}/ray-head.log:\n"
-                             f"{(head.stdout + head.stderr)[-2000:]}")
+            raise UsageError(f"the Ray head did not start (exit {head.returncode}): "
+                             f"{_last_line(logs / 'ray-head.log')} (its log: {logs / 'ray-head.log'})")
         _wait("the Ray dashboard", lambda: _http_ok(f"{state.dashboard}/api/version"), 90, logs / "ray-head.log")
 
-        mlflow = _spawn([_tool("mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
-                         "--artifacts-destination", f"s3://{bucket}/mlflow-artifacts", "--host", "127.0.0.1",
-                         "--port", str(state.mlflow_port), "--workers", "1"], logs / "mlflow.log", env, folder)
-        state.pids["mlflow"] = mlflow.pid
-        state.save()
+        _spawn([_tool("mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+                "--artifacts-destination", f"s3://{bucket}/mlflow-artifacts", "--host", "127.0.0.1",
+                "--port", str(state.mlflow_port), "--workers", "1"], logs / "mlflow.log", env, folder)
+        state.record()
         _wait("the MLflow server", lambda: _http_ok(f"{state.tracking_uri}/health"), 120, logs / "mlflow.log")
     except BaseException:
-        down(folder, quiet=True)
+        down(folder)
         raise
-    state.save()
+    state.record()
     return state
 
 
@@ -245,71 +326,26 @@ def _create_bucket(state: Standin) -> None:
     state.filesystem().create_dir(state.bucket)
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+def own_processes(state: Standin) -> list[Process]:
+    """Every process of the stand-in now running: those recorded that are still the same process, those with its
+    session mark in their environment (Ray's head processes, its client proxy and fake nodes, which Ray leaves to
+    init), and every process below them (workers, whose titles replace their command line, and job drivers)."""
+    tree = processes.parents()
+    marked = {pid for pid in tree if processes.environ(pid).get(SESSION_ENV) == state.session}
+    roots = marked | {p.pid for p in state.processes if p.current()}
+    found = (processes.identify(pid) for pid in sorted(processes.descendants(roots, tree)))
+    return [p for p in found if p is not None]
 
 
-def _parent(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        return int(text[text.rindex(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-
-
-def _processes() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
-
-
-def own_processes(state: Standin) -> list[int]:
-    """Every process of the stand-in: those it recorded, those under its private Ray folder (head, monitor, fake
-    nodes, workers: Ray's processes name their session folder), and their descendants."""
-    roots = {pid for pid in state.pids.values()}
-    roots |= {pid for pid in _processes() if state.ray_temp in _cmdline(pid) or _head_client_proxy(state, pid)}
-    parents = {pid: _parent(pid) for pid in _processes()}
-    found, todo = set(), [p for p in roots if p in parents]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(child for child, parent in parents.items() if parent == pid)
-    return sorted(pid for pid in found if _alive(pid))
-
-
-def _head_client_proxy(state: Standin, pid: int) -> bool:
-    """The head's Ray Client proxy (``python -m ray.util.client.server --address=IP:GCS_PORT --mode=proxy``): its
-    command line names no session folder, and Ray leaves it to init when the head stops, so it is found by this
-    stand-in's GCS port instead."""
-    args = _cmdline(pid).split(" ")
-    return "ray.util.client.server" in args and any(a.startswith("--address=") and a.endswith(f":{state.gcs_port}")
-                                                    for a in args)
-
-
-def worker_nodes(state: Standin) -> dict[str, list[int]]:
+def worker_nodes(state: Standin) -> dict[str, list[Process]]:
     """The autoscaled worker nodes now running: node id -> its processes (raylet and the workers below it)."""
-    nodes: dict[str, list[int]] = {}
-    parents = {pid: _parent(pid) for pid in _processes()}
-    for pid in own_processes(state):
-        node_id = _environ(pid).get("RAY_OVERRIDE_NODE_ID_FOR_TESTING")
-        if node_id and node_id != HEAD_NODE_ID and "raylet" in _cmdline(pid).split(" ")[0]:
-            below, todo = [pid], [pid]
-            while todo:
-                parent = todo.pop()
-                kids = [c for c, p in parents.items() if p == parent]
-                below += kids
-                todo += kids
-            nodes[node_id] = below
+    tree = processes.parents()
+    nodes: dict[str, list[Process]] = {}
+    for process in own_processes(state):
+        node_id = processes.environ(process.pid).get("RAY_OVERRIDE_NODE_ID_FOR_TESTING")
+        if node_id and node_id != HEAD_NODE_ID and "raylet" in process.cmdline.split(" ")[0]:
+            below = (processes.identify(pid) for pid in sorted(processes.descendants([process.pid], tree)))
+            nodes[node_id] = [p for p in below if p is not None]
     return nodes
 
 
@@ -319,51 +355,42 @@ def kill_node(state: Standin, node_id: str | None = None, hosting: str = "") -> 
     The autoscaler notices the silence and replaces the node when there is work for it."""
     nodes = worker_nodes(state)
     if not nodes:
-        raise SystemExit("error: the stand-in has no worker node running")
+        raise UsageError("the stand-in has no worker node running")
     if node_id is None:
-        busy = [n for n, pids in nodes.items() if hosting and any(hosting in _cmdline(p) for p in pids)]
+        busy = [n for n, found in nodes.items() if hosting and any(hosting in p.cmdline for p in found)]
         node_id = (busy or sorted(nodes))[0]
     if node_id not in nodes:
-        raise SystemExit(f"error: no worker node {node_id}; running: {', '.join(sorted(nodes))}")
-    for pid in nodes[node_id]:
-        _kill(pid, signal.SIGKILL)
+        raise UsageError(f"no worker node {node_id}; running: {', '.join(sorted(nodes))}")
+    for process in nodes[node_id]:
+        process.signal(signal.SIGKILL)
     return node_id
 
 
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+@dataclass
+class Stopped:
+    """What ``down`` did: the processes it stopped, and the recorded ones it left alone because their process id now
+    belongs to another program (as after a reboot)."""
+
+    stopped: list[Process]
+    strangers: list[tuple[Process, Process]]  #: (as recorded, what runs under that id now)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def down(folder: Path, quiet: bool = False) -> int:
-    """Stop every process of the stand-in in ``folder`` and forget it; returns how many were stopped."""
+def down(folder: Path) -> Stopped:
+    """Stop every process of the stand-in in ``folder`` (:func:`own_processes`, each checked again just before its
+    signal) and forget the stand-in."""
     folder = folder.absolute()
-    try:
-        state = Standin.load(folder)
-    except SystemExit:
-        if quiet:
-            return 0
-        raise
-    pids = own_processes(state)
-    for pid in pids:
-        _kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.2)
-    for pid in own_processes(state) + pids:
-        _kill(pid, signal.SIGKILL)
+    state = Standin.load(folder)
+    found = own_processes(state)
+    ours = {p.pid for p in found}
+    strangers = [(p, now) for p in state.processes
+                 if p.pid not in ours and (now := processes.identify(p.pid)) is not None and now != p]
+    stopped = processes.stop(found, grace=10)
+    # A process started while the others stopped (a worker Ray replaced before its raylet went)
+    stopped += processes.stop(own_processes(state), grace=2)
     shutil.rmtree(state.ray_temp, ignore_errors=True)
     (folder / STATE_FILE).unlink(missing_ok=True)
-    return len(pids)
+    (folder / "env.sh").unlink(missing_ok=True)
+    return Stopped(stopped, strangers)
 
 
 def upload(state: Standin, local: Path, uri: str) -> None:
@@ -377,7 +404,8 @@ def upload(state: Standin, local: Path, uri: str) -> None:
 def status(state: Standin) -> str:
     nodes = worker_nodes(state)
     return "\n".join([
-        f"Ray:    {state.dashboard} (dashboard; RAY_ADDRESS), GCS {state.gcs_address}",
+        f"Ray:    {state.dashboard} (dashboard; RAY_ADDRESS), GCS {state.gcs_address}, "
+        f"worker ports {state.worker_ports[0]}-{state.worker_ports[1]}",
         f"nodes:  head + {len(nodes)} autoscaled worker node(s) of type {WORKER_TYPE}"
         + (f": {', '.join(n[-5:] for n in sorted(nodes))}" if nodes else ""),
         f"S3:     {state.endpoint} (AWS_ENDPOINT_URL), bucket s3://{state.bucket}",

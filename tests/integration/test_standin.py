@@ -5,11 +5,13 @@ with its artifacts in that store.
 The job is submitted with ``ray job submit --working-dir .`` exactly as docs/cluster.md says. Inputs, checkpoints and
 artifacts live only in the object store (the fake nodes share this host's disk, so a local path would work by
 accident): the tests check that nothing lands in the job's working directory. Teardown stops exactly the stand-in's
-processes (never ``ray stop``).
+processes (never ``ray stop``). The last test stops the stand-in as a user does, checks /proc for anything left, and
+starts it again on the same ports.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import subprocess
 import sys
@@ -19,8 +21,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray.cluster import standin
-from tests.procs import env, free_port, wait_for
+from nre_ray.cluster import processes, standin
+from tests.procs import env, free_port, free_port_between, mentioning, wait_for, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
@@ -32,10 +34,11 @@ LOCAL_LEFTOVERS = {"ray_results", "mlflow.db", "mlruns", ".nre_ray_cache", "reje
 
 @pytest.fixture(scope="module")
 def cluster():
-    """The stand-in on free ports, with the bundled sample uploaded to s3://nre-ray/nre_ray/data."""
+    """The stand-in on free ports, its GCS port among the ports ``ray start`` would give its workers, with the
+    bundled sample uploaded to s3://nre-ray/nre_ray/data."""
     folder = Path(tempfile.mkdtemp(prefix="nrs_", dir="/tmp"))
-    state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port(), "dashboard": free_port(),
-                                      "mlflow": free_port()})
+    state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port_between(*standin.RAY_WORKER_PORTS),
+                                      "dashboard": free_port(), "mlflow": free_port()})
     try:
         fs = state.filesystem()
         for path in SAMPLE.iterdir():
@@ -43,8 +46,24 @@ def cluster():
                 out.write(path.read_bytes())
         yield state
     finally:
+        last = standin.Standin.load(folder) if (folder / standin.STATE_FILE).exists() else state  # (started again)
         standin.down(folder)
-        assert not standin.own_processes(state), "stand-in processes left behind"
+        assert not _left(state) and not _left(last), "stand-in processes left behind"
+
+
+def _left(state: standin.Standin) -> dict[int, str]:
+    """What runs of ``state``'s stand-in: its recorded processes, those with its session mark or naming its Ray
+    folder (as /proc shows them)."""
+    pids = {p.pid for p in state.processes if p.current()} | set(with_env(standin.SESSION_ENV, state.session))
+    return {pid: p.cmdline for pid in pids | set(mentioning(state.ray_temp)) if (p := processes.identify(pid))}
+
+
+def _standin_cli(folder: Path, *args: str) -> str:
+    """``python -m nre_ray.standin --dir FOLDER ARGS`` as a user runs it; its output."""
+    done = subprocess.run([sys.executable, "-m", "nre_ray.standin", "--dir", str(folder), *args], cwd=REPO,
+                          capture_output=True, text=True, env=env(), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def _submit(state: standin.Standin, run_name: str, *extra: str, log: Path) -> subprocess.Popen:
@@ -151,3 +170,30 @@ def test_a_local_ray_beside_the_standin_does_not_take_its_node_types(cluster, ra
 
     info = session.cluster()
     assert info.node_types == [] and not info.can_grow
+
+
+def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster):
+    """Run last: it stops the module's stand-in and starts it again (the fixture stops that one)."""
+    first, last = cluster.worker_ports
+    assert not first <= cluster.gcs_port <= last  # the head's workers keep off the GCS port
+    raylet = [p for p in cluster.processes if p.cmdline.split(" ")[0].endswith("/raylet")]
+    assert f"--min_worker_port={first} --max_worker_port={last}" in raylet[0].cmdline
+    # The head's Ray Client proxy, which Ray leaves to init: up recorded it, and it runs
+    proxy = [p for p in cluster.processes if "ray.util.client.server" in p.cmdline and "--mode=proxy" in p.cmdline]
+    assert proxy and proxy[0].current() and proxy[0].pid in _left(cluster)
+
+    folder = Path(cluster.folder)
+    running = _left(cluster)
+    said = _standin_cli(folder, "down")
+    stopped = re.fullmatch(r"stopped (\d+) processes of the stand-in in \S+\n", said)
+    assert stopped and int(stopped[1]) >= len(running), (said, running)
+    assert not _left(cluster), _left(cluster)
+    assert not (folder / standin.STATE_FILE).exists() and not Path(cluster.ray_temp).exists()
+
+    ports = {"--s3-port": cluster.s3_port, "--gcs-port": cluster.gcs_port, "--dashboard-port": cluster.dashboard_port,
+             "--mlflow-port": cluster.mlflow_port}
+    said = _standin_cli(folder, "up", *[str(x) for kv in ports.items() for x in kv])
+    assert f"worker ports {first}-{last}" in said, said
+    again = standin.Standin.load(folder)
+    assert again.session != cluster.session and _left(again)
+    assert MlflowClient(again.tracking_uri).search_experiments()  # the server answers, on its old database
