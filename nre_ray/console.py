@@ -52,6 +52,8 @@ TICK_S = 0.5
 IMPROVED_KEY = "selection_rank"
 #: A worker report that carries only lines for the console (rank 0's list of strings; ``nre_ray.loop.tell_console``).
 NOTES_KEY = "notes"
+#: How rank 0's note on a worker group that starts from a checkpoint begins: ``resuming after epoch 3 from PATH``.
+RESUME_NOTE = "resuming after epoch"
 
 
 class Progress:
@@ -309,6 +311,31 @@ def logs_on_console(name: str = "nre_ray") -> Iterator[None]:
 # training: events from the Ray Train controller, printed by the driver
 
 
+class RunLog:
+    """The run's log file: what Ray forwards from its processes (the workers' output and tracebacks, the raylets' and
+    the GCS's messages: :func:`nre_ray.cluster.ray_private.ray_output_to`) and the driver's details of a failure,
+    each line stamped with the time and where it comes from. Appended to: a ``--resume`` continues it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")  # for the run: close() closes it
+        self._lock = threading.Lock()
+
+    def write(self, text: str, source: str = "driver") -> None:
+        """Append ``text``, each line stamped ``2026-12-02 01:45:00 (source)``."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with self._lock:
+            if self._fh.closed:
+                return
+            self._fh.writelines(f"{stamp} ({source}) {line}\n" for line in text.splitlines() or [""])
+            self._fh.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
 def append_event(path: str | Path, event: dict[str, Any]) -> None:
     """Append one event (a JSON object on one line) to ``path``; called by the controller's callbacks."""
     with open(path, "a", encoding="utf-8") as fh:
@@ -375,6 +402,32 @@ def epoch_legend(epochs: int, select: str, first: int = 1) -> str:
             f"* marks an epoch that improved it (the best so far)")
 
 
+def format_failure(event: dict[str, Any]) -> str:
+    """The one line for a failure the Ray Train controller handled (an event of
+    :class:`nre_ray.tracking.callback.ConsoleEvents`): what was lost, which failure of how many, and the epoch and
+    checkpoint the run goes on from (or that it stops)::
+
+        lost a worker: rank 1 (pid 2731 on node 10.0.0.2 5e7bc755) exited unexpectedly (killed, e.g. by SIGKILL or
+        the out-of-memory killer, or crashed); failure 1 of --max-failures 2; going on from epoch 3, checkpoint PATH
+    """
+    count, limit, goes_on = int(event.get("count") or 1), int(event.get("limit") or 0), bool(event.get("goes_on"))
+    if event.get("preemption"):
+        tally = f"preemption {count} (preemptions do not count against --max-failures)"
+    elif limit < 0:
+        tally = f"failure {count} (--max-failures {limit}: no limit)"
+    elif goes_on:
+        tally = f"failure {count} of --max-failures {limit}"
+    else:
+        tally = f"failure {count}, more than --max-failures {limit} allows"
+    epoch, checkpoint = int(event.get("epoch") or 0), event.get("checkpoint")
+    if goes_on:
+        then = f"going on from epoch {epoch}, checkpoint {checkpoint}" if checkpoint else \
+            "going on from the start (no checkpoint yet)"
+    else:
+        then = "the run stops" + (f"; continue it from epoch {epoch} with --resume" if checkpoint else "")
+    return f"{event.get('kind', 'a failure')}: {event.get('what', 'unknown')}; {tally}; {then}"
+
+
 def stop_reason(epoch: int, best: int, epochs: int, patience: int, select: str) -> str:
     """Why training ended after ``epoch`` (best epoch ``best``) with ``--epochs epochs --patience patience``."""
     if patience and epoch - best >= patience:
@@ -388,7 +441,8 @@ def stop_reason(epoch: int, best: int, epochs: int, patience: int, select: str) 
 
 class TrainingView:
     """Shows a training run from the controller's events: the workers starting, the legend, one line per epoch
-    (a bar over the epochs on a terminal), an early stop. ``handle`` is an :class:`EventFollower` handler."""
+    (a bar over the epochs on a terminal), a failure in one line (:func:`format_failure`), an early stop.
+    ``handle`` is an :class:`EventFollower` handler."""
 
     def __init__(self, console: Console, workers: str, epochs: int, select: str, patience: int = 0,
                  first_epoch: int = 1) -> None:
@@ -396,6 +450,7 @@ class TrainingView:
         self.first_epoch = first_epoch
         self.last: dict[str, Any] | None = None
         self.starts = 0
+        self._restarted = False  # a failure line said where the next worker group starts from
         self._phase: Phase | None = Phase(console, "workers", f"starting {workers}")
         self._bar: Progress | None = None
 
@@ -407,7 +462,7 @@ class TrainingView:
                 self._phase.end(f"{event.get('count', '?')} up" + (" again" if self.starts > 1 else ""))
                 self._phase = None
             elif self.starts > 1:
-                self.console.line(f"workers: {event.get('count', '?')} started again (a restart after a failure)")
+                self.console.line(f"workers: {event.get('count', '?')} started again")
         elif kind == "training_started":
             if self._phase is not None and self._phase.name == "workers":  # no "workers_started" came (another Ray)
                 self._phase.end("up")
@@ -418,10 +473,15 @@ class TrainingView:
                 if self.console.tty:  # in a log file the epoch lines are the progress
                     self._bar = self._phase.progress(total=self.epochs - self.first_epoch + 1, unit="epoch")
         elif kind == "epoch":
+            self._restarted = False
             self.add(event.get("metrics", {}))
+        elif kind == "failure":
+            self.console.line(format_failure(event))
+            self._restarted = bool(event.get("goes_on"))
         elif kind == "notes":
             for text in event.get("lines", []):
-                self.console.line(str(text))
+                if not (self._restarted and str(text).startswith(RESUME_NOTE)):  # the failure line said it
+                    self.console.line(str(text))
 
     def add(self, metrics: dict[str, Any]) -> None:
         """Print one epoch's line."""

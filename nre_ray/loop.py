@@ -31,7 +31,7 @@ from nre_ray import metrics as M
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.cluster.ray_private import in_local_train_mode
 from nre_ray.config import Config
-from nre_ray.console import NOTES_KEY
+from nre_ray.console import NOTES_KEY, RESUME_NOTE
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset, identity_collate
 from nre_ray.data.vocab import Vocab
@@ -301,7 +301,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         restore = loaded.state  # loaded into the model, optimizer, schedule and scaler once the model is placed
         state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
         state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
-        notes.append(f"resuming after epoch {state['epoch']} from {resumed.path}")
+        notes.append(f"{RESUME_NOTE} {state['epoch']} from {resumed.path}")
         if rank == 0:
             tracker.set_tags({"nre_ray.resumed_from_epoch": str(state["epoch"])})
     else:

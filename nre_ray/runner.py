@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,9 +174,20 @@ def _run(cfg: Config, started: float | None) -> dict[str, Any]:
     with out.phase("setup", "checking the settings, the inputs and the run's storage") as step:
         check_scale(cfg)
         target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
+        log_path = run_log_path(cfg, target)
+        if log_path:
+            step.note(f"Ray's own messages (its processes' output, tracebacks) go to {log_path}")
         step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
+    with _ray_output_logged(log_path) as run_log:
+        return _train(cfg, target, started, imported, run_log)
+
+
+def _train(cfg: Config, target: Target, started: float, imported: float, run_log: console.RunLog | None
+           ) -> dict[str, Any]:
+    """The steps of :func:`run` after the setup."""
     from nre_ray.tracking import store as tracking
 
+    out = console.get()
     warm = warm_up(target.tracking_uri)  # MLflow and torch imported while Ray starts
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
     with out.phase("ray", ray_phase(cfg.run.address)) as step:
@@ -195,10 +208,48 @@ def _run(cfg: Config, started: float | None) -> dict[str, Any]:
     events = _events_file(cfg)
     try:
         trainer = build_trainer(cfg, target, data, resources, run_id, started, events=events)
-        return fit(trainer, cfg, target, run_id, events, resources)
+        return fit(trainer, cfg, target, run_id, events, resources, run_log)
     finally:
         if events:
             Path(events).unlink(missing_ok=True)
+
+
+#: The run's log file: in its folder under a local storage path (``STORAGE/RUN/ray_output.log``), and in MLflow
+#: (``logs/ray_output.log``) once the run ends.
+RUN_LOG = "ray_output.log"
+
+
+def run_log_path(cfg: Config, target: Target) -> str | None:
+    """Where the run's log file goes (:class:`nre_ray.console.RunLog`): the run's folder under a local storage path;
+    under a URI, a folder of this machine's temporary directory (the file reaches MLflow when the run ends). None
+    under a Ray Client address (``ray://``: Ray streams its processes' output to this process another way)."""
+    from nre_ray import storage as fs
+
+    if resolve_address(cfg.run.address).kind == "client":
+        return None
+    if not fs.scheme(target.storage):
+        return str(Path(target.storage) / target.run_name / RUN_LOG)
+    where = hashlib.sha1(fs.join(target.storage, target.run_name).encode()).hexdigest()[:10]
+    return str(Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "logs" / f"{target.run_name}-{where}.log")
+
+
+@contextlib.contextmanager
+def _ray_output_logged(path: str | None) -> Iterator[console.RunLog | None]:
+    """The run's log file, open for the block, with what Ray forwards from its processes going there and not to the
+    console (:func:`nre_ray.cluster.ray_private.ray_output_to`); None (and Ray's output on the console) without a
+    path."""
+    if path is None:
+        yield None
+        return
+    from nre_ray.cluster.ray_private import ray_output_to
+
+    run_log = console.RunLog(path)
+    run_log.write("python -m nre_ray.train: Ray's messages from here on")
+    try:
+        with ray_output_to(run_log):
+            yield run_log
+    finally:
+        run_log.close()
 
 
 def _events_file(cfg: Config) -> str | None:
@@ -461,17 +512,27 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             # each epoch once, when its checkpoint is kept
             callbacks=[EpochMetricsLogger(target.tracking_uri, run_id, events, cfg.train.epochs, cfg.select_metric),
-                       *([ConsoleEvents(events)] if events and HAS_WORKER_GROUP_HOOKS else []),
+                       *([ConsoleEvents(events, cfg.train.max_failures, target.storage, _start_of(target))]
+                         if events and HAS_WORKER_GROUP_HOOKS else []),
                        *extra_callbacks],
             worker_runtime_env={"env_vars": quiet_env_for_workers()},
         ),
     )
 
 
+def _start_of(target: Target) -> tuple[int, str] | None:
+    """The epoch and checkpoint a ``--resume`` starts from (None for a new run, or one without a checkpoint)."""
+    result = _latest_result(target.storage, target.run_name) if target.resumed is not None else None
+    if result is None or result.checkpoint is None:
+        return None
+    return int((result.metrics or {}).get("epoch", 0)), _full_path(result.checkpoint.path, target.storage)
+
+
 def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | None = None,
-        resources: Resources | None = None) -> dict[str, Any]:
+        resources: Resources | None = None, run_log: console.RunLog | None = None) -> dict[str, Any]:
     """Run the trainer (showing the workers and epochs on the console from the controller's ``events``), log the
-    selected checkpoint as the MLflow model, close the MLflow run with its status, and return the summary."""
+    selected checkpoint as the MLflow model, close the MLflow run with its status, and return the summary. A
+    failure's full text goes to ``run_log`` (the run's log file), which is logged to the MLflow run at the end."""
     import ray.train
 
     from nre_ray.loop import SELECTION_RANK
@@ -505,6 +566,8 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
         status = "KILLED"
         raise KeyboardInterrupt from None
     except ray.train.TrainingFailedError as err:
+        if run_log is not None:
+            run_log.write("".join(traceback.format_exception(err)))
         if placement_failed(err):
             within = f"{resources.placement_timeout:g} s" if resources and resources.placement_timeout else "the time"
             raise UsageError(f"the {cfg.train.num_workers} workers ({cfg.train.num_workers} x "
@@ -516,6 +579,8 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     finally:
         if view:
             view.close(failed=True)  # (nothing if closed above)
+        if run_log is not None:
+            _log_run_log(run_log, target.tracking_uri, run_id)
         tracking.end_run(target.tracking_uri, run_id, status)
 
     metric = f"valid_{cfg.select_metric}"
@@ -539,6 +604,19 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
         "test": {k[len("test_"):]: v for k, v in logged.items() if k.startswith("test_")},
         "model_uri": model.get("model_uri"), "registered_model_uri": model.get("registered_model_uri"),
     }
+
+
+def _log_run_log(run_log: console.RunLog, tracking_uri: str, run_id: str) -> None:
+    """The run's log file into the MLflow run, as ``logs/ray_output.log`` (a warning if MLflow cannot take it)."""
+    from nre_ray.tracking import store as tracking
+
+    try:
+        with tempfile.TemporaryDirectory() as folder:  # under its MLflow name whatever the file is called here
+            copy = Path(folder) / RUN_LOG
+            shutil.copyfile(run_log.path, copy)
+            tracking.MlflowTracker(tracking_uri, run_id).log_artifact(copy, "logs")
+    except Exception as err:  # the run's result matters more than its log
+        log.warning("MLflow: could not log the run's log file %s: %s", run_log.path, err)
 
 
 def _full_path(path: str, storage: str) -> str:

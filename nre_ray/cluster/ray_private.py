@@ -5,7 +5,8 @@ a function is called.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -77,16 +78,55 @@ def trial_statuses(grid: Any) -> dict[str, str]:
     return {t.trial_id: t.status for t in grid._experiment_analysis.trials}
 
 
-def worker_group_callback() -> type | None:
-    """Ray Train's controller callback with hooks for the worker group's start and for the training function's start
-    on it; None on a Ray without it."""
-    # Private: the public ray.train.UserCallback hears only of reports and errors. The worker group's hooks are those
-    # of WorkerGroupCallback (ray.train.v2._internal.execution.callback), a DeveloperAPI Ray Train does not export.
+def train_callback_bases() -> tuple[type, ...]:
+    """Ray Train's controller callback classes with hooks for the worker group (its start, the training function's
+    start on it), for the controller's state changes (a failure, a restart) and for each registered report; () on a
+    Ray without them."""
+    # Private: the public ray.train.UserCallback hears only of reports and errors, not of the worker group or of what
+    # the controller decides after a failure. These are the DeveloperAPI classes of
+    # ray.train.v2._internal.execution.callback, which Ray Train does not export.
     try:
-        from ray.train.v2._internal.execution.callback import WorkerGroupCallback
+        from ray.train.v2._internal.execution.callback import (
+            ControllerCallback,
+            ReportCallback,
+            WorkerGroupCallback,
+        )
     except ImportError:
-        return None
-    return WorkerGroupCallback
+        return ()
+    return (WorkerGroupCallback, ControllerCallback, ReportCallback)
+
+
+def failure_of(state: Any) -> tuple[Exception, bool] | None:
+    """The training failure a Ray Train controller state follows, and whether the run goes on after it: ``(error,
+    True)`` when the controller starts the worker group again, ``(error, False)`` when it stops the run; None for
+    every other state."""
+    # Private: the controller's states (ray.train.v2._internal.execution.controller.state) are what
+    # ControllerCallback.after_controller_state_update hands over; a restart carries its error only there.
+    from ray.train.v2._internal.execution.controller.state import (
+        ErroredState,
+        ReschedulingState,
+        RestartingState,
+        ShuttingDownState,
+    )
+
+    if isinstance(state, RestartingState | ReschedulingState):
+        return state.training_failed_error, True
+    if isinstance(state, ShuttingDownState) and isinstance(state.next_state, ErroredState):
+        return state.next_state.training_failed_error, False
+    return None
+
+
+def worker_places(worker_group: Any) -> dict[int, tuple[str, str, int]]:
+    """Where each worker of a started Ray Train worker group runs: ``{world rank: (node id, node IP, pid)}``."""
+    # Private: the worker group's Worker objects (ray.train.v2._internal.execution.worker_group) are what
+    # WorkerGroupCallback.after_worker_group_start hands over; their metadata is the only record of where each rank
+    # runs once a worker has died.
+    places = {}
+    for index, worker in enumerate(worker_group.get_workers()):
+        context = worker.distributed_context
+        rank = context.world_rank if context is not None else index
+        places[rank] = (worker.metadata.node_id, worker.metadata.node_ip, int(worker.metadata.pid))
+    return places
 
 
 #: The raylet's warning that a node has started many Python worker processes ("which is 4x the maximum expected
@@ -114,6 +154,51 @@ def keep_worker_pool_warning_off_console() -> None:
 
     show_but_the_warning.drops = WORKER_POOL_WARNING  # type: ignore[attr-defined]
     ray_worker.print_to_stdstream = show_but_the_warning
+
+
+def worker_death(error: Exception) -> Exception:
+    """The error of a Ray Train worker's own death (a ``RayActorError``: the process or its node gone) inside the
+    error Ray Train reports for that worker; ``error`` itself when it wraps none."""
+    # Private: Ray Train reports a dead worker as a WorkerHealthCheckFailedError
+    # (ray.train.v2._internal.exceptions) that holds Ray's RayActorError in health_check_failure, as Ray Train's own
+    # failure policy reads it (ray.train.v2._internal.execution.worker_group.poll._is_preempted_actor).
+    return getattr(error, "health_check_failure", None) or error
+
+
+@contextlib.contextmanager
+def ray_output_to(log: Any) -> Iterator[None]:
+    """While the block runs, what Ray forwards to this driver from its processes (the workers' and actors' output and
+    tracebacks, the raylets' and the GCS's messages) goes to ``log`` (``log.write(text, source)``: a
+    :class:`nre_ray.console.RunLog`) instead of the console; the autoscaler's events (nodes added or removed) stay
+    on the console."""
+    # Private: the driver prints every forwarded batch through ray._private.worker.print_worker_logs (from the
+    # log_to_driver thread and from listen_error_messages), looked up at each call. Ray has no setting that sends
+    # them elsewhere: log_to_driver=False drops the workers' output and still prints the raylets' messages.
+    import ray._private.worker as ray_worker
+
+    show = ray_worker.print_worker_logs
+
+    def to_log(data: dict, print_file: Any, ignore_prefix: bool = False) -> None:
+        if data.get("pid") == "autoscaler":
+            show(data, print_file, ignore_prefix)
+        else:
+            log.write("\n".join(data.get("lines", [])), _ray_source(data))
+
+    ray_worker.print_worker_logs = to_log
+    try:
+        yield
+    finally:
+        ray_worker.print_worker_logs = show
+
+
+def _ray_source(data: dict) -> str:
+    """Where a forwarded batch comes from, as Ray prefixes it on a console: ``RayTrainWorker pid=123, ip=10.0.0.2``,
+    ``raylet``."""
+    pid = data.get("pid")
+    name = data.get("actor_name") or data.get("task_name")
+    where = f"{name} pid={pid}" if name else (f"pid={pid}" if str(pid).isdigit() else str(pid))
+    ip = data.get("ip")
+    return where + (f", ip={ip}" if ip and ip != data.get("localhost") else "")
 
 
 def standin_node_provider() -> type:

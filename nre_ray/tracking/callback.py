@@ -7,7 +7,9 @@ lost and the epoch is trained again. Logging the epoch's metrics here, right aft
 the worker, gives each epoch in MLflow exactly once, and only epochs a continuation starts after.
 
 The controller runs on the driver's node (Ray Train pins it there), so it hands the driver what to print through a
-file of events (:func:`nre_ray.console.append_event`): the workers up, training started, each epoch. Where the driver
+file of events (:func:`nre_ray.console.append_event`): the workers up, training started, each epoch, and each failure
+it handled: what was lost (a worker process, a node, a node preempted), which failure of how many, and the epoch and
+checkpoint the run goes on from (:func:`describe_failure`; the console prints it in one line). Where the driver
 is not on a node (a Ray Client ``ray://`` address) there is no such file and the controller prints the epoch lines
 itself (Ray forwards them to the driver with its ``(TrainController pid=...)`` prefix).
 """
@@ -19,15 +21,19 @@ from typing import Any
 
 import ray.train
 
-from nre_ray.cluster.ray_private import worker_group_callback
+from nre_ray.cluster.ray_private import failure_of, train_callback_bases, worker_death, worker_places
+from nre_ray.cluster.session import root_cause
 from nre_ray.console import NOTES_KEY, append_event, format_epoch
 
 log = logging.getLogger(__name__)
 
-# Ray Train's worker-group hooks: the console's "workers up" and "training started". On a Ray without them, the
-# console learns of the training from the first epoch only.
-WORKER_GROUP_CALLBACK = worker_group_callback()
-HAS_WORKER_GROUP_HOOKS = WORKER_GROUP_CALLBACK is not None
+# Ray Train's controller hooks: the console's "workers up", "training started" and failure lines. On a Ray without
+# them, the console learns of the training from the first epoch only.
+TRAIN_CALLBACK_BASES = train_callback_bases()
+HAS_WORKER_GROUP_HOOKS = bool(TRAIN_CALLBACK_BASES)
+#: What Ray says of an actor whose node died (lost, its raylet gone, marked dead) or was preempted.
+NODE_DIED = ("its node has died", "node it was running on is dead", "node is dead")
+NODE_PREEMPTED = "node was preempted"
 
 
 class EpochMetricsLogger(ray.train.UserCallback):
@@ -62,18 +68,144 @@ class EpochMetricsLogger(ray.train.UserCallback):
               lambda: format_epoch(metrics[0], self.epochs, self.select))
 
 
-class ConsoleEvents(WORKER_GROUP_CALLBACK or object):  # type: ignore[misc]
-    """Tells the driver's console when the worker group is up and when the training function started on it."""
+class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
+    """Tells the driver's console when the worker group is up, when the training function started on it, and of
+    each failure the controller handles (with ``--max-failures``, the run's limit, counted as Ray Train counts).
+    ``storage``: the run's storage path; ``start``: the epoch and checkpoint path the run starts from (a
+    ``--resume``), until a checkpoint is registered."""
 
-    def __init__(self, events: str | None) -> None:
-        self.events = events
+    def __init__(self, events: str | None, max_failures: int = 0, storage: str = "",
+                 start: tuple[int, str] | None = None) -> None:
+        self.events, self.max_failures, self.storage = events, max_failures, storage
+        self.latest: tuple[int, str | None] = start or (0, None)  # the latest registered checkpoint: epoch, path
+        self.places: dict[int, tuple[str, str, int]] = {}  # where each rank of the worker group runs
+        self.failures = self.preemptions = 0
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         count = len(worker_group.get_workers()) if hasattr(worker_group, "get_workers") else None
+        try:
+            self.places = worker_places(worker_group)
+        except Exception as err:  # the failure line then says less
+            log.warning("console: could not tell where the workers run: %s", err)
         _tell(self.events, {"event": "workers_started", "count": count}, None)
 
     def after_worker_group_training_start(self, worker_group: Any) -> None:
         _tell(self.events, {"event": "training_started"}, None)
+
+    def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
+        """After Ray Train registered a report: an epoch's checkpoint is the one a restart goes on from."""
+        from nre_ray.runner import _full_path
+
+        checkpoint = getattr(training_report, "checkpoint", None)
+        if checkpoint is not None and metrics and "epoch" in metrics[0]:
+            self.latest = (int(metrics[0]["epoch"]), _full_path(checkpoint.path, self.storage))
+
+    def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
+        """A restart (or a stop) after a failure: one event with what was lost and where the run goes on from."""
+        try:  # an error raised here would count as a failure of the run itself
+            found = failure_of(current_state)
+            if found is None:
+                return
+            error, goes_on = found
+            failure = describe_failure(error, self.places, _alive_nodes())
+            if failure is None:  # not a worker's failure (the worker group could not be placed: reported by fit)
+                return
+            if failure["preemption"]:
+                self.preemptions += 1
+            else:
+                self.failures += 1
+            epoch, checkpoint = self.latest
+            _tell(self.events, {"event": "failure", **failure, "goes_on": goes_on, "limit": self.max_failures,
+                                "count": self.preemptions if failure["preemption"] else self.failures,
+                                "epoch": epoch, "checkpoint": checkpoint}, None)
+        except Exception as err:
+            log.warning("console: could not describe a failure: %s", err)
+
+
+def describe_failure(error: Exception, places: dict[int, tuple[str, str, int]],
+                     alive: set[str] | None = None) -> dict[str, Any] | None:
+    """What a Ray Train failure lost, in words: ``{"kind": "lost a worker" | "lost a node" | "preemption" |
+    "a worker failed", "what": ..., "preemption": bool}``; None for a failure that is not the workers' (the worker
+    group not placed in time). ``places``: where each rank ran (:func:`nre_ray.cluster.ray_private.worker_places`);
+    ``alive``: the ids of the nodes alive now (None: unknown). A preemption is told apart as Ray Train's failure
+    policy does (it counts against its own limit, not ``--max-failures``)."""
+    import ray.train
+    from ray.exceptions import RayActorError
+
+    if isinstance(error, ray.train.PreemptionError):
+        nodes = error.preemption_info.preempted_node_to_ranks
+        what = "; ".join(f"node {_node(node_id, places, ranks)} ({_ranks(ranks)}) was preempted"
+                         for node_id, ranks in sorted(nodes.items()))
+        return {"kind": "preemption", "what": what or "a node was preempted", "preemption": True}
+    if not isinstance(error, ray.train.WorkerGroupError):
+        return None
+    failures = {rank: worker_death(err) for rank, err in error.worker_failures.items()}
+    dead = {rank: err for rank, err in sorted(failures.items()) if isinstance(err, RayActorError)}
+    if not dead:  # the training function raised: the first rank's error (the others' follow from it)
+        rank, err = min(failures.items()) if failures else (0, error)
+        return {"kind": "a worker failed", "what": f"rank {rank} raised {_one_line(err)}", "preemption": False}
+    preempted = any(err.preempted or NODE_PREEMPTED in str(err) for err in dead.values())
+    by_node: dict[str, list[int]] = {}
+    for rank in dead:
+        by_node.setdefault(places.get(rank, ("", "", 0))[0], []).append(rank)
+    gone = [node_id for node_id, ranks in by_node.items()
+            if (alive is not None and node_id and node_id not in alive)
+            or any(text in str(dead[rank]) for rank in ranks for text in NODE_DIED)]
+    if preempted or gone:
+        verb = "was preempted" if preempted else "is gone"
+        what = "; ".join(f"node {_node(node_id, places, by_node[node_id])} ({_ranks(by_node[node_id])}) {verb}"
+                         for node_id in (by_node if preempted else gone))
+        return {"kind": "preemption" if preempted else "lost a node", "what": what, "preemption": preempted}
+    what = "; ".join(f"rank {rank} ({_process(rank, places)}) {_how_it_ended(err)}" for rank, err in dead.items())
+    return {"kind": "lost a worker", "what": what, "preemption": False}
+
+
+def _how_it_ended(err: Exception) -> str:
+    """How a worker process ended, from Ray's words for it."""
+    text = str(err)
+    if "ActorUnavailableError" in type(err).__name__ or "is unavailable" in text:
+        return "stopped answering (its process or its node may be gone)"
+    if "low on memory" in text or "memory monitor" in text:
+        return "was killed by Ray's memory monitor (its node ran low on memory)"
+    if "SIGTERM" in text:
+        return "was stopped by a SIGTERM"
+    return "exited unexpectedly (killed, e.g. by SIGKILL or the out-of-memory killer, or crashed)"
+
+
+def _process(rank: int, places: dict[int, tuple[str, str, int]]) -> str:
+    node_id, ip, pid = places.get(rank, ("", "", 0))
+    return f"pid {pid} on node {ip} {node_id[:8]}" if pid else "its node unknown"
+
+
+def _node(node_id: str, places: dict[int, tuple[str, str, int]], ranks: list[int]) -> str:
+    ip = next((places[r][1] for r in ranks if r in places), "")
+    return f"{ip} {node_id[:8]}".strip() or "unknown"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in sorted(ranks))
+
+
+#: At most this many characters of a worker's error on the console (the run's log file has all of it).
+ERROR_CHARS = 200
+
+
+def _one_line(err: Exception) -> str:
+    """``TypeName: the innermost message`` of a worker's error, cut at :data:`ERROR_CHARS`."""
+    cause = root_cause(err)
+    name = type(err).__name__
+    line = cause if cause.startswith(name) or ":" in cause.split(" ", 1)[0] else f"{name}: {cause}"
+    return line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS - 3] + "..."
+
+
+def _alive_nodes() -> set[str] | None:
+    """The ids of the cluster's nodes alive now (None when Ray cannot say)."""
+    import ray
+
+    try:
+        return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+    except Exception:
+        return None
 
 
 def _tell(events: str | None, event: dict[str, Any], text: Any) -> None:

@@ -19,3 +19,76 @@ def test_a_report_of_notes_becomes_one_console_event_and_nothing_in_mlflow(tmp_p
     printed = EpochMetricsLogger(f"sqlite:///{tmp_path / 'never.db'}", "run-id", None)  # no events file (ray://)
     printed.after_report(None, [{NOTES_KEY: ["a", "b"]}], None)
     assert capsys.readouterr().out == "a\nb\n"
+
+
+# A failure, as the controller hands it over: Ray's own exception objects, Ray's words for how a worker ended.
+KILLED = ("The actor died unexpectedly before finishing this task.\n\tclass_name: RayTrainWorker\n\tpid: 20062\n"
+          "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+          "Worker unexpectedly exits with a connection error code 2. End of file.")
+NODE_DIED = "The actor died because its node has died. Node Id: 5e7bc755\n\tthe actor's node was terminated"
+GLOO = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:17795: Connection reset by peer")
+PLACES = {0: ("aaaa1111bbbb", "10.0.0.1", 100), 1: ("cccc2222dddd", "10.0.0.2", 20062)}
+
+
+def _group_error(failures: dict) -> Exception:
+    import ray.train
+
+    return ray.train.WorkerGroupError("worker errors", failures)
+
+
+def test_a_killed_worker_a_lost_node_a_preemption_and_an_error_are_told_apart():
+    from ray.exceptions import RayActorError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from nre_ray.tracking.callback import describe_failure
+
+    # Ray Train reports a dead worker's RayActorError inside its health check's error
+    dead = WorkerHealthCheckFailedError("Worker health check failed.", RayActorError("a1", KILLED))
+    killed = describe_failure(_group_error({0: GLOO, 1: dead}), PLACES, {"aaaa1111bbbb", "cccc2222dddd"})
+    assert killed == {"kind": "lost a worker", "preemption": False,
+                      "what": "rank 1 (pid 20062 on node 10.0.0.2 cccc2222) exited unexpectedly (killed, e.g. by "
+                              "SIGKILL or the out-of-memory killer, or crashed)"}
+    # the node is no longer alive: the same words are a lost node; Ray's own words say so too
+    for alive, text in (({"aaaa1111bbbb"}, KILLED), (None, NODE_DIED)):
+        lost = describe_failure(_group_error({0: GLOO, 1: RayActorError("a1", text)}), PLACES, alive)
+        assert lost == {"kind": "lost a node", "what": "node 10.0.0.2 cccc2222 (rank 1) is gone", "preemption": False}
+    preempted = describe_failure(_group_error({1: RayActorError("a1", KILLED, preempted=True)}), PLACES, None)
+    assert preempted == {"kind": "preemption", "what": "node 10.0.0.2 cccc2222 (rank 1) was preempted",
+                         "preemption": True}
+    raised = describe_failure(_group_error({0: OSError(28, "No space left on device")}), PLACES, None)
+    assert raised["kind"] == "a worker failed" and "rank 0 raised" in raised["what"] \
+        and "No space left on device" in raised["what"]
+    term = describe_failure(_group_error({1: RayActorError("a1", "Worker exits: received SIGTERM")}), {}, None)
+    assert term["what"] == "rank 1 (its node unknown) was stopped by a SIGTERM"
+    assert describe_failure(RuntimeError("not a worker group's failure"), PLACES, None) is None
+
+
+def test_each_restart_is_one_failure_event_with_its_count_and_the_checkpoint_it_goes_on_from(tmp_path):
+    """ConsoleEvents hears of the controller's restarts through its real state objects."""
+    from types import SimpleNamespace
+
+    from ray.exceptions import RayActorError
+    from ray.train.v2._internal.execution.controller.state import (
+        ErroredState,
+        RestartingState,
+        RunningState,
+        ShuttingDownState,
+    )
+
+    from nre_ray.tracking.callback import ConsoleEvents
+
+    events = tmp_path / "events.jsonl"
+    callback = ConsoleEvents(str(events), max_failures=1, storage=str(tmp_path), start=(2, "/runs/r/checkpoint_a"))
+    callback.places = PLACES
+    error = _group_error({0: GLOO, 1: RayActorError("a1", KILLED)})
+    callback.after_controller_state_update(RunningState(), RestartingState(training_failed_error=error))
+    callback.after_report(SimpleNamespace(checkpoint=SimpleNamespace(path=str(tmp_path / "checkpoint_b"))),
+                          [{"epoch": 4}, {"epoch": 4}])
+    callback.after_report(SimpleNamespace(checkpoint=None), [{"notes": ["x"]}])  # a report without a checkpoint
+    callback.after_controller_state_update(RunningState(), RunningState())  # not a failure
+    callback.after_controller_state_update(
+        RunningState(), ShuttingDownState(next_state=ErroredState(training_failed_error=error)))
+    sent = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [(e["count"], e["limit"], e["goes_on"], e["epoch"], e["checkpoint"]) for e in sent] == [
+        (1, 1, True, 2, "/runs/r/checkpoint_a"), (2, 1, False, 4, str(tmp_path / "checkpoint_b"))]
+    assert sent[0]["kind"] == "lost a worker" and "rank 1" in sent[0]["what"]
