@@ -129,6 +129,20 @@ def test_ctrl_c_then_resume_then_a_killed_worker_all_in_one_mlflow_run(tmp_path,
     text = log2.read_text()
     assert f"resuming run 'faults' (MLflow run {run.info.run_id}) after epoch {interrupted_at}" in text
     assert f"resuming after epoch {interrupted_at} from" in text  # the resumed worker group
+    # The killed worker is one plain line: what was lost, which failure of how many, where the run goes on from.
+    # Ray's and gloo's messages and tracebacks are in the run's log file, not on the console.
+    failures = [line for line in text.splitlines() if "--max-failures" in line]
+    assert len(failures) == 1, failures
+    said = re.search(rf"\] lost a worker: rank \d \(pid {workers[-1]} on node [^)]+\) exited unexpectedly \(killed, "
+                     rf"[^)]+\); failure 1 of --max-failures 1; going on from epoch (\d+), checkpoint "
+                     rf"{re.escape(str(run_dir))}/checkpoint_\S+$", failures[0])
+    assert said, failures[0]
+    for noise in ("Traceback", "Connection reset by peer", "ActorDiedError", "ActorUnavailableError", "(raylet)",
+                  "pid=", "gloo"):
+        assert noise not in text, (noise, text[-3000:])
+    assert f"Ray's own messages (its processes' output, tracebacks) go to {run_dir / 'ray_output.log'}" in text
+    details = (run_dir / "ray_output.log").read_text()
+    assert "Traceback" in details and f"Worker PID: {workers[-1]}" in details, details[-3000:]
     client, run = _the_run(tmp_path)  # still exactly one MLflow run
     assert json.loads(summary.read_text())["run_id"] == run.info.run_id
     assert run.info.status == "FINISHED"
@@ -136,7 +150,8 @@ def test_ctrl_c_then_resume_then_a_killed_worker_all_in_one_mlflow_run(tmp_path,
     assert json.loads(run.data.tags["nre_ray.resume_changes"]) == {"train.max_failures": "0 -> 1"}
     restarted_from = int(run.data.tags["nre_ray.resumed_from_epoch"])  # set by rank 0 of the replacement group
     assert killed_after <= restarted_from < epochs
-    assert f"resuming after epoch {restarted_from} from" in text
+    assert int(said.group(1)) == restarted_from  # the failure line said where the replacement group started
+    assert "logs/ray_output.log" in {a.path for a in client.list_artifacts(run.info.run_id, "logs")}
     assert run.data.params["train.epochs"] == str(epochs) and run.data.params["train.max_failures"] == "0"
     _check_history(_epoch_steps(client, run.info.run_id), epochs)
     assert "test/macro_f1" in run.data.metrics
