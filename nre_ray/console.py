@@ -407,8 +407,9 @@ def format_failure(event: dict[str, Any]) -> str:
     :class:`nre_ray.tracking.callback.ConsoleEvents`): what was lost, which failure of how many, and the epoch and
     checkpoint the run goes on from (or that it stops)::
 
-        lost a worker: rank 1 (pid 2731 on node 10.0.0.2 5e7bc755) exited unexpectedly (killed, e.g. by SIGKILL or
-        the out-of-memory killer, or crashed); failure 1 of --max-failures 2; going on from epoch 3, checkpoint PATH
+        lost a worker: rank 1 (pid 2731 on node 10.0.0.2 (id ...5e7bc755)) exited unexpectedly (killed, e.g. by
+        SIGKILL or the out-of-memory killer, or crashed); failure 1 of --max-failures 2; going on from epoch 3,
+        checkpoint PATH
     """
     count, limit, goes_on = int(event.get("count") or 1), int(event.get("limit") or 0), bool(event.get("goes_on"))
     if event.get("preemption"):

@@ -176,7 +176,8 @@ def _run(cfg: Config, started: float | None) -> dict[str, Any]:
         target = resolve_target(cfg)  # checks first: nothing has started yet if one fails
         log_path = run_log_path(cfg, target)
         if log_path:
-            step.note(f"Ray's own messages (its processes' output, tracebacks) go to {log_path}")
+            step.note(f"Ray's own messages (its processes' output, tracebacks) go to {log_path}, and to the MLflow "
+                      f"run (logs/{RUN_LOG}) when it ends")
         step.done(f"run {target.run_name!r}; checkpoints in {target.storage}")
     with _ray_output_logged(log_path) as run_log:
         return _train(cfg, target, started, imported, run_log)

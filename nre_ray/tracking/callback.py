@@ -107,7 +107,7 @@ class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
             if found is None:
                 return
             error, goes_on = found
-            failure = describe_failure(error, self.places, _alive_nodes())
+            failure = describe_failure(error, self.places, _alive_nodes({node for node, _, _ in self.places.values()}))
             if failure is None:  # not a worker's failure (the worker group could not be placed: reported by fit)
                 return
             if failure["preemption"]:
@@ -134,7 +134,7 @@ def describe_failure(error: Exception, places: dict[int, tuple[str, str, int]],
 
     if isinstance(error, ray.train.PreemptionError):
         nodes = error.preemption_info.preempted_node_to_ranks
-        what = "; ".join(f"node {_node(node_id, places, ranks)} ({_ranks(ranks)}) was preempted"
+        what = "; ".join(f"node {_node(node_id, places, ranks, _ranks(ranks))} was preempted"
                          for node_id, ranks in sorted(nodes.items()))
         return {"kind": "preemption", "what": what or "a node was preempted", "preemption": True}
     if not isinstance(error, ray.train.WorkerGroupError):
@@ -153,7 +153,7 @@ def describe_failure(error: Exception, places: dict[int, tuple[str, str, int]],
             or any(text in str(dead[rank]) for rank in ranks for text in NODE_DIED)]
     if preempted or gone:
         verb = "was preempted" if preempted else "is gone"
-        what = "; ".join(f"node {_node(node_id, places, by_node[node_id])} ({_ranks(by_node[node_id])}) {verb}"
+        what = "; ".join(f"node {_node(node_id, places, by_node[node_id], _ranks(by_node[node_id]))} {verb}"
                          for node_id in (by_node if preempted else gone))
         return {"kind": "preemption" if preempted else "lost a node", "what": what, "preemption": preempted}
     what = "; ".join(f"rank {rank} ({_process(rank, places)}) {_how_it_ended(err)}" for rank, err in dead.items())
@@ -173,13 +173,16 @@ def _how_it_ended(err: Exception) -> str:
 
 
 def _process(rank: int, places: dict[int, tuple[str, str, int]]) -> str:
-    node_id, ip, pid = places.get(rank, ("", "", 0))
-    return f"pid {pid} on node {ip} {node_id[:8]}" if pid else "its node unknown"
+    """``pid 20062 on node 10.0.0.2 (id ...5e7bc755)``."""
+    node_id, _, pid = places.get(rank, ("", "", 0))
+    return f"pid {pid} on node {_node(node_id, places, [rank])}" if pid else "its node unknown"
 
 
-def _node(node_id: str, places: dict[int, tuple[str, str, int]], ranks: list[int]) -> str:
-    ip = next((places[r][1] for r in ranks if r in places), "")
-    return f"{ip} {node_id[:8]}".strip() or "unknown"
+def _node(node_id: str, places: dict[int, tuple[str, str, int]], ranks: list[int], *more: str) -> str:
+    """``10.0.0.2 (id ...5e7bc755, MORE)``: the node's IP and the end of its id (nodes on one host share an IP)."""
+    ip = next((places[r][1] for r in ranks if r in places), "") or "unknown"
+    details = [f"id ...{node_id[-8:]}"] if node_id else []
+    return f"{ip} ({', '.join([*details, *more])})" if details or more else ip
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -198,14 +201,33 @@ def _one_line(err: Exception) -> str:
     return line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS - 3] + "..."
 
 
-def _alive_nodes() -> set[str] | None:
-    """The ids of the cluster's nodes alive now (None when Ray cannot say)."""
+#: How long the check of a node's raylet waits for it to answer (a node that vanished does not refuse, it is silent).
+RAYLET_ANSWER_S = 2.0
+
+
+def _alive_nodes(ours: set[str]) -> set[str] | None:
+    """The ids of the cluster's nodes alive now (None when Ray cannot say). Of ``ours`` (the nodes the worker group
+    ran on), a node counts as alive only while its raylet answers: Ray marks a lost node dead only after its health
+    checks have failed for a while, and a worker's death is seen before that."""
+    import socket
+
     import ray
 
     try:
-        return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
     except Exception:
         return None
+    alive = set()
+    for node in nodes:
+        if node["NodeID"] in ours:
+            try:
+                with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
+                                              timeout=RAYLET_ANSWER_S):
+                    pass
+            except (OSError, KeyError, ValueError):
+                continue
+        alive.add(node["NodeID"])
+    return alive
 
 
 def _tell(events: str | None, event: dict[str, Any], text: Any) -> None:

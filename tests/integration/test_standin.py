@@ -157,7 +157,16 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster,
     assert run.info.status == "FINISHED" and "nre_ray.resumed_from_epoch" in run.data.tags, text[-3000:]
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "epoch/valid_macro_f1")]
     assert sorted(steps) == [1, 2, 3, 4, 5, 6], steps  # every epoch logged once, in the same run
-    assert "resuming after epoch" in text
+    # One plain line for the lost node (what, failure 1 of 2, where the run goes on from); Ray's, gloo's and the
+    # GCS's messages about it are in the run's log file, not in the job's log.
+    failures = [line for line in text.splitlines() if "; failure " in line]
+    assert len(failures) == 1, failures
+    assert re.search(r"\] lost a node: node \S+ \(id \.\.\.\w{8}, ranks? [\d, ]+\) is gone; failure 1 of "
+                     r"--max-failures 2; going on from epoch [1-5], checkpoint s3://nre-ray/nre_ray/checkpoints/standin-lost-node/"
+                     r"checkpoint_\S+$", failures[0]), failures[0]
+    for noise in ("Traceback", "Connection reset by peer", "ActorDiedError", "ActorUnavailableError", "marked dead",
+                  "(raylet)", "gcs_server", "pid="):
+        assert noise not in text, (noise, text[-3000:])
     # The autoscaler started a node in place of the lost one (3 workers: the head holds one, two need nodes).
     replaced = wait_for("a replacement node", lambda: set(standin.worker_nodes(cluster)) - before, 60)
     assert lost not in standin.worker_nodes(cluster) and replaced

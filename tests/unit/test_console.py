@@ -171,15 +171,15 @@ def test_a_failure_is_one_plain_line_and_the_restart_says_no_more():
     view = TrainingView(Console(out, tty=False), "2 worker(s)", epochs=4, select="macro_f1")
     view.handle({"event": "workers_started", "count": 2})
     view.handle({"event": "epoch", "metrics": _epoch(1, True, 1)})
-    view.handle({"event": "failure", "kind": "lost a worker", "what": "rank 1 (pid 7 on node 10.0.0.2 cccc2222) "
-                 "exited unexpectedly", "count": 1, "limit": 2, "goes_on": True, "epoch": 1,
-                 "checkpoint": "/runs/r/checkpoint_1"})
+    view.handle({"event": "failure", "kind": "lost a worker",
+                 "what": "rank 1 (pid 7 on node 10.0.0.2 (id ...2222dddd)) exited unexpectedly", "count": 1,
+                 "limit": 2, "goes_on": True, "epoch": 1, "checkpoint": "/runs/r/checkpoint_1"})
     view.handle({"event": "workers_started", "count": 2})
     view.handle({"event": "notes", "lines": ["resuming after epoch 1 from /runs/r/checkpoint_1"]})  # said above
     view.handle({"event": "epoch", "metrics": _epoch(2, True, 2)})
     view.close()
     lines = [line.split("] ", 1)[-1] for line in out.getvalue().splitlines()]
-    assert ("lost a worker: rank 1 (pid 7 on node 10.0.0.2 cccc2222) exited unexpectedly; failure 1 of "
+    assert ("lost a worker: rank 1 (pid 7 on node 10.0.0.2 (id ...2222dddd)) exited unexpectedly; failure 1 of "
             "--max-failures 2; going on from epoch 1, checkpoint /runs/r/checkpoint_1") in lines
     assert "workers: 2 started again" in lines and not any("resuming after" in line for line in lines)
 
@@ -187,10 +187,10 @@ def test_a_failure_is_one_plain_line_and_the_restart_says_no_more():
 def test_the_failure_line_counts_against_the_limit_or_says_the_run_stops():
     from nre_ray.console import format_failure
 
-    event = {"kind": "lost a node", "what": "node 10.0.0.2 cccc2222 (ranks 1, 2) is gone", "count": 2, "limit": 1,
-             "goes_on": False, "epoch": 3, "checkpoint": "s3://b/r/checkpoint_3"}
-    assert format_failure(event) == ("lost a node: node 10.0.0.2 cccc2222 (ranks 1, 2) is gone; failure 2, more "
-                                     "than --max-failures 1 allows; the run stops; continue it from epoch 3 with "
+    event = {"kind": "lost a node", "what": "node 10.0.0.2 (id ...2222dddd, ranks 1, 2) is gone", "count": 2,
+             "limit": 1, "goes_on": False, "epoch": 3, "checkpoint": "s3://b/r/checkpoint_3"}
+    assert format_failure(event) == ("lost a node: node 10.0.0.2 (id ...2222dddd, ranks 1, 2) is gone; failure 2, "
+                                     "more than --max-failures 1 allows; the run stops; continue it from epoch 3 with "
                                      "--resume")
     assert format_failure({**event, "goes_on": True, "limit": -1, "count": 3, "checkpoint": None}).endswith(
         "failure 3 (--max-failures -1: no limit); going on from the start (no checkpoint yet)")

@@ -46,14 +46,15 @@ def test_a_killed_worker_a_lost_node_a_preemption_and_an_error_are_told_apart():
     dead = WorkerHealthCheckFailedError("Worker health check failed.", RayActorError("a1", KILLED))
     killed = describe_failure(_group_error({0: GLOO, 1: dead}), PLACES, {"aaaa1111bbbb", "cccc2222dddd"})
     assert killed == {"kind": "lost a worker", "preemption": False,
-                      "what": "rank 1 (pid 20062 on node 10.0.0.2 cccc2222) exited unexpectedly (killed, e.g. by "
-                              "SIGKILL or the out-of-memory killer, or crashed)"}
+                      "what": "rank 1 (pid 20062 on node 10.0.0.2 (id ...2222dddd)) exited unexpectedly (killed, "
+                              "e.g. by SIGKILL or the out-of-memory killer, or crashed)"}
     # the node is no longer alive: the same words are a lost node; Ray's own words say so too
     for alive, text in (({"aaaa1111bbbb"}, KILLED), (None, NODE_DIED)):
         lost = describe_failure(_group_error({0: GLOO, 1: RayActorError("a1", text)}), PLACES, alive)
-        assert lost == {"kind": "lost a node", "what": "node 10.0.0.2 cccc2222 (rank 1) is gone", "preemption": False}
+        assert lost == {"kind": "lost a node", "what": "node 10.0.0.2 (id ...2222dddd, rank 1) is gone",
+                        "preemption": False}
     preempted = describe_failure(_group_error({1: RayActorError("a1", KILLED, preempted=True)}), PLACES, None)
-    assert preempted == {"kind": "preemption", "what": "node 10.0.0.2 cccc2222 (rank 1) was preempted",
+    assert preempted == {"kind": "preemption", "what": "node 10.0.0.2 (id ...2222dddd, rank 1) was preempted",
                          "preemption": True}
     raised = describe_failure(_group_error({0: OSError(28, "No space left on device")}), PLACES, None)
     assert raised["kind"] == "a worker failed" and "rank 0 raised" in raised["what"] \
