@@ -452,6 +452,7 @@ class TrainingView:
         self.last: dict[str, Any] | None = None
         self.starts = 0
         self._restarted = False  # a failure line said where the next worker group starts from
+        self.stopped = False  # a failure line said the run stops
         self._phase: Phase | None = Phase(console, "workers", f"starting {workers}")
         self._bar: Progress | None = None
 
@@ -478,7 +479,7 @@ class TrainingView:
             self.add(event.get("metrics", {}))
         elif kind == "failure":
             self.console.line(format_failure(event))
-            self._restarted = bool(event.get("goes_on"))
+            self._restarted, self.stopped = bool(event.get("goes_on")), not event.get("goes_on")
         elif kind == "notes":
             for text in event.get("lines", []):
                 if not (self._restarted and str(text).startswith(RESUME_NOTE)):  # the failure line said it

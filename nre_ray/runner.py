@@ -576,7 +576,9 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
                              f"{within} (--placement-timeout): the cluster did not get the nodes in time. Check "
                              "`ray status` (pending or failed nodes), raise --placement-timeout, or ask for fewer "
                              "workers.") from None
-        raise UsageError(f"training failed: {root_cause(err)}") from None
+        said = "training failed (the line above says what was lost)" if view and view.stopped \
+            else f"training failed: {root_cause(err)}"
+        raise UsageError(said + (f"; the full error is in {run_log.path}" if run_log else "")) from None
     finally:
         if view:
             view.close(failed=True)  # (nothing if closed above)

@@ -182,6 +182,10 @@ def test_a_failure_is_one_plain_line_and_the_restart_says_no_more():
     assert ("lost a worker: rank 1 (pid 7 on node 10.0.0.2 (id ...2222dddd)) exited unexpectedly; failure 1 of "
             "--max-failures 2; going on from epoch 1, checkpoint /runs/r/checkpoint_1") in lines
     assert "workers: 2 started again" in lines and not any("resuming after" in line for line in lines)
+    assert not view.stopped  # it went on: the run's error, if any, is not this failure's
+    last = TrainingView(Console(io.StringIO(), tty=False), "2 worker(s)", epochs=4, select="macro_f1")
+    last.handle({"event": "failure", "kind": "lost a worker", "what": "rank 1", "count": 2, "limit": 1})
+    assert last.stopped  # the run's error then points at this line
 
 
 def test_the_failure_line_counts_against_the_limit_or_says_the_run_stops():
