@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 
 from nre_ray import console
 from nre_ray.console import Console, EventFollower, TrainingView, append_event, format_epoch
@@ -200,3 +201,30 @@ def test_the_failure_line_counts_against_the_limit_or_says_the_run_stops():
         "failure 3 (--max-failures -1: no limit); going on from the start (no checkpoint yet)")
     assert "preemption 1 (preemptions do not count against --max-failures); going on from epoch 3" in \
         format_failure({**event, "kind": "preemption", "preemption": True, "count": 1, "goes_on": True})
+
+
+def test_what_ray_forwards_goes_to_the_run_log(tmp_path, capsys):
+    """The driver's printer of Ray's forwarded batches (the workers' output, the raylets' messages) writes into the
+    run's log file while the block runs, and is Ray's own again afterwards. (The autoscaler's events, which Ray
+    formats only when connected, stay on the console: tests/integration/test_standin.py sees them there.)"""
+    import ray._private.worker as ray_worker
+
+    from nre_ray.cluster.ray_private import ray_output_to
+    from nre_ray.console import RunLog
+
+    log = RunLog(tmp_path / "run" / "ray_output.log")
+    original = ray_worker.print_worker_logs
+    worker = {"lines": ["Traceback (most recent call last):", "RuntimeError: Connection reset by peer"],
+              "pid": 4242, "actor_name": "RayTrainWorker", "ip": "10.0.0.2", "localhost": "10.0.0.1", "is_err": True}
+    with ray_output_to(log):
+        ray_worker.print_worker_logs(worker, sys.stderr)
+        ray_worker.print_worker_logs({"lines": ["A worker died or was killed"], "pid": "raylet"}, sys.stdout)
+    assert ray_worker.print_worker_logs is original
+    log.close()
+    printed = capsys.readouterr()
+    assert printed.out == printed.err == ""
+    lines = (tmp_path / "run" / "ray_output.log").read_text().splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "(RayTrainWorker pid=4242, ip=10.0.0.2) Traceback (most recent call last):",
+        "(RayTrainWorker pid=4242, ip=10.0.0.2) RuntimeError: Connection reset by peer",
+        "(raylet) A worker died or was killed"]
