@@ -1,0 +1,45 @@
+"""The fault drill of docs/faults.md in its small form: ``scripts/fault_drill.py`` starts 3 runs at once in a new
+folder (one MLflow store, which the runs themselves create at the same moment; one storage path), each with its own
+local Ray and 1 worker, strikes 4 faults (a SIGKILL and a SIGINT to a driver, a SIGKILL and a SIGINT to a worker),
+continues the stopped runs with ``--resume``, and checks that nothing was lost and nothing left behind. Every check
+of the drill must pass."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.procs import env
+
+pytestmark = pytest.mark.integration
+DRILL = Path(__file__).resolve().parents[2] / "scripts" / "fault_drill.py"
+SEED = 1  # its faults: each kind once, struck at moments from Ray's start to the last epoch (see the drill's table)
+
+
+@pytest.mark.timeout(300)
+def test_the_small_fault_drill_loses_nothing(tmp_path, capsys):
+    out = tmp_path / "drill.json"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(DRILL), "--runs", "3", "--faults", "4", "--epochs", "2",
+                           "--seed", str(SEED), "--work-dir", str(tmp_path / "work"), "--json", str(out),
+                           "--timeout", "240"],
+                          capture_output=True, text=True, env=env(), timeout=290, check=False)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["ok"] and [c["check"] for c in result["checks"] if not c["ok"]] == []
+    struck = [f for f in result["faults"] if f["at_s"] is not None]
+    assert {(f["target"], f["signal"]) for f in struck} == {("driver", "SIGKILL"), ("driver", "SIGINT"),
+                                                            ("worker", "SIGKILL"), ("worker", "SIGINT")}, struck
+    assert [run["status"] for run in result["runs"]] == ["FINISHED"] * 3
+    assert all(run["lost"] == [] for run in result["runs"])
+    # the commands a fault stopped were continued: more commands than runs
+    assert sum(len(run["commands"]) for run in result["runs"]) > 3
+    with capsys.disabled():
+        print(f"\nfault drill: {len(struck)} faults, 3 runs, {seconds:.0f} s\n{done.stdout[-3000:]}")
+    assert seconds < 180, f"the drill's small form took {seconds:.0f} s (bound: 3 minutes on 2 cores)"
