@@ -147,7 +147,7 @@ def remove_stale(root: Path | str) -> None:
         if match is None:
             continue
         if match["host"] == HOST:
-            stale = not _process_alive(int(match["pid"]))
+            stale = not process_alive(int(match["pid"]))
         else:
             stale = time.time() - _last_change(entry) > PRIVATE_MAX_AGE
         if stale:
@@ -158,7 +158,8 @@ def remove_stale(root: Path | str) -> None:
                 log.warning("cannot remove %s (%s)", entry, err)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """True while a process ``pid`` runs on this machine (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -253,12 +253,18 @@ def _ray_output_logged(path: str | None) -> Iterator[console.RunLog | None]:
         run_log.close()
 
 
+#: The name of an events file starts so, then the driver's process id and ``_``.
+EVENTS_PREFIX = "nre_ray_events_"
+
+
 def _events_file(cfg: Config) -> str | None:
     """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking.callback`), or None
-    under a Ray Client address (``ray://``: the controller's node is not this machine)."""
+    under a Ray Client address (``ray://``: the controller's node is not this machine). Named after this process,
+    so that the files of drivers that are gone (killed: they could not remove theirs) are removed here first."""
     if resolve_address(cfg.run.address).kind == "client":
         return None
-    handle, path = tempfile.mkstemp(prefix="nre_ray_events_", suffix=".jsonl")
+    remove_stale_events(Path(tempfile.gettempdir()))
+    handle, path = tempfile.mkstemp(prefix=f"{EVENTS_PREFIX}{os.getpid()}_", suffix=".jsonl")
     os.close(handle)
     return path
 
@@ -268,6 +274,16 @@ def default_run_name(prefix: str) -> str:
     in the same second, in one folder or on one storage path, still get names (and checkpoint folders) of their
     own."""
     return f"{prefix}-{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+def remove_stale_events(folder: Path) -> None:
+    """Remove the events files in ``folder`` whose driver no longer runs on this machine."""
+    from nre_ray.buildonce import process_alive
+
+    for path in folder.glob(f"{EVENTS_PREFIX}*_*.jsonl"):
+        pid = path.name[len(EVENTS_PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            path.unlink(missing_ok=True)
 
 
 def resolve_target(cfg: Config) -> Target:
