@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -565,7 +566,8 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     status, cwd = "FAILED", os.getcwd()
     try:
         with console.EventFollower(events, view.handle) if view else contextlib.nullcontext():
-            result = trainer.fit()
+            with _sigint_restored():
+                result = trainer.fit()
         restore_cwd(cwd)
         if view:
             view.close()
@@ -636,6 +638,21 @@ def _log_run_log(run_log: console.RunLog, tracking_uri: str, run_id: str) -> Non
             tracking.MlflowTracker(tracking_uri, run_id).log_artifact(copy, "logs")
     except Exception as err:  # the run's result matters more than its log
         log.warning("MLflow: could not log the run's log file %s: %s", run_log.path, err)
+
+
+@contextlib.contextmanager
+def _sigint_restored() -> Iterator[None]:
+    """Around ``trainer.fit()``: Ray Train installs its own SIGINT handler (abort the run) and leaves it in place
+    when fit returns, so a Ctrl-C while the model is logged did nothing. Put back the handler from before (Python's
+    KeyboardInterrupt). Only the main thread sets handlers (a sweep's trials fit in others)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _full_path(path: str, storage: str) -> str:

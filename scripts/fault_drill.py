@@ -189,6 +189,7 @@ class Fault:
     pid: int | None = None
     result: str = "not struck: the run ended before its moment"
     ignored: bool = False  # the process ignores that signal
+    late: bool = False  # struck after the command had printed its summary
     restarts_before: int = 0  # worker-group restarts of the command before it struck
 
 
@@ -367,7 +368,8 @@ class Drill:
         run.offset += end
         for line in chunk[:end].decode(errors="replace").splitlines():
             phase = PHASE_LINE.match(line)
-            name = phase[1] if phase else "epoch" if EPOCH_LINE.match(line) else None
+            name = phase[1] if phase else "epoch" if EPOCH_LINE.match(line) else \
+                "summary" if line.startswith(f"run {run.name} (MLflow run ") else None
             if name is not None:
                 run.seen.setdefault(name, time.monotonic())
             run.restarts += RESTART in line
@@ -398,6 +400,7 @@ class Drill:
             attempt = run.attempts[-1]
             fault.attempt, fault.at_s, fault.pid = attempt.number, round(self.now(), 1), target.pid
             fault.result, fault.ignored, fault.restarts_before = "struck", ignored, run.restarts
+            fault.late = "summary" in run.seen
             attempt.faults.append(fault.number)
 
     def ended(self, run: Run) -> None:
@@ -423,6 +426,8 @@ class Drill:
                 fault.result = "none: the worker went on"
             else:
                 fault.result = f"no restart; the command exited {attempt.exit}"
+        if driver is not None:
+            self.check_driver_fault(run, attempt, driver)
         if attempt.exit == 0:
             run.done = True
             return
@@ -434,15 +439,7 @@ class Drill:
             attempt.note = "stopped before MLflow had the run: started again without --resume"
             self.start(run, resume=False)
             return
-        expected = {"SIGINT": (130, {"KILLED", "FINISHED", None}), "SIGKILL": (-signal.SIGKILL, {"RUNNING", None})}
-        if driver is not None:
-            code, statuses = expected[driver.signal]
-            driver.result = f"exit {attempt.exit}, MLflow {attempt.status_after or 'no run yet'}"
-            if attempt.exit != code or attempt.status_after not in statuses:
-                self.problems.append(f"{run.name} command {attempt.number}: after a {driver.signal} to the driver it "
-                                     f"exited {attempt.exit} with the MLflow run {attempt.status_after} (expected "
-                                     f"exit {code}, {' or '.join(sorted(s for s in statuses if s))})")
-        elif len([f for f in workers if not f.ignored]) <= self.args.max_failures:
+        if driver is None and len([f for f in workers if not f.ignored]) <= self.args.max_failures:
             error = next((line for line in reversed(text.splitlines()) if line.startswith("error:")), "")
             run.problem = f"command {attempt.number} exited {attempt.exit} without a fault that explains it: " \
                           f"{error or 'see ' + attempt.log}"
@@ -453,6 +450,22 @@ class Drill:
             run.done = True
             return
         self.start(run, resume=True)
+
+    def check_driver_fault(self, run: Run, attempt: Attempt, fault: Fault) -> None:
+        """A command whose driver got a fault must have ended as docs/faults.md says: a SIGINT (Ctrl-C) stops it with
+        exit 130 and the MLflow run KILLED (FINISHED if it had closed the run; exit 0 too if the summary was printed
+        already); a SIGKILL leaves the run RUNNING for --resume (FINISHED if it had closed it)."""
+        if fault.signal == "SIGINT":
+            allowed = [(130, {"KILLED", "FINISHED", None})] + ([(0, {"FINISHED"})] if fault.late else [])
+        else:
+            allowed = [(-signal.SIGKILL, {"RUNNING", "FINISHED", None})]
+        fault.result = f"exit {attempt.exit}, MLflow {attempt.status_after or 'no run yet'}"
+        if not any(attempt.exit == code and attempt.status_after in statuses for code, statuses in allowed):
+            expected = " or ".join(f"exit {code} with {'/'.join(sorted(s or 'no run' for s in statuses))}"
+                                   for code, statuses in allowed)
+            self.problems.append(f"{run.name} command {attempt.number}: after a {fault.signal} to the driver "
+                                 f"({fault.moment} +{fault.delay_s:g} s) it exited {attempt.exit} with the MLflow "
+                                 f"run {attempt.status_after or 'not created'} (expected {expected})")
 
     def status(self, run_id: str) -> str | None:
         """The MLflow run's status (None when the store cannot tell)."""
@@ -642,6 +655,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    sys.path.insert(0, str(REPO))  # the checks read the store with this checkout's nre_ray, as the runs use it
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="nre_ray_drill_"))).absolute()
     work.mkdir(parents=True, exist_ok=True)
     become_subreaper()
