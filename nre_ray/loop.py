@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from nre_ray import metrics as M
+from nre_ray import tempfiles
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.cluster.ray_private import in_local_train_mode
 from nre_ray.config import Config
@@ -272,6 +273,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """
     entered = time.time()
     cfg = Config.from_dict(loop_config["config"])
+    tempfiles.remove_stale()  # what killed workers left on this machine (a checkpoint save cut short, say)
     # One progress line per epoch, not Ray's per-report INFO logs (some go to the root logger under a file name).
     logging.getLogger().setLevel(logging.WARNING)
     data = _arrays(loop_config["data"])
@@ -454,7 +456,7 @@ def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: tor
         "best_model": None if state["best_epoch"] == epoch else state["best_model"],
     }
     # Ray copies the folder to storage and then deletes it; in local mode (num_workers=0) the folder is the checkpoint.
-    folder = tempfile.mkdtemp(prefix="nre_ray_ckpt_")
+    folder = tempfile.mkdtemp(prefix=tempfiles.prefix("ckpt"))
     save_checkpoint(Path(folder), full_state, cfg, vocab, labels, _meta(cfg, spec, epoch), assets)
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder),
                      delete_local_checkpoint_after_upload=True)
@@ -476,7 +478,7 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
     final = {f"{name}_{k}": _finite(v) for name, (_, s) in results.items() for k, v in s.items()}
     tracker.log_metrics({"best_epoch": state["best_epoch"], **{k: v for k, v in final.items()
                                                                if k.startswith("test_")}}, step=state["best_epoch"])
-    with tempfile.TemporaryDirectory(prefix="nre_ray_report_") as tmp:
+    with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("report")) as tmp:
         folder = Path(tmp)
         from nre_ray.tracking import reports  # matplotlib: imported when the run ends, not while the workers start
 
@@ -485,7 +487,7 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
             reports.plot_confusion_matrix(cm, labels, folder / f"{name}_confusion_matrix.png",
                                           f"{name} (best epoch {state['best_epoch']})")
         tracker.log_artifacts(folder, "reports")
-    with tempfile.TemporaryDirectory(prefix="nre_ray_best_") as tmp:
+    with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("best")) as tmp:
         best = {"model": state["best_model"], "epoch": state["best_epoch"], "best_score": state["best_score"],
                 "best_epoch": state["best_epoch"], "metrics": final}
         save_checkpoint(Path(tmp), best, cfg, vocab, labels, _meta(cfg, spec, state["best_epoch"]), assets)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nre_ray import console
+from nre_ray import console, tempfiles
 from nre_ray.cluster.session import (
     Resources,
     UsageError,
@@ -254,18 +254,14 @@ def _ray_output_logged(path: str | None) -> Iterator[console.RunLog | None]:
         run_log.close()
 
 
-#: The name of an events file starts so, then the driver's process id and ``_``.
-EVENTS_PREFIX = "nre_ray_events_"
-
-
 def _events_file(cfg: Config) -> str | None:
     """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking.callback`), or None
-    under a Ray Client address (``ray://``: the controller's node is not this machine). Named after this process,
-    so that the files of drivers that are gone (killed: they could not remove theirs) are removed here first."""
+    under a Ray Client address (``ray://``: the controller's node is not this machine). Temporaries that killed
+    commands left in the temporary folder are removed first (:mod:`nre_ray.tempfiles`)."""
     if resolve_address(cfg.run.address).kind == "client":
         return None
-    remove_stale_events(Path(tempfile.gettempdir()))
-    handle, path = tempfile.mkstemp(prefix=f"{EVENTS_PREFIX}{os.getpid()}_", suffix=".jsonl")
+    tempfiles.remove_stale()
+    handle, path = tempfile.mkstemp(prefix=tempfiles.prefix("events"), suffix=".jsonl")
     os.close(handle)
     return path
 
@@ -275,16 +271,6 @@ def default_run_name(prefix: str) -> str:
     in the same second, in one folder or on one storage path, still get names (and checkpoint folders) of their
     own."""
     return f"{prefix}-{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
-
-
-def remove_stale_events(folder: Path) -> None:
-    """Remove the events files in ``folder`` whose driver no longer runs on this machine."""
-    from nre_ray.buildonce import process_alive
-
-    for path in folder.glob(f"{EVENTS_PREFIX}*_*.jsonl"):
-        pid = path.name[len(EVENTS_PREFIX):].split("_", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            path.unlink(missing_ok=True)
 
 
 def resolve_target(cfg: Config) -> Target:
@@ -443,6 +429,7 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
     else:  # the same MLflow run: the loop logs from the checkpoint's epoch on and does not log params again
         run_id = resumed.info.run_id
         tracking.reopen_run(target.tracking_uri, run_id)
+        tracking.discard_unfinished_models(target.tracking_uri, run_id)  # a model logging the stop cut short
         tags.update(resume_tags, **{"nre_ray.resumes": str(int(resumed.data.tags.get("nre_ray.resumes", 0)) + 1)})
     tracker = tracking.MlflowTracker(target.tracking_uri, run_id)
     if resumed is not None:
@@ -451,7 +438,7 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
             tracker.log_metrics(missing_metrics, step=int(missing_metrics["epoch"]))
     tracker.log_params({f"data.source.{k}": v for k, v in prepared.sources.items()})
     tracking.log_datasets(target.tracking_uri, run_id, prepared)  # the UI's Dataset column
-    with tempfile.TemporaryDirectory() as folder:  # the data audit: data/audit.md, data/audit.json
+    with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("audit")) as folder:  # data/audit.md, data/audit.json
         for path in write_audit(prepared.audit, Path(folder)):
             tracker.log_artifact(path, "data")
     if prepared.rejected_count:

@@ -141,8 +141,9 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
     (:func:`nre_ray.tracking.store.attach_model`). The run's status is left as it was. ``tracking_uri``: resolved
     and checked (:func:`nre_ray.tracking.store.resolve_tracking_uri`)."""
     import nre_ray
+    from nre_ray import tempfiles  # here: the model imports this module when served, and needs none of it
 
-    with tempfile.TemporaryDirectory(prefix="nre_ray_code_") as tmp:
+    with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("code")) as tmp:
         # The package without caches, so the model imports nre_ray in an environment that does not have it.
         code = Path(tmp) / "nre_ray"
         shutil.copytree(Path(nre_ray.__file__).parent, code,
@@ -158,12 +159,17 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
             model = mlflow.initialize_logged_model(name=MODEL_NAME, source_run_id=run_id,
                                                    experiment_id=tracking.experiment_id(tracking_uri, run_id),
                                                    params=tracking.run_params(tracking_uri, run_id))
-            info = mlflow.pyfunc.log_model(
-                name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)}, model_id=model.model_id,
-                code_paths=[str(code)], signature=signature(), input_example=input_example(typed=_typed(slim)),
-                pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
-                registered_model_name=registered_model_name,
-            )
+            try:
+                info = mlflow.pyfunc.log_model(
+                    name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)},
+                    model_id=model.model_id, code_paths=[str(code)], signature=signature(),
+                    input_example=input_example(typed=_typed(slim)),
+                    pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
+                    registered_model_name=registered_model_name,
+                )
+            except BaseException:  # Ctrl-C included: no PENDING model is left next to the run's real one
+                tracking.discard_unfinished_models(tracking_uri, run_id, model.model_id)
+                raise
         tracking.attach_model(tracking_uri, run_id, model.model_id, epoch)
     registered = None
     if registered_model_name and info.registered_model_version is not None:

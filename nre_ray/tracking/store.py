@@ -647,6 +647,24 @@ def link_model_metrics(tracking_uri: str, run_id: str, model_id: str, epoch: int
     return len(linked)
 
 
+def discard_unfinished_models(tracking_uri: str, run_id: str, model_id: str | None = None) -> int:
+    """Delete the run's logged models that never became READY: a model whose logging was cut short (Ctrl-C, a killed
+    driver) is left PENDING by MLflow and would show next to the run's real model. ``model_id``: only that one (the
+    model being logged). Returns how many were deleted."""
+    from mlflow.entities import LoggedModelStatus
+
+    client = _client(tracking_uri)
+    if model_id is not None:
+        unfinished = [client.get_logged_model(model_id)]
+    else:
+        unfinished = client.search_logged_models([experiment_id(tracking_uri, run_id)],
+                                                 filter_string=f"source_run_id = '{run_id}'")
+    unfinished = [m for m in unfinished if m.status != LoggedModelStatus.READY]
+    for model in unfinished:
+        client.delete_logged_model(model.model_id)
+    return len(unfinished)
+
+
 def attach_model(tracking_uri: str, run_id: str, model_id: str, epoch: int) -> int:
     """Record the logged model ``model_id`` (the checkpoint of ``epoch``) as the run's output (the runs table's
     Models column) and link its scores to it (:func:`link_model_metrics`). Returns how many scores were linked."""
@@ -661,6 +679,7 @@ __all__ = [
     "Tracker",
     "attach_model",
     "data_params",
+    "discard_unfinished_models",
     "download_model",
     "end_run",
     "experiment_id",

@@ -142,3 +142,21 @@ def test_mlflow_settings_leaves_no_tracking_uri_behind(monkeypatch, tmp_path):
     with tracking.mlflow_settings(f"sqlite:///{tmp_path / 'other.db'}"):
         assert os.environ["MLFLOW_TRACKING_URI"].endswith("other.db")
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+def test_a_model_whose_logging_was_cut_short_is_discarded(tmp_path):
+    """A log_model cut short (Ctrl-C, a killed driver) leaves a PENDING model; --resume and log_model's own failure
+    path delete it, and never the run's READY model."""
+    from mlflow.entities import LoggedModelStatus
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.start_run(uri, "cut", "r", {})
+    client = MlflowClient(uri)
+    experiment = tracking.experiment_id(uri, run_id)
+    cut = client.create_logged_model(experiment, name="model", source_run_id=run_id)
+    ready = client.create_logged_model(experiment, name="model", source_run_id=run_id)
+    client.finalize_logged_model(ready.model_id, LoggedModelStatus.READY)
+    assert tracking.discard_unfinished_models(uri, run_id, ready.model_id) == 0
+    assert tracking.discard_unfinished_models(uri, run_id) == 1
+    left = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run_id}'")
+    assert [m.model_id for m in left] == [ready.model_id] and cut.model_id != ready.model_id
