@@ -422,7 +422,7 @@ class Drill:
                 fault.result = "the run restarted its worker group from the latest checkpoint"
             elif fault.ignored:
                 fault.result = "none: the worker process ignores " + fault.signal
-            elif attempt.exit == 0:
+            elif fault.signal == "SIGINT" or attempt.exit == 0:
                 fault.result = "none: the worker went on"
             else:
                 fault.result = f"no restart; the command exited {attempt.exit}"
