@@ -239,14 +239,13 @@ class Run:
     # the command running now
     proc: subprocess.Popen | None = field(default=None, repr=False)
     driver: Proc | None = None
-    started: float = 0.0
     seen: dict[str, float] = field(default_factory=dict, repr=False)  # phase -> when its first line was read
     offset: int = 0
     restarts: int = 0  # worker-group restarts of the running command (its "started again" lines)
 
     def pending(self) -> Fault | None:
         """The next fault to strike (faults strike in order)."""
-        return next((f for f in self.faults if f.at_s is None and f.attempt is None), None)
+        return next((f for f in self.faults if f.at_s is None), None)
 
 
 class Drill:
@@ -303,6 +302,7 @@ class Drill:
     # the loop
 
     def now(self) -> float:
+        """Seconds since the drill started."""
         return time.monotonic() - self.began
 
     def go(self) -> None:
@@ -336,7 +336,7 @@ class Drill:
         run.driver = identity(run.proc.pid) or Proc(run.proc.pid, -1)
         self.seen[run.driver] = run.name
         run.attempts.append(Attempt(number, resume, str(log.relative_to(self.work))))
-        run.started, run.seen, run.offset, run.restarts = time.monotonic(), {}, 0, 0
+        run.seen, run.offset, run.restarts = {}, 0, 0
 
     def watch(self) -> None:
         """Note every process below the drill (with its run: a driver's, or its nearest noted ancestor's) and reap
