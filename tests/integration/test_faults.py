@@ -181,6 +181,7 @@ def _crash_once_during_the_epoch_2_save(loop_config: dict) -> None:
     def write(path: Path, data: bytes) -> None:
         if path.name == "meta.json" and json.loads(data)["epoch"] == 2 and not marker.exists():
             marker.write_text(str(path.parent))
+            shutil.copytree(path.parent, marker.with_suffix(".left"))  # what the crash leaves, for the test to read
             raise OSError(28, "No space left on device (simulated)")
         real(path, data)
 
@@ -191,7 +192,8 @@ def _crash_once_during_the_epoch_2_save(loop_config: dict) -> None:
 @pytest.mark.timeout(180)
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint_as_the_latest(ray_cluster, tmp_path):
     """The half-written folder is never reported (``ray.train.report`` comes after the save returns), so Ray Train
-    never copies or registers it: the restarted worker group starts from epoch 1's checkpoint."""
+    never copies or registers it: the restarted worker group starts from epoch 1's checkpoint, and its worker removes
+    the folder the dead one left in the temporary folder (:mod:`nre_ray.tempfiles`)."""
     cfg = Config.from_dict({"train": {"epochs": 3, "batch_size": 8, "lr": 0.01, "num_workers": 1},
                             "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16}})
     marker = tmp_path / "crashed"
@@ -206,11 +208,11 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_as_the_latest(ray_
     )
     result = trainer.fit()
     assert marker.with_suffix(".starts").read_text().split() == ["0", "1"]
-    half_written = Path(marker.read_text())
+    assert not Path(marker.read_text()).exists()  # removed by the restarted worker: its maker's process is gone
+    half_written = marker.with_suffix(".left")
     assert (half_written / "state.pt").exists() and not (half_written / "meta.json").exists()
     with pytest.raises(CheckpointError, match=re.escape("missing meta.json")):
         load_checkpoint(half_written)
-    shutil.rmtree(half_written)  # the worker's temporary folder
     assert result.metrics["epoch"] == 3
     registered = [load_checkpoint(Path(c.path)).meta["epoch"] for c, _ in result.best_checkpoints]
     assert sorted(registered) == [1, 2, 3]  # epoch 2 is the redone one, complete
