@@ -18,6 +18,8 @@ from pathlib import Path
 
 from nre_ray import buildonce
 
+#: Seconds a reader of the store's schema waits while a run writes to it.
+BUSY_TIMEOUT_S = 60.0
 _READY: set[str] = set()
 """The sqlite URIs this process has found or made ready (checked once per process)."""
 
@@ -45,9 +47,16 @@ def schema_version(db: Path) -> str | None:
     if not db.is_file() or db.stat().st_size == 0:
         return None
     try:
-        with contextlib.closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True)) as connection:
+        with contextlib.closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True,
+                                                timeout=BUSY_TIMEOUT_S)) as connection:
             row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-    except sqlite3.DatabaseError:  # no alembic_version table (no MLflow schema), or not a database (_build says so)
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err):  # no MLflow schema yet
+            return None
+        # Locked by a run writing to it (past the timeout): a live store, never to be rebuilt and renamed over (that
+        # cut the other runs off their store: "attempt to write a readonly database", and lost their writes).
+        raise
+    except sqlite3.DatabaseError:  # not a database (_build says so)
         return None
     return row[0] if row else None
 

@@ -107,3 +107,22 @@ def test_a_killed_builders_half_made_store_is_removed_and_never_opened(tmp_path:
     sqlite_store.ready(uri)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
     assert MlflowClient(uri).get_experiment("0").name == "Default"
+
+
+def test_a_store_a_run_is_writing_to_is_waited_for_not_rebuilt(tmp_path: Path) -> None:
+    """Found by the fault drill: a process opening the store while a run held its write lock read "database is
+    locked" as "no schema", rebuilt the store and renamed the copy over it; the runs writing to it then failed with
+    "attempt to write a readonly database" and their writes were lost."""
+    import threading
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sqlite_store.ready(uri)
+    db = tmp_path / "mlflow.db"
+    inode, version = db.stat().st_ino, sqlite_store.schema_version(db)
+    writer = sqlite3.connect(db, check_same_thread=False)
+    writer.execute("BEGIN EXCLUSIVE")  # a run in the middle of a write
+    threading.Timer(6.0, writer.rollback).start()  # longer than sqlite3.connect's default 5 s busy timeout
+    sqlite_store._READY.discard(uri)  # as a new process would
+    sqlite_store.ready(uri)
+    writer.close()
+    assert db.stat().st_ino == inode and sqlite_store.schema_version(db) == version  # the same file, not a copy
