@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nre_ray.cluster.processes import cmdline, stat_fields
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "nre_ray" / "data" / "sample"
 EXPERIMENT = "nre_ray"  # the default experiment: the runs are plain `python -m nre_ray.train` commands
@@ -81,19 +83,9 @@ class Proc:
     start: int
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state, ppid, ...), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()
-
-
 def identity(pid: int) -> Proc | None:
     """``pid`` as a :class:`Proc`, or None when it is gone or a zombie."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     if fields is None or fields[0] in ("Z", "X"):
         return None
     return Proc(pid, int(fields[19]))
@@ -104,20 +96,11 @@ def alive(proc: Proc) -> bool:
     return identity(proc.pid) == proc
 
 
-def cmdline(pid: int) -> str:
-    """The command line of ``pid`` ('' when it is gone); Ray's processes show their title (``ray::RayTrainWorker``)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
 def process_table() -> dict[int, tuple[int, int, str]]:
     """One snapshot of /proc: PID -> (parent PID, start time, state)."""
     table = {}
     for name in os.listdir("/proc"):
-        if name.isdigit() and (fields := _stat(int(name))) is not None:
+        if name.isdigit() and (fields := stat_fields(int(name))) is not None:
             table[int(name)] = (int(fields[1]), int(fields[19]), fields[0])
     return table
 

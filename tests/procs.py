@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from nre_ray.cluster import processes
+from nre_ray.cluster.processes import cmdline
+
 #: Environment for subprocess Ray drivers and nodes: quiet, no token auth on 127.0.0.1, and Train's placement-group
 #: cleaner kept from asking another cluster's dashboard on this shared host (see the stack notes).
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_AUTH_MODE": "disabled",
@@ -30,44 +33,14 @@ def env(**extra: str) -> dict[str, str]:
     return out
 
 
-def _stat(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as fh:
-        text = fh.read()
-    return text[text.rindex(")") + 2:].split()  # fields after "(comm)": state, ppid, pgrp, ...
-
-
-def cmdline(pid: int) -> str:
-    """The command line of ``pid`` ('' if it is gone); Ray workers show their proctitle, e.g. ray::RayTrainWorker."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    try:
-        return _stat(pid)[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    return processes.identify(pid) is not None
 
 
 def descendants(root: int) -> list[int]:
     """Every process below ``root`` (children, grandchildren, ...), from one snapshot of /proc."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                children.setdefault(int(_stat(int(name))[1]), []).append(int(name))
-            except (OSError, IndexError, ValueError):
-                continue
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    return sorted(processes.descendants([root], processes.parents()) - {root})
 
 
 def train_workers(root: int) -> list[int]:

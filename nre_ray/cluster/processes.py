@@ -46,22 +46,32 @@ class Process:
         return f"{self.pid} (`{self.cmdline[:80]}`)"
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after ``(comm)``: index 0 is field 3 (state), 1 the parent, 19 field 22."""
-    text = Path(f"/proc/{pid}/stat").read_text()
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after ``(comm)`` (index 0 is field 3, the state; 1 the parent; 19 field 22, the
+    start time); None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
     return text[text.rindex(")") + 2:].split()
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, its arguments joined by spaces ('' when it is gone); a Ray worker shows its title
+    (``ray::RayTrainWorker``)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def identify(pid: int) -> Process | None:
     """The process now running as ``pid``; None if there is none, or only a zombie."""
-    try:
-        fields = _stat(pid)
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
+    fields = stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return Process(pid, int(fields[19]), cmdline.replace(b"\0", b" ").decode(errors="replace").strip())
+    return Process(pid, int(fields[19]), cmdline(pid))
 
 
 def parents() -> dict[int, int]:
@@ -69,10 +79,9 @@ def parents() -> dict[int, int]:
     found = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != os.getpid():
-            try:
-                found[int(name)] = int(_stat(int(name))[1])
-            except (OSError, ValueError, IndexError):
-                continue
+            fields = stat_fields(int(name))
+            if fields is not None:
+                found[int(name)] = int(fields[1])
     return found
 
 

@@ -48,7 +48,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster import standin
-from tests.procs import RAY_ENV, cmdline, free_port, kill_all, stop_tree, with_env
+from nre_ray.cluster.processes import cmdline
+from tests.procs import RAY_ENV, free_port, kill_all, stop_tree, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]

@@ -258,7 +258,8 @@ def test_evaluate_gives_identical_scores_on_1_2_and_3_workers(trained, tmp_path,
 def test_a_prediction_worker_that_dies_ends_the_command_with_one_clear_error(trained, tmp_path):
     """The actor pool's worker process killed (as the OOM killer would) while it labels: exit status 1, a one-line
     error that says what to do, no traceback, and no output file (actors are not restarted: predict.py says why)."""
-    from tests.procs import cmdline, descendants, env, stop_tree
+    from nre_ray.cluster.processes import cmdline
+    from tests.procs import descendants, env, stop_tree
 
     rows = pd.concat([sample_rows(500)] * 200, ignore_index=True)  # 100,000 rows: the actor labels for seconds
     source, out = tmp_path / "big.csv", tmp_path / "out.csv"
