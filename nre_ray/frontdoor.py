@@ -4,12 +4,15 @@ summary and write ``--summary-json``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nre_ray import console
@@ -46,28 +49,63 @@ def run_command(work: Work, show: Callable[[dict[str, Any]], None], interrupted:
         logging.getLogger(name).setLevel(level)
     from nre_ray.data.errors import DataError
 
-    try:
-        with console.logs_on_console("nre_ray"):
-            summary, summary_json = work()
-    except (ConfigError, UsageError, *_checkpoint_error()) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"error: bad input data\n{err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted, file=sys.stderr)
-        return 130
-    show(summary)
-    if summary_json:
-        from nre_ray.storage import StorageError, write_text
-
+    with _ctrl_c_kept() as caught:
         try:
-            write_text(summary_json, json.dumps(summary, indent=2, ensure_ascii=False, default=str))
-        except StorageError as err:
-            print(f"error: --summary-json: {err}", file=sys.stderr)
+            with console.logs_on_console("nre_ray"):
+                summary, summary_json = work()
+        except (ConfigError, UsageError, *_checkpoint_error()) as err:
+            print(f"error: {err}", file=sys.stderr)
             return 2
+        except DataError as err:
+            print(f"error: bad input data\n{err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(interrupted, file=sys.stderr)
+            return 130
+        try:
+            show(summary)
+            if summary_json:
+                from nre_ray.storage import StorageError, write_text
+
+                try:
+                    write_text(summary_json, json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+                except StorageError as err:
+                    print(f"error: --summary-json: {err}", file=sys.stderr)
+                    return 2
+        except KeyboardInterrupt:
+            caught.append(signal.SIGINT)
+        if caught:
+            print("interrupted: it had finished its work (the summary above); nothing was lost", file=sys.stderr)
+            return 130
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_kept() -> Iterator[list[int]]:
+    """Count every Ctrl-C while the command runs (the list it yields): Python raises KeyboardInterrupt wherever the
+    main thread is, and when that is inside a garbage collector's callback (SQLAlchemy's, say) it only prints the
+    exception and goes on, so a Ctrl-C while the model is logged could be lost and the command end with 0. Those
+    printouts are dropped (the command says it was interrupted). Nothing changes in other threads."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    def unraisable(info: Any) -> None:
+        if not (isinstance(info.exc_value, KeyboardInterrupt) and caught):
+            previous_hook(info)
+
+    previous, previous_hook = signal.signal(signal.SIGINT, on_sigint), sys.unraisablehook
+    sys.unraisablehook = unraisable
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = previous_hook
 
 
 def print_model_and_ui(summary: dict[str, Any]) -> None:
