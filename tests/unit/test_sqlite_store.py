@@ -4,6 +4,7 @@ processes, a real sqlite file. Without the lock, MLflow's own creation of a new 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -37,8 +38,11 @@ OLD_REVISION = "71994744cf8e"
 
 def _open_at_once(folder: Path, n: int) -> list[subprocess.CompletedProcess]:
     """Start ``n`` processes that open the store in ``folder`` at the same moment; their results."""
+    # MLflow's INFO lines ("Updating database tables") tell who migrated; a command run earlier in this test process
+    # may have set MLFLOW_LOGGING_LEVEL=WARNING in its environment (nre_ray's QUIET_ENV)
+    env = {**os.environ, "MLFLOW_LOGGING_LEVEL": "INFO"}
     procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(folder), str(i)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(n)]
+                              stderr=subprocess.PIPE, text=True, env=env) for i in range(n)]
     deadline = time.time() + 120
     while len(list(folder.glob("ready-*"))) < n and time.time() < deadline and all(p.poll() is None for p in procs):
         time.sleep(0.05)
