@@ -454,7 +454,7 @@ def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
     from nre_ray import storage as fs
 
     rejected_path = fs.join(target.storage, target.run_name, "rejected_rows.csv")
-    with tempfile.TemporaryDirectory(prefix="nre_ray_rejected_") as folder:
+    with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("rejected")) as folder:
         local = Path(folder) / "rejected_rows.csv"
         if prepared.rejected_csv:  # every rejected row (prepared.rejected holds the first ones)
             shutil.copyfile(prepared.rejected_csv, local)
