@@ -334,7 +334,7 @@ def check_scale(cfg: Config) -> None:
     """Before Ray starts: UsageError for workers the local Ray this command would start can never hold (too many
     for the machine's CPUs, ``--use-gpu`` without a GPU), by the sizing of :func:`connect` over
     :func:`nre_ray.cluster.session.local_cluster`. Joining a cluster, :func:`connect` refuses them once joined."""
-    ahead = local_cluster(cfg.run.address)
+    ahead = local_cluster(cfg.run.address, cfg.train.use_gpu)
     if ahead is not None:
         size_workers(ahead, cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
 

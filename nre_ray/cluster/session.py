@@ -369,24 +369,29 @@ def _start_local(log_to_driver: bool) -> None:
                          "`ray start --head` and pass --address auto.") from None
 
 
-def local_node() -> dict[str, float]:
+def local_node(gpus: bool = True) -> dict[str, float]:
     """The resources of the local Ray a command starts (:func:`start_ray` without an address): a CPU per core of
-    this machine, and the GPUs Ray finds here (CUDA_VISIBLE_DEVICES respected)."""
+    this machine, and the GPUs Ray finds here (CUDA_VISIBLE_DEVICES respected). ``gpus=False``: the CPUs alone,
+    without asking Ray (that imports Ray, about a second on 2 cores, which a command that uses no GPU then pays
+    before its start-up can overlap it with the other imports)."""
+    if not gpus:
+        return {"CPU": float(os.cpu_count() or 1)}
     from nre_ray.cluster.ray_private import local_gpus
 
-    gpus = local_gpus()
-    return {"CPU": float(os.cpu_count() or 1), **({"GPU": float(gpus)} if gpus else {})}
+    gpus_found = local_gpus()
+    return {"CPU": float(os.cpu_count() or 1), **({"GPU": float(gpus_found)} if gpus_found else {})}
 
 
-def local_cluster(address: str | None) -> Cluster | None:
+def local_cluster(address: str | None, use_gpu: bool = True) -> Cluster | None:
     """The cluster :func:`start_ray` will start for ``address``, known before it starts: a local Ray's one node
     (:func:`local_node`), so that workers it can never hold are refused before Ray starts (:func:`size_workers`).
     None when ``address`` names a cluster to join (what it holds is known once joined: :func:`cluster`) or when
-    this process has joined a Ray already."""
+    this process has joined a Ray already. ``use_gpu=False``: for sizing workers that use no GPU (its GPUs are not
+    looked for: :func:`local_node`)."""
     ray = sys.modules.get("ray")
     if (ray is not None and ray.is_initialized()) or resolve_address(address).kind != "local":
         return None
-    return Cluster([local_node()], addresses={"127.0.0.1"})
+    return Cluster([local_node(gpus=use_gpu)], addresses={"127.0.0.1"})
 
 
 def pin_state_api() -> dict[str, int]:

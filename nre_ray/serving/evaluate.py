@@ -104,7 +104,7 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
     ``confusion_matrix`` (rows = gold, columns = predicted).
     """
     _check_options(num_workers, on_bad_rows, cpus_per_worker)
-    ahead = local_cluster(address)  # an address Ray cannot join is refused before anything is loaded
+    ahead = local_cluster(address, use_gpu=False)  # an address Ray cannot join is refused before anything is loaded
     if ahead is not None:  # and workers the local Ray can never hold, before it starts
         size_workers(ahead, num_workers, cpus_per_worker=cpus_per_worker)
     loaded = _load_model(model, tracking_uri)

@@ -240,7 +240,7 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
         raise UsageError(f"--use-gpu: this machine has no GPU, and {input_path} ({plan.total_rows} rows, at most "
                          f"--local-max-rows {local_max_rows}) is labelled here, without Ray. Drop --use-gpu, or "
                          "pass --local-max-rows 0 to label it on a Ray cluster with GPUs (--address).")
-    ahead = None if in_process else local_cluster(address)  # an address Ray cannot join is refused here
+    ahead = None if in_process else local_cluster(address, use_gpu)  # an address Ray cannot join is refused here
     if ahead is not None:  # and actors the local Ray can never hold, before it starts and the model is loaded
         _size_actors(ahead, num_workers, use_gpu, cpus_per_worker)
 

@@ -226,7 +226,7 @@ def check_scale(cfg: Config, opts: SweepOptions) -> None:
     :func:`connect` refuses it once joined."""
     from nre_ray.cluster.session import local_cluster
 
-    ahead = local_cluster(cfg.run.address)
+    ahead = local_cluster(cfg.run.address, cfg.train.use_gpu)
     if ahead is not None:
         plan_trials(cfg.train.num_workers, cfg.train.use_gpu, ahead.nodes, cfg.train.cpus_per_worker,
                     ahead.node_types, opts.max_concurrent_trials, opts.num_samples)

@@ -162,6 +162,16 @@ def test_the_local_ray_is_known_before_it_starts(monkeypatch):
     assert local_cluster(None) == (None if ray.is_initialized() else Cluster([node], addresses={"127.0.0.1"}))
 
 
+def test_sizing_cpu_workers_before_ray_starts_does_not_import_ray():
+    """A command without --use-gpu checks its workers against the machine's CPUs without importing Ray (a second of
+    its start-up that otherwise overlaps with the other imports: startup_* in docs/benchmarks.md)."""
+    code = ("import sys; from nre_ray.cluster.session import local_cluster; "
+            "c = local_cluster(None, use_gpu=False); print(c.nodes, 'ray' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"[{{'CPU': {float(os.cpu_count())}}}] False"
+
+
 def _command(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
     """``python -m ARGS`` in ``tmp_path`` with its own Ray temporary folder (``RAY_TMPDIR``): a Ray started by the
     command would leave its session folder there."""
