@@ -352,13 +352,16 @@ def _check_answers(where: RayAddress) -> None:
 
 
 def _start_local(log_to_driver: bool) -> None:
-    """A private local Ray of :func:`local_node`'s resources, reachable from this host only."""
+    """A private local Ray of :func:`local_node`'s resources, reachable from this host only. ``address="local"``:
+    a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded (RAY_TMPDIR's
+    ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on ``num_cpus``."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     node = local_node()
     try:
-        ray.init(num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)), logging_level=logging.WARNING,
+        ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
+                 logging_level=logging.WARNING,
                  log_to_driver=log_to_driver, **pin_state_api())
     except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
         if "timed out during startup" not in str(err):

@@ -8,12 +8,15 @@ instances", a traceback in the middle of a good run) or asks the wrong one. The 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from tests.procs import env
+from tests.procs import env, free_port, start, stop_tree, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -43,3 +46,35 @@ def test_the_state_api_answers_from_this_runs_own_cluster(ray_cluster, tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "pinned http://127.0.0.1:" in done.stdout
     assert "multiple active Ray instances" not in done.stdout + done.stderr
+
+
+OWN = """
+import ray
+from nre_ray.cluster.session import start_ray
+start_ray(None)
+print("own", ray.get_runtime_context().gcs_address)
+ray.shutdown()
+"""
+
+
+def test_no_address_starts_a_private_ray_even_with_a_ray_start_cluster_on_the_machine(tmp_path):
+    """``ray start --head`` records its address (RAY_TMPDIR/ray/ray_current_cluster), and a bare ``ray.init()`` joins
+    it: a plain command would then have landed on the user's cluster, with Ray's ValueError ("When connecting to an
+    existing cluster, num_cpus and num_gpus must not be provided") as a traceback. No address means a Ray of its
+    own (``--address auto`` joins that cluster)."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="nre-rt-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    port = free_port()
+    extra = {"RAY_TMPDIR": str(ray_tmp), "RAY_AUTH_MODE": "disabled"}
+    child_env = {k: v for k, v in env(**extra).items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    head = start([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+                  "--num-cpus=1", "--include-dashboard=false"], tmp_path / "head.log", tmp_path, extra)
+    try:
+        wait_for("the ray start head", lambda: (ray_tmp / "ray" / "ray_current_cluster").exists(), timeout=90)
+        done = subprocess.run([sys.executable, "-c", OWN], env=child_env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=240)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        own = done.stdout.split("own ", 1)[1].strip()
+        assert own and not own.endswith(f":{port}"), (own, port)
+    finally:
+        stop_tree(head)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
