@@ -124,7 +124,7 @@ def load_data(train: Path, test: Path | None, cache_dir: Path, seed: int) -> Any
 
     for key, value in BENCH_ENV.items():
         os.environ.setdefault(key, value)
-    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING)
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING)
     try:
         return pipeline.prepare(cfg, seed)
     finally:

@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_preprocess_"))
     results: dict[str, Any] = {"machine": machine(), "cpus": args.cpus, "source": str(args.source), "runs": []}
     started = time.perf_counter()
-    ray.init(num_cpus=args.cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=False)
     results["ray_start_s"] = time.perf_counter() - started
     rows_table = []
     try:

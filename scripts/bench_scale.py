@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                 run["pandas"] = json.loads(out.read_text())
             print(f"{rows:,} rows: ray pipeline ...", file=sys.stderr, flush=True)
             started = time.perf_counter()
-            ray.init(num_cpus=args.cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+            ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level=logging.WARNING,
+                     log_to_driver=False)
             run["ray_start_s"] = time.perf_counter() - started
             try:
                 run["ray"] = run_pipeline(data_dir, work / "cache", args.seed, args.interval)

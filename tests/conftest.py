@@ -26,7 +26,7 @@ def ray_cluster():
     """A local Ray with 4 logical CPUs (on 2 cores), shared by every test that needs one."""
     import ray
 
-    ray.init(num_cpus=4, logging_level=logging.WARNING, log_to_driver=True)
+    ray.init(address="local", num_cpus=4, logging_level=logging.WARNING, log_to_driver=True)
     yield ray
     ray.shutdown()
 
