@@ -235,3 +235,55 @@ def standin_node_provider() -> type:
                     parameter.RayParams = original
 
     return StandinNodeProvider
+
+
+def drain_for_preemption(node_id: str, deadline_s: float, address: str | None = None,
+                         message: str = "preempted") -> None:
+    """Tell Ray that node ``node_id`` (hex) will be taken away in ``deadline_s`` seconds, as a cloud takes back a
+    spot instance: a drain with reason ``DRAIN_NODE_REASON_PREEMPTION`` and that deadline. Ray schedules nothing new
+    there, and Ray Train's preemption watcher passes the notice to the run's workers
+    (``ray.train.get_preemption_info()``), which save a just-in-time checkpoint. The node is not stopped: the caller
+    stops it (or the cloud does) at the deadline. ``address``: the GCS (``host:port``); default the Ray this process
+    is connected to. Raises ``ValueError`` for a bad node id or deadline, ``RuntimeError`` when Ray refuses the
+    drain.
+    """
+    # Private: Ray's only ways to send a preemption drain are the hidden CLI `ray drain-node` (its interface outside
+    # Ray's stability guarantees, and a process per call) and what that CLI calls, the GCS client's drain_node
+    # (ray._raylet.GcsClient) with the DrainNodeReason enum of ray.core.generated.autoscaler_pb2. The public
+    # ray.autoscaler.sdk drains nothing. The GCS accepts a drain of a node it does not know (taken for one gone).
+    import re
+    import time
+
+    import ray
+    import ray._private.worker
+    from ray._raylet import GcsClient
+    from ray.core.generated import autoscaler_pb2
+
+    if deadline_s < 0:
+        raise ValueError(f"the drain deadline must be 0 or more seconds, not {deadline_s}")
+    if not re.fullmatch(f"[0-9a-f]{{{2 * ray.NodeID.size()}}}", node_id) or node_id == ray.NodeID.nil().hex():
+        raise ValueError(f"not a Ray node id: {node_id!r} (the hex id `ray list nodes` shows)")
+    if address is None:
+        if not ray.is_initialized():
+            raise RuntimeError("drain_for_preemption needs the GCS address, or a connected Ray (ray.init)")
+        client = ray._private.worker.global_worker.gcs_client
+    else:
+        client = GcsClient(address=address)
+    deadline_ms = time.time_ns() // 1_000_000 + int(deadline_s * 1000)
+    accepted, refusal = client.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                          message, deadline_ms)
+    if not accepted:
+        raise RuntimeError(f"Ray refused to drain node {node_id}: {refusal}")
+
+
+def draining_nodes(address: str | None = None) -> dict[str, float]:
+    """The nodes being drained, as the GCS at ``address`` (default: of the Ray this process is connected to) says:
+    ``{node id (hex): deadline (Unix seconds), or 0.0 for a drain without one}``."""
+    # Private: the GCS lists draining nodes only through its client (ray._raylet.GcsClient.get_draining_nodes), which
+    # Ray Train's own preemption watcher reads through ray._private.state; no public API shows a drain.
+    import ray._private.worker
+    from ray._raylet import GcsClient
+
+    client = GcsClient(address=address) if address else ray._private.worker.global_worker.gcs_client
+    return {node.hex() if isinstance(node, bytes) else str(node): deadline_ms / 1000
+            for node, deadline_ms in client.get_draining_nodes().items()}
