@@ -59,8 +59,9 @@ CPUS_PER_WORKER_HELP = (
     "e.g. --num-workers 8 --cpus-per-worker 0.25 on 2 CPUs.")
 
 
-def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None) -> Any:
-    meta = {"help": help, "choices": choices, "flag": flag}
+def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None,
+       cli: bool = True) -> Any:
+    meta = {"help": help, "choices": choices, "flag": flag, "cli": cli}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -138,7 +139,8 @@ class TrainConfig:
     """The optimisation loop."""
 
     epochs: int = _f(100, "The most epochs to train; early stopping (--patience) usually ends training sooner.")
-    batch_size: int = _f(32, "Examples per step on each worker (the global batch is this times --num-workers).")
+    batch_size: int = _f(32, "Examples per step on each worker (the global batch is this times --num-workers, times "
+                             "MAX for --num-workers MIN-MAX at every world size).")
     lr: float = _f(2e-3, "Adam learning rate (--model bert: the classifier head's).")
     weight_decay: float = _f(1e-4, "Weight decay: Adam's L2 penalty (--model bert: AdamW's decoupled decay, not on "
                                    "biases and norms).")
@@ -152,12 +154,20 @@ class TrainConfig:
                                          "--negative-label; semeval_macro_f1 also needs directed labels such as "
                                          "Cause-Effect(e1,e2).", choices=METRICS)
     seed: int = _f(1, "Random seed for initialisation, shuffling and the validation split.")
-    num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu.")
+    num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu. MIN-MAX (e.g. 1-3): an "
+                             "elastic run, which starts once MIN workers can be placed, grows towards MAX as room "
+                             "appears and goes on with fewer when a node goes; its global batch (--batch-size x MAX "
+                             "x --grad-accum) and so its learning-rate schedule are the same at every size, and a "
+                             "preemption notice makes it save a mid-epoch checkpoint. In a TOML file: \"1-3\".")
+    min_workers: int | None = _f(None, "The MIN of --num-workers MIN-MAX (None: a fixed number of workers).", cli=False)
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
     cpus_per_worker: float | None = _f(None, CPUS_PER_WORKER_HELP)
     keep_checkpoints: int = _f(2, "Checkpoints kept besides the latest: the best by the selection metric (an epoch "
                                   "that only ties an earlier best does not count as better).")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
+    max_preemptions: int | None = _f(None, "Restart after a preemption (a node drained with a preemption notice, as "
+                                           "a cloud takes back a spot instance) up to this many times, counted apart "
+                                           "from --max-failures; default: no limit.")
     placement_timeout: float | None = _f(None, "Seconds to wait for the worker group to be placed (also after a lost "
                                                "node) before the run fails; default 60 on a fixed cluster, 900 where "
                                                "an autoscaler can add nodes.")
@@ -232,6 +242,8 @@ class Config:
         if unknown:
             raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}; expected {sorted(sections)}")
         model = (raw.get("model") or {}).get("model") if isinstance(raw.get("model"), dict) else None
+        if isinstance(raw.get("train"), dict) and isinstance(raw["train"].get("num_workers"), str):
+            raw = {**raw, "train": {**raw["train"], **_worker_range(raw["train"]["num_workers"], source)}}
         kwargs = {}
         for f in dataclasses.fields(cls):
             section_cls = _SECTIONS[f.name]
@@ -250,6 +262,10 @@ class Config:
             (self.train.epochs >= 1, "--epochs must be >= 1"),
             (self.train.batch_size >= 1, "--batch-size must be >= 1"),
             (self.train.num_workers >= 1, "--num-workers must be >= 1"),
+            (self.train.min_workers is None or 1 <= self.train.min_workers <= self.train.num_workers,
+             f"--num-workers {self.train.min_workers}-{self.train.num_workers}: MIN must be >= 1 and <= MAX"),
+            (self.train.max_preemptions is None or self.train.max_preemptions >= 0,
+             "--max-preemptions must be >= 0"),
             (self.train.cpus_per_worker is None or self.train.cpus_per_worker >= 0.01,
              "--cpus-per-worker must be >= 0.01"),
             (self.train.lr > 0, "--lr must be > 0"),
@@ -290,11 +306,33 @@ class Config:
                 raise ConfigError(message)
 
     @property
+    def elastic(self) -> bool:
+        """An elastic run (``--num-workers MIN-MAX``): ``train.min_workers`` to ``train.num_workers`` workers."""
+        return self.train.min_workers is not None
+
+    @property
     def select_metric(self) -> str:
         """The validation metric used for model selection and the LR schedule."""
         if self.train.select_metric:
             return self.train.select_metric
         return "pos_macro_f1" if self.data.negative_label else "macro_f1"
+
+
+def _worker_range(text: str, source: str) -> dict[str, int]:
+    """``"MIN-MAX"`` (or ``"N"``) as the fields ``min_workers`` and ``num_workers``; ConfigError otherwise."""
+    found = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if not found:
+        raise ConfigError(f"{source}: --num-workers {text!r} is neither N nor MIN-MAX (e.g. 2, or 1-3 for an elastic "
+                          "run)")
+    if found.group(2) is None:
+        return {"num_workers": int(found.group(1))}
+    return {"min_workers": int(found.group(1)), "num_workers": int(found.group(2))}
+
+
+def worker_count(text: str) -> int | str:
+    """The argparse type of ``--num-workers``: ``N`` as an int, ``MIN-MAX`` as it is (split by
+    :meth:`Config.from_dict`)."""
+    return int(text) if text.strip().isdigit() else text
 
 
 _DIRECTED = re.compile(r"^.+?\s*\((e1\s*,\s*e2|e2\s*,\s*e1)\)\s*$")  # as nre_ray.metrics tells directed labels
@@ -396,6 +434,8 @@ def build_parser(
         for f in dataclasses.fields(section_cls):
             if only is not None and only[section] is not None and f.name not in only[section]:
                 continue
+            if not f.metadata.get("cli", True):
+                continue
             tp = types_[f.name]
             default = getattr(defaults, f.name)
             escaped = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
@@ -413,7 +453,8 @@ def build_parser(
                                    help=help_text)
             else:
                 choices = f.metadata.get("choices")
-                group.add_argument(_flag(f.name), dest=dest, type=tp, default=None, help=help_text, choices=choices,
+                group.add_argument(_flag(f.name), dest=dest, type=worker_count if dest == "train.num_workers" else tp,
+                                   default=None, help=help_text, choices=choices,
                                    metavar="{" + ",".join(choices) + "}" if choices else f.name.upper())
     return parser
 

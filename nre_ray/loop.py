@@ -27,10 +27,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
+from nre_ray import elastic, tempfiles
 from nre_ray import metrics as M
-from nre_ray import tempfiles
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
-from nre_ray.cluster.ray_private import in_local_train_mode
+from nre_ray.cluster.ray_private import in_local_train_mode, preemption_notice
 from nre_ray.config import Config
 from nre_ray.console import NOTES_KEY, RESUME_NOTE
 from nre_ray.data.batches import EncodedSplit
@@ -288,11 +288,16 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     splits = open_splits(data)  # read by rows from the cache folder: this rank reads only the rows it is given
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = build_model(cfg.model, spec)
-    optimizer, scheduler = build_optimizer(cfg, model, steps_per_epoch(len(splits["train"]), world_size,
-                                                                       cfg.train.batch_size, cfg.train.grad_accum))
+    # An elastic run's steps are global batches, the same number at every world size (nre_ray.elastic).
+    steps = steps_per_epoch(len(splits["train"]), 1, elastic.global_batch(cfg), 1) if cfg.elastic else \
+        steps_per_epoch(len(splits["train"]), world_size, cfg.train.batch_size, cfg.train.grad_accum)
+    optimizer, scheduler = build_optimizer(cfg, model, steps)
     # One loss scaler for the run (active only for fp16 autocast): its scale carries over epochs and resumes.
     scaler = grad_scaler(ray.train.torch.get_device(), cfg.train.amp)
-    state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None}
+    # position: where in the next epoch a mid-epoch checkpoint left off (its step, and the global sums of the losses
+    # and examples before it); preemptions: the notices the run has had (an elastic run's MLflow tag).
+    state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None, "position": None,
+             "preemptions": 0, "saved_on_notice": False}
     restore: dict[str, Any] | None = None
     notes: list[str] = []  # lines for the driver's console (the same number on every rank: tell_console)
     resumed = ray.train.get_checkpoint()
@@ -302,8 +307,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         check_compatible(loaded, cfg.model.model, vocab, labels)
         restore = loaded.state  # loaded into the model, optimizer, schedule and scaler once the model is placed
         state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
+        state.update({k: loaded.state[k] for k in ("position", "preemptions") if k in loaded.state})
         state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
-        notes.append(f"{RESUME_NOTE} {state['epoch']} from {resumed.path}")
+        at = f", step {state['position']['step']} of epoch {state['epoch'] + 1}," if state["position"] else ""
+        notes.append(f"{RESUME_NOTE} {state['epoch']}{at} from {resumed.path} with {world_size} worker(s)")
         if rank == 0:
             tracker.set_tags({"nre_ray.resumed_from_epoch": str(state["epoch"])})
     else:
@@ -320,7 +327,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     if notes:  # every rank has the same number of notes (from the same checkpoint and settings), or none
         tell_console(notes, rank)
-    model = place_and_restore(model, optimizer, scheduler, scaler, restore)
+    if cfg.elastic:  # no DDP: nre_ray.elastic sums the gradients itself, over ranks that may hold no example
+        model = place_and_restore(model, optimizer, scheduler, scaler, restore,
+                                  prepare=lambda m: ray.train.torch.prepare_model(m, parallel_strategy=None))
+        elastic.broadcast_parameters(model)
+    else:
+        model = place_and_restore(model, optimizer, scheduler, scaler, restore)
     generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
     # With several workers prepare_data_loader keeps this DistributedSampler (the one it would add, leaner).
@@ -344,8 +356,18 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
         start, cpu_start = time.perf_counter(), time.process_time()
-        train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp,
-                                        scheduler, cfg.train.grad_accum, scaler, cfg.train.label_smoothing)
+        if cfg.elastic:
+            def save_position(step: int, partial: list[float], info: Any, epoch: int = epoch) -> None:
+                _report_position(rank, model, optimizer, scheduler, scaler, state, epoch, step, partial, info, cfg,
+                                 vocab, labels, spec, assets, tracker)
+
+            train_loss, seen = _train_elastic_epoch(model, train_set, epoch, state.pop("position") or {}, steps, cfg,
+                                                    optimizer, scheduler, scaler, rank, world_size, state,
+                                                    save_position)
+            state["position"] = None
+        else:
+            train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp,
+                                            scheduler, cfg.train.grad_accum, scaler, cfg.train.label_smoothing)
         elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         cm, valid_loss = evaluate(model, valid_loader, len(labels))
         valid = shared_scores(cm, labels, cfg.data.negative_label, rank)
@@ -366,7 +388,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             **{f"valid_{k}": _finite(v) for k, v in valid.items()},
             "lr": optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
             "epoch_seconds": elapsed, "epoch_cpu_seconds": cpu_seconds, "best_epoch": state["best_epoch"],
-            SELECTION_RANK: epoch if improved else 0, **marks,
+            "workers": world_size, SELECTION_RANK: epoch if improved else 0, **marks,
         }
         marks = {}
         _report(rank, metrics, model, optimizer, scheduler, scaler, state, epoch, cfg, vocab, labels, spec, assets)
@@ -435,6 +457,91 @@ def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
     return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item()
 
 
+def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int, position: dict[str, Any],
+                         steps: int, cfg: Config, optimizer: torch.optim.Optimizer, scheduler: Schedule,
+                         scaler: torch.amp.GradScaler, rank: int, world_size: int, state: dict[str, Any],
+                         save_position: Callable[[int, list[float], Any], None]) -> tuple[float, float]:
+    """One epoch of an elastic run (:mod:`nre_ray.elastic`), from step ``position["step"]`` (0: the start) on.
+    After the step at which any rank heard of a preemption, ``save_position(steps done, [global loss sum, global
+    examples] so far, this rank's notice)`` saves a mid-epoch checkpoint, once (``state["saved_on_notice"]``: the
+    notice stays until Ray restarts the worker group); training goes on until then. Returns (mean loss over the
+    epoch's examples, examples)."""
+    model.train()
+    device = ray.train.torch.get_device()
+    batch = elastic.global_batch(cfg)
+    order = elastic.epoch_order(len(train_set), cfg.train.seed, epoch)
+    loss_sum, seen = (position.get("partial") or [0.0, 0.0]) if rank == 0 else [0.0, 0.0]
+    for step in range(int(position.get("step", 0)), steps):
+        parts, count = elastic.step_share(order, step, batch, rank, world_size, cfg.train.batch_size)
+        step_loss, step_seen = elastic.accumulate(
+            model, train_set, parts, count, device, lambda: autocast_context(device, cfg.train.amp), scaler,
+            cfg.train.label_smoothing)
+        loss_sum, seen = loss_sum + step_loss, seen + step_seen
+        notice = preemption_notice()
+        anyone = elastic.reduce_gradients(model, notice is not None)
+        if cfg.train.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.after_step()
+        if anyone and not state["saved_on_notice"]:
+            state["saved_on_notice"] = True
+            totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
+            save_position(step + 1, totals.tolist(), notice)
+    totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
+    return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item()
+
+
+def _report_position(rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                     scaler: torch.amp.GradScaler, state: dict[str, Any], epoch: int, step: int,
+                     partial: list[float], notice: Any, cfg: Config, vocab: Vocab, labels: list[str],
+                     spec: ModelSpec, assets: dict[str, bytes] | None, tracker: Tracker) -> None:
+    """Every rank reports a just-in-time checkpoint of the middle of ``epoch`` (``step`` of its steps done,
+    ``partial``: the global sums of the losses and examples so far), and the console hears of the preemption in one
+    line; rank 0 writes the checkpoint and counts the preemption in the MLflow tag ``preemptions``. The metrics have no
+    ``epoch``: the epoch is logged once, when it ends."""
+    state["preemptions"] += 1
+    deadline = getattr(notice, "deadline_ms", None)
+    left = f", {max(0.0, deadline / 1000 - time.time()):.0f} s before the node goes" if deadline else ""
+    line = (f"preemption {state['preemptions']}: a node of the worker group is being taken back; saved a mid-epoch "
+            f"checkpoint at step {step} of epoch {epoch}{left}")
+    metrics = {"mid_epoch": epoch, "mid_epoch_step": step, SELECTION_RANK: 0, NOTES_KEY: [line] if rank == 0 else []}
+    if rank != 0:
+        ray.train.report(metrics, checkpoint=None)
+        return
+    tracker.set_tags({"preemptions": str(state["preemptions"])})
+    position = {"step": step, "partial": partial}
+    full_state = {**_full_state(model, optimizer, scheduler, scaler, state, epoch - 1, {}),
+                  "best_model": state["best_model"], "position": position}
+    _save_and_report(metrics, full_state, cfg, vocab, labels, spec, epoch - 1, assets)
+
+
+def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+                state: dict[str, Any], epoch: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    """What a complete checkpoint holds after ``epoch`` epochs (see :mod:`nre_ray.checkpoint`); ``best_model`` is
+    left out (None) when the weights are the best epoch's."""
+    return {
+        "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
+        "best_score": state["best_score"], "best_epoch": state["best_epoch"],
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "best_model": None if state["best_epoch"] == epoch else state["best_model"],
+        "preemptions": state["preemptions"],
+    }
+
+
+def _save_and_report(metrics: dict[str, Any], full_state: dict[str, Any], cfg: Config, vocab: Vocab,
+                     labels: list[str], spec: ModelSpec, epoch: int, assets: dict[str, bytes] | None) -> None:
+    """Rank 0: write the checkpoint of ``full_state`` and report it with ``metrics``."""
+    # Ray copies the folder to storage and then deletes it; in local mode (num_workers=0) the folder is the checkpoint.
+    folder = tempfile.mkdtemp(prefix=tempfiles.prefix("ckpt"))
+    save_checkpoint(Path(folder), full_state, cfg, vocab, labels, _meta(cfg, spec, epoch), assets)
+    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder),
+                     delete_local_checkpoint_after_upload=True)
+
+
 def _meta(cfg: Config, spec: ModelSpec, epoch: int) -> dict[str, Any]:
     return {"model": cfg.model.model, "epoch": epoch, "vocab_size": spec.vocab_size,
             "num_classes": spec.num_classes, "num_positions": spec.num_positions}
@@ -448,18 +555,8 @@ def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: tor
     if rank != 0:
         ray.train.report(metrics, checkpoint=None)
         return
-    full_state = {
-        "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
-        "best_score": state["best_score"],
-        "best_epoch": state["best_epoch"], "metrics": {k: float(v) for k, v in metrics.items()},
-        "best_model": None if state["best_epoch"] == epoch else state["best_model"],
-    }
-    # Ray copies the folder to storage and then deletes it; in local mode (num_workers=0) the folder is the checkpoint.
-    folder = tempfile.mkdtemp(prefix=tempfiles.prefix("ckpt"))
-    save_checkpoint(Path(folder), full_state, cfg, vocab, labels, _meta(cfg, spec, epoch), assets)
-    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder),
-                     delete_local_checkpoint_after_upload=True)
+    _save_and_report(metrics, _full_state(model, optimizer, scheduler, scaler, state, epoch, metrics), cfg, vocab,
+                     labels, spec, epoch, assets)
 
 
 def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSplit], labels: list[str],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import json
 import logging
@@ -336,7 +337,21 @@ def check_scale(cfg: Config) -> None:
     :func:`nre_ray.cluster.session.local_cluster`. Joining a cluster, :func:`connect` refuses them once joined."""
     ahead = local_cluster(cfg.run.address, cfg.train.use_gpu)
     if ahead is not None:
-        size_workers(ahead, cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker)
+        size_run_workers(ahead, cfg)
+
+
+def size_run_workers(info: Any, cfg: Config) -> Resources:
+    """:func:`nre_ray.cluster.session.size_workers` for the run's workers: ``--num-workers N``'s N; for an elastic
+    run, sized for MAX where the cluster (with what its autoscaler may add) can ever hold MAX, else for MIN, with
+    MIN's refusal when even MIN cannot be held."""
+    size = functools.partial(size_workers, info, use_gpu=cfg.train.use_gpu, cpus_per_worker=cfg.train.cpus_per_worker,
+                             wait=cfg.train.placement_timeout)
+    try:
+        return size(num_workers=cfg.train.num_workers)
+    except UsageError:
+        if not cfg.elastic:
+            raise
+        return size(num_workers=cfg.train.min_workers)
 
 
 def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> Resources:
@@ -346,11 +361,10 @@ def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> R
     step = step or console.Phase(console.get(), "ray", "connecting")
     start_ray(cfg.run.address)
     info = cluster()
-    resources = size_workers(info, cfg.train.num_workers, cfg.train.use_gpu, cfg.train.cpus_per_worker,
-                             cfg.train.placement_timeout)
+    resources = size_run_workers(info, cfg)
     for warning in check_shared_paths(info, target.storage, target.tracking_uri, cfg.run.allow_local_storage):
         step.note(f"warning: {warning}")
-    step.done(f"{info.describe()}; {cfg.train.num_workers} worker(s), {resources.per_worker} each")
+    step.done(f"{info.describe()}; {worker_count(cfg)} worker(s), {resources.per_worker} each")
     return resources
 
 
@@ -403,9 +417,14 @@ def check_select_metric(cfg: Config, labels: list[str]) -> None:
                          f"of {', '.join(available)}")
 
 
+def worker_count(cfg: Config) -> str:
+    """``--num-workers`` as given: ``N``, or ``MIN-MAX`` for an elastic run."""
+    return f"{cfg.train.min_workers}-{cfg.train.num_workers}" if cfg.elastic else str(cfg.train.num_workers)
+
+
 def placement_tags(cfg: Config, threads: int) -> dict[str, str]:
     """The run tags that say where it trained: workers, device, torch threads per worker (a run's, a trial's)."""
-    return {"workers": str(cfg.train.num_workers), "device": "gpu" if cfg.train.use_gpu else "cpu",
+    return {"workers": worker_count(cfg), "device": "gpu" if cfg.train.use_gpu else "cpu",
             "threads_per_worker": str(threads)}
 
 
@@ -482,6 +501,14 @@ def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[s
     }
 
 
+#: How often an elastic run looks for room to grow (Ray's default is 60 s); a grow restarts the worker group from
+#: the latest checkpoint, so growing more often than this would redo work for little gain.
+ELASTIC_RESIZE_INTERVAL_S = float(os.environ.get("NRE_RAY_ELASTIC_RESIZE_INTERVAL_S", "60"))
+#: Seconds past a preemption notice's deadline before Ray restarts the run (FailureConfig.preemption_grace_s): time
+#: for Ray to see the preempted node gone, so that the restart sizes the worker group without it.
+PREEMPTION_GRACE_S = 10.0
+
+
 def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resources, run_id: str,
                   started: float, extra_callbacks: tuple[Any, ...] = (), events: str | None = None) -> Any:
     """The TorchTrainer: the loop, its data, the workers' resources, checkpoints kept by the loop's selection rank,
@@ -504,8 +531,10 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
         train_loop_config={"config": cfg.to_dict(), "data": data_ref, "tracking_uri": target.tracking_uri,
                            "run_id": run_id, "threads": resources.threads,
                            "startup": {"command": started, "fit": time.time()}},  # the loop logs startup_workers_s
-        scaling_config=ray.train.ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu,
-                                               resources_per_worker=resources.per_worker),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=(cfg.train.min_workers, cfg.train.num_workers) if cfg.elastic else cfg.train.num_workers,
+            use_gpu=cfg.train.use_gpu, resources_per_worker=resources.per_worker,
+            **({"elastic_resize_monitor_interval_s": ELASTIC_RESIZE_INTERVAL_S} if cfg.elastic else {})),
         run_config=ray.train.RunConfig(
             name=target.run_name, storage_path=target.storage,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints,
@@ -513,7 +542,12 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
                                                          checkpoint_score_order="max"),
             # A worker group not placed within --placement-timeout (set_placement_timeout) fails the run:
             # controller_failure_limit=0 instead of Ray's default of retrying forever.
-            failure_config=ray.train.FailureConfig(max_failures=cfg.train.max_failures, controller_failure_limit=0),
+            # A preemption is counted apart (--max-preemptions, -1: no limit); the grace keeps the survivors going a
+            # little past the notice's deadline, so that Ray restarts once the preempted node is gone, not onto it.
+            failure_config=ray.train.FailureConfig(
+                max_failures=cfg.train.max_failures, controller_failure_limit=0,
+                max_preemption_failures=-1 if cfg.train.max_preemptions is None else cfg.train.max_preemptions,
+                preemption_grace_s=PREEMPTION_GRACE_S),
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             # each epoch once, when its checkpoint is kept
             callbacks=[EpochMetricsLogger(target.tracking_uri, run_id, events, cfg.train.epochs, cfg.select_metric),
@@ -544,7 +578,7 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     from nre_ray.tracking import store as tracking
 
     out = console.get()
-    workers = f"{cfg.train.num_workers} worker(s)" + (f", {resources.per_worker} each" if resources else "")
+    workers = f"{worker_count(cfg)} worker(s)" + (f", {resources.per_worker} each" if resources else "")
     if resources is not None and resources.waits:  # the workers phase ends when the nodes have come
         workers += (f"; the alive nodes cannot hold them yet: waiting up to {resources.placement_timeout:g} s "
                     "(--placement-timeout) for the autoscaler to add nodes")

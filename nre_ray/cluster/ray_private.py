@@ -57,6 +57,23 @@ def in_local_train_mode() -> bool:
     return isinstance(ray.train.get_context(), LocalTrainContext)
 
 
+def preemption_notice() -> Any:
+    """This Ray Train worker's own view of a preemption notice: Ray's ``PreemptionInfo`` (``deadline_ms``,
+    ``preempted_node_to_ranks``) once a node of the worker group is being drained for preemption, else None; None in
+    local mode. Unlike ``ray.train.get_preemption_info()`` it is no barrier: each rank reads its own copy, and the
+    caller agrees on it with the others in a collective it runs anyway (:mod:`nre_ray.elastic`)."""
+    # Private: ray.train.get_preemption_info() is the public reading, but it is a barrier through Ray Train's
+    # synchronization actor (a Ray call from every rank) each time it is asked, which costs more than a small step of
+    # training if asked at every step. Ray's preemption watcher hands the same PreemptionInfo to every worker
+    # (RayTrainWorker.mark_preempt), which keeps it in the internal train context's preemption_context
+    # (ray.train.v2._internal.execution.context), where get_preemption_info reads it before broadcasting rank 0's.
+    if in_local_train_mode():
+        return None
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    return get_train_context().preemption_context.preemption_info
+
+
 def function_trainable(function: Callable[..., Any], name: str) -> type:
     """The trainable class Tune makes of ``function``, to subclass: its ``cleanup`` runs in the trial's process when
     Tune stops the trial."""

@@ -1,0 +1,111 @@
+"""Elastic runs (``--num-workers MIN-MAX``): the same updates at every world size, and a position in an epoch that
+means the same examples at any world size (:mod:`nre_ray.elastic`). The ranks of a world are simulated in this
+process: each rank's gradients are computed apart and summed, which is what the one all-reduce of a step does."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import ray.train
+import torch
+from ray.train.torch import TorchTrainer
+
+from nre_ray import elastic
+from nre_ray.config import Config, ConfigError, build_parser, config_from_args
+from nre_ray.data.batches import EncodedSplit
+from nre_ray.data.encode import EncodedDataset
+from nre_ray.loop import train_loop_per_worker
+from nre_ray.models import build_model
+from nre_ray.models.registry import ModelSpec
+from tests.helpers import tiny_data
+
+CFG = {"train": {"batch_size": 5, "num_workers": "1-3", "seed": 5, "lr": 0.01},
+       "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16, "dropout": 0.0, "embedding_dropout": 0.0}}
+
+
+def test_num_workers_min_max_parses_and_bad_ranges_are_refused():
+    parse = build_parser().parse_args
+    cfg = config_from_args(parse(["--num-workers", "1-3", "--max-preemptions", "4"]))
+    assert (cfg.elastic, cfg.train.min_workers, cfg.train.num_workers, cfg.train.max_preemptions) == (True, 1, 3, 4)
+    assert not config_from_args(parse(["--num-workers", "3"])).elastic
+    for bad, said in (("3-1", "MIN must be >= 1 and <= MAX"), ("0-2", "MIN must be >= 1"),
+                      ("two", "neither N nor MIN-MAX")):
+        with pytest.raises(ConfigError, match=said):
+            config_from_args(parse(["--num-workers", bad]))
+    assert Config.from_dict(Config.from_dict(CFG).to_dict()).train.min_workers == 1  # a checkpoint's config
+
+
+def test_every_example_once_per_epoch_at_any_world_size_and_across_a_resize():
+    order = elastic.epoch_order(50, seed=5, epoch=2)
+    batch, steps = 12, 5  # ceil(50 / 12)
+
+    def seen(world: int, first: int, last: int) -> list[int]:
+        out = []
+        for step in range(first, last):
+            for rank in range(world):
+                parts, count = elastic.step_share(order, step, batch, rank, world, micro=4)
+                assert all(len(p) <= 4 for p in parts)
+                out += [int(i) for p in parts for i in p]
+            assert count == min(batch, 50 - step * batch)
+        return out
+
+    for world in (1, 2, 3, 7):
+        assert sorted(seen(world, 0, steps)) == list(range(50))
+    resized = seen(3, 0, 2) + seen(2, 2, 4) + seen(3, 4, steps)  # 3 -> 2 -> 3 workers, resumed at steps 2 and 4
+    assert sorted(resized) == list(range(50))
+
+
+def _gradients(world: int, step: int) -> list[torch.Tensor]:
+    """The summed gradients of one step of the tiny data at ``world`` simulated ranks."""
+    data = tiny_data()
+    cfg = Config.from_dict(CFG)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, ModelSpec(len(data["vocab"]), len(data["labels"]), data["num_positions"]))
+    dataset = EncodedDataset(EncodedSplit(data["splits"]["train"], "train"))
+    order = elastic.epoch_order(len(dataset), cfg.train.seed, 1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for rank in range(world):
+        parts, count = elastic.step_share(order, step, elastic.global_batch(cfg), rank, world, cfg.train.batch_size)
+        elastic.accumulate(model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext, scaler)
+    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("step", [0, 2])  # a full global batch of 15, and the last of 36 rows (6)
+def test_one_update_is_the_same_at_every_world_size(step):
+    fixed = _gradients(3, step)
+    for world in (1, 2):
+        for mine, theirs in zip(_gradients(world, step), fixed, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-7)
+
+
+def _fit(tmp_path, name: str, epochs: int, world: int) -> ray.train.Result:
+    """An elastic run (1-3) of the tiny data up to ``epochs``, at ``world`` workers; it resumes the run ``name``."""
+    cfg = Config.from_dict({**CFG, "train": {**CFG["train"], "epochs": epochs}})
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": cfg.to_dict(), "data": tiny_data(), "tracking_uri": None, "run_id": None},
+        scaling_config=ray.train.ScalingConfig(num_workers=world, resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path)),
+    ).fit()
+
+
+def _losses(tmp_path, name: str) -> list[tuple[int, float, float, int]]:
+    result = ray.train.Result.from_path(str(tmp_path / name))
+    return [(int(m["epoch"]), m["train_loss"], m["valid_loss"], int(m["workers"]))
+            for _, m in result.best_checkpoints if "epoch" in m]
+
+
+@pytest.mark.integration
+def test_a_run_resized_3_2_3_learns_as_one_fixed_at_3(ray_cluster, tmp_path):
+    """The resizes are made by resuming the run's epoch checkpoint at another world size (Ray decides when an
+    elastic run resizes, from the cluster's resources; one machine cannot make it resize at a chosen epoch). Every
+    epoch matches the fixed run to float tolerance, the resized ones too: only the summation order differs (dropout,
+    whose masks are drawn per rank, is off)."""
+    _fit(tmp_path, "fixed", 3, 3)
+    for epochs, world in ((1, 3), (2, 2), (3, 3)):
+        _fit(tmp_path, "resized", epochs, world)
+    fixed, resized = _losses(tmp_path, "fixed"), _losses(tmp_path, "resized")
+    assert [e for e, *_ in resized] == [1, 2, 3] and [w for *_, w in resized] == [3, 2, 3]
+    for (_, *mine, _), (_, *theirs, _) in zip(resized, fixed, strict=True):
+        assert mine == pytest.approx(theirs, rel=1e-4)
