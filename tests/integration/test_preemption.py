@@ -8,10 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
+import ray.train
+from mlflow.tracking import MlflowClient
 from ray.cluster_utils import Cluster
 
 from nre_ray.cluster.ray_private import drain_for_preemption, draining_nodes
-from tests.procs import start, stop_tree, wait_for
+from tests.procs import cli, start, stop_tree, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +63,53 @@ def test_a_drain_for_no_node_or_a_past_deadline_is_refused(two_nodes):
         drain_for_preemption(cluster.head_node.node_id, -1, address=cluster.gcs_address)
     with pytest.raises(ValueError, match="not a Ray node id"):
         drain_for_preemption("ff" * 28, 20, address=cluster.gcs_address)
+
+
+def _latest_metrics(run_dir: Path) -> dict:
+    """The metrics of the latest checkpoint Ray Train has registered for the run ({} before the first)."""
+    try:
+        return ray.train.Result.from_path(str(run_dir)).metrics or {}
+    except Exception:  # not there yet, or being rewritten
+        return {}
+
+
+@pytest.mark.timeout(420)
+def test_an_elastic_run_saves_a_checkpoint_on_a_preemption_notice_and_goes_on_with_fewer_workers(tmp_path: Path):
+    """A real preemption on a real 2-node Ray: the elastic run (``--num-workers 1-2``, one worker on each node) hears
+    of the drain of the second node (reason PREEMPTION, a deadline of 10 s) and saves a mid-epoch checkpoint before
+    the deadline; the node is killed after the deadline (as a cloud does), and the run goes on with one worker from
+    the latest checkpoint (the mid-epoch one, or an epoch's that ended after it: the workers train on until the
+    node goes), to a FINISHED run in one MLflow run with every epoch once."""
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False,
+        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
+    spot = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    epochs, log, run_dir, db = 6, tmp_path / "train.log", tmp_path / "storage" / "spot", tmp_path / "mlflow.db"
+    args = ["--address", cluster.address, "--num-workers", "1-2", "--epochs", str(epochs), "--batch-size", "2",
+            "--word-dim", "32", "--hidden-size", "64", "--run-name", "spot", "--storage-path",
+            str(tmp_path / "storage"), "--experiment-name", "spot", "--tracking-uri", f"sqlite:///{db}",
+            "--cache-dir", str(tmp_path / "cache"), "--allow-local-storage", "--no-log-model"]
+    proc = start(cli(*args), log, tmp_path, {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
+                                             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"})
+    try:
+        wait_for("the first epoch", lambda: _latest_metrics(run_dir).get("epoch", 0) >= 1, 240, proc=proc, log=log)
+        drain_for_preemption(spot.node_id, 10, address=cluster.gcs_address)
+        deadline = time.time() + 10
+        wait_for("a mid-epoch checkpoint", lambda: "saved a mid-epoch checkpoint" in log.read_text(), 10, proc=proc,
+                 log=log)
+        time.sleep(max(0.0, deadline - time.time()) + 1)
+        cluster.remove_node(spot, allow_graceful=False)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        stop_tree(proc)
+        cluster.shutdown()
+    text = log.read_text()
+    assert text.count("preemption 1: a node of the worker group is being taken back") == 1, text[-3000:]
+    client = MlflowClient(f"sqlite:///{db}")
+    (run,) = client.search_runs([client.get_experiment_by_name("spot").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["preemptions"] == "1"
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "epoch/train_loss"))
+    assert steps == list(range(1, epochs + 1)), steps
+    workers = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "workers")}
+    assert workers[1] == 2 and workers[epochs] == 1, workers
