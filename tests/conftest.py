@@ -13,7 +13,7 @@ pytest_plugins = ["tests.objectstore"]  # the object_store fixture: a real S3-co
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "datasets"
 
-for key, value in {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+for key, value in {"RAY_USAGE_STATS_ENABLED": "0",
                    "RAY_AUTH_MODE": "disabled", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
                    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
                    # Keeps Train's placement-group cleaner from asking another cluster's dashboard (stack.md).

@@ -22,8 +22,8 @@ from nre_ray.cluster.processes import cmdline
 
 #: Environment for subprocess Ray drivers and nodes: quiet, no token auth on 127.0.0.1, and Train's placement-group
 #: cleaner kept from asking another cluster's dashboard on this shared host (see the stack notes).
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_AUTH_MODE": "disabled",
-           "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+           "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -90,8 +90,9 @@ def test_an_elastic_run_saves_a_checkpoint_on_a_preemption_notice_and_goes_on_wi
             "--word-dim", "32", "--hidden-size", "64", "--run-name", "spot", "--storage-path",
             str(tmp_path / "storage"), "--experiment-name", "spot", "--tracking-uri", f"sqlite:///{db}",
             "--cache-dir", str(tmp_path / "cache"), "--allow-local-storage", "--no-log-model"]
-    proc = start(cli(*args), log, tmp_path, {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1",
-                                             "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"})
+    # Ray Train's preemption watcher as a user's run has it (on: nre_ray's quiet environment once turned it off,
+    # and no notice ever reached the workers); it polls every second here instead of Ray's default.
+    proc = start(cli(*args), log, tmp_path, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"})
     try:
         wait_for("the first epoch", lambda: _latest_metrics(run_dir).get("epoch", 0) >= 1, 240, proc=proc, log=log)
         drain_for_preemption(spot.node_id, 10, address=cluster.gcs_address)
