@@ -234,6 +234,11 @@ class RelationServer:
         if request.method == "POST" and path == "/invocations":
             body = await request.body()
             content_type = request.headers.get("content-type") or ""
+            plain = plain_request(body, content_type)
+            if plain is not None:
+                answer = await self.label(plain)
+                if not isinstance(answer, Exception):  # (bad rows: MLflow's code words the 400 below)
+                    return Response(content=answer_json(*answer), status_code=200, media_type=JSON)
             loop = self.model.loop = asyncio.get_running_loop()
             text, status, media = await loop.run_in_executor(self.parsing, self.invoke, body, content_type)
             return Response(content=text, status_code=status, media_type=media)
@@ -266,11 +271,11 @@ class RelationServer:
         return json.dumps({**json.loads(result.response), "warnings": warnings}), result.status, result.mimetype
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
-    async def label(self, items: list[tuple[pd.DataFrame, int]]) -> list[Any]:
+    async def label(self, items: list[tuple[Rows, int]]) -> list[Any]:
         """The answers of a batch of requests (``items``: checked rows and top-k of each), labelled together."""
         return await asyncio.get_running_loop().run_in_executor(self.labelling, self.label_now, items)
 
-    def label_now(self, items: list[tuple[pd.DataFrame, int]]) -> list[Any]:
+    def label_now(self, items: list[tuple[Rows, int]]) -> list[Any]:
         """Each request's answer: ``(predictions, warnings)``, or the 400 error that names its bad rows. Requests
         with the same columns are labelled in one pass."""
         from nre_ray.serving.inference import INPUT_COLUMNS, UNTYPED_WARNING, lacks_types, row_problems
@@ -279,17 +284,19 @@ class RelationServer:
         predictor = self.predictor
         answers: list[Any] = [None] * len(items)
         groups: dict[tuple[str, ...], list[int]] = {}
-        for i, (frame, _) in enumerate(items):
-            types = tuple(c for c in ("head_type", "tail_type") if c in frame.columns)
+        for i, (rows, _) in enumerate(items):
+            names = rows.columns if isinstance(rows, pd.DataFrame) else rows[0]
+            types = tuple(c for c in ("head_type", "tail_type") if c in names)
             groups.setdefault((*INPUT_COLUMNS, *types), []).append(i)
         for columns, members in groups.items():
             top_k = max(items[i][1] for i in members)
-            rows = pd.concat([items[i][0][list(columns)] for i in members], ignore_index=True)
-            predictions = predictor.predict_rows(rows, top_k)
+            predictions = predictor.predict_rows(_frame([items[i][0] for i in members], list(columns)), top_k)
             warnings = [UNTYPED_WARNING] if lacks_types(columns, predictor.config.data, predictor.vocab) else []
             start = 0
             for i in members:
-                part = predictions.iloc[start:start + len(items[i][0])].reset_index(drop=True)
+                rows = items[i][0]
+                part = predictions.iloc[start:start + (len(rows) if isinstance(rows, pd.DataFrame) else
+                                                       len(rows[1]))].reset_index(drop=True)
                 start += len(part)
                 if (part["problem"] != "").any():
                     answers[i] = rows_error(row_problems(part["problem"]))
@@ -301,6 +308,75 @@ class RelationServer:
                         part[column] = [values[:k] for values in part[column]]
                 answers[i] = (part, warnings)
         return answers
+
+
+#: A request's rows: MLflow's checked DataFrame, or ``(columns, rows)`` of a plain request (:func:`plain_request`).
+Rows = pd.DataFrame | tuple[tuple[str, ...], list[list[Any]]]
+_TEXT = {"sentence", "head", "tail", "head_type", "tail_type"}
+_OFFSETS = {"head_offset", "tail_offset"}
+
+
+def plain_request(body: bytes, content_type: str) -> tuple[Rows, int] | None:
+    """The rows and top-k of a plain, well-formed JSON request, read without pandas: ``dataframe_split``,
+    ``dataframe_records`` or ``instances`` with the required columns (and the optional types) and nothing else,
+    text where the signature says string, integers where it says long, ``params`` at most ``{"top_k": K}``. None for
+    anything else, which MLflow's own scoring code then reads (and answers, an error included): a request is
+    answered as ``mlflow models serve`` answers it either way, and the common one without MLflow's per-request
+    DataFrame work."""
+    from nre_ray.serving.inference import INPUT_COLUMNS
+
+    if content_type.replace(" ", "").lower() not in ("application/json", "application/json;charset=utf-8"):
+        return None
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not 1 <= len(payload) <= 2 or not set(payload) - {"params"}:
+        return None
+    params = payload.get("params") or {}
+    top_k = params.get("top_k", 0) if isinstance(params, dict) and set(params) <= {"top_k"} else None
+    if type(top_k) is not int or top_k < 0:
+        return None
+    (key,) = set(payload) - {"params"}
+    data = payload[key]
+    if key == "dataframe_split" and isinstance(data, dict) and set(data) == {"columns", "data"}:
+        columns, rows = data["columns"], data["data"]
+        if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == len(columns) for r in rows):
+            return None
+    elif key in ("dataframe_records", "instances") and isinstance(data, list) and data:
+        if not all(isinstance(r, dict) for r in data):
+            return None
+        columns = list(data[0])
+        if any(r.keys() != data[0].keys() for r in data):
+            return None
+        rows = [list(r.values()) for r in data]
+    else:
+        return None
+    if not rows or not isinstance(columns, list) or len(set(columns)) != len(columns) \
+            or not set(INPUT_COLUMNS) <= set(columns) <= set(INPUT_COLUMNS) | _TEXT:
+        return None
+    kinds = [str if c in _TEXT else int for c in columns]
+    if not all(type(v) is kind for row in rows for v, kind in zip(row, kinds, strict=True)):
+        return None
+    return (tuple(columns), rows), top_k
+
+
+def _frame(parts: list[Rows], columns: list[str]) -> pd.DataFrame:
+    """One frame of the ``columns`` of every part, in order."""
+    plain = [p for p in parts if not isinstance(p, pd.DataFrame)]
+    if len(plain) == len(parts) and all(p[0] == plain[0][0] for p in plain):  # the common case: built at once
+        index = [plain[0][0].index(c) for c in columns]
+        return pd.DataFrame([[row[i] for i in index] for p in plain for row in p[1]], columns=columns)
+    return pd.concat([p[columns] if isinstance(p, pd.DataFrame) else pd.DataFrame(p[1], columns=list(p[0]))[columns]
+                      for p in parts], ignore_index=True)
+
+
+def answer_json(predictions: pd.DataFrame, warnings: list[str]) -> str:
+    """MLflow's answer text (``{"predictions": [...]}``, records) for ``predictions``, with ``warnings`` if any."""
+    columns = list(predictions.columns)
+    values = [predictions[c].tolist() for c in columns]
+    records = [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
+    return json.dumps({"predictions": records, **({"warnings": warnings} if warnings else {})})
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -83,6 +83,16 @@ def test_answers_equal_the_predict_cli_in_every_input_format(url, model, tmp_pat
         assert got["predicted_relation"].tolist() == expected["predicted_relation"].tolist()
         np.testing.assert_allclose(got["score"], expected["score"], rtol=0, atol=1e-6)
         assert got["top_k_labels"].tolist() == expected["top_k_labels"].tolist()
+    # MLflow's own parsing (CSV; and a JSON request it must read itself: offsets as floats) answers the same
+    csv = requests.post(f"{url}/invocations", data=frame.to_csv(index=False), headers={"Content-Type": "text/csv"},
+                        timeout=30)
+    floats = post(url, {"dataframe_split": split(frame.astype({"head_offset": float}))})
+    for response in (csv, floats):
+        assert response.status_code == 200, response.text
+        got = pd.DataFrame(response.json()["predictions"])
+        assert list(got.columns) == ["predicted_relation", "score"]
+        assert got["predicted_relation"].tolist() == expected["predicted_relation"].tolist()
+        np.testing.assert_allclose(got["score"], expected["score"], rtol=0, atol=1e-6)
     # one-row requests at once are labelled in shared batches, each answered with its own row (top-k as asked)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: post(url, {"dataframe_records": records[i:i + 1],
