@@ -331,7 +331,7 @@ def plain_request(body: bytes, content_type: str) -> tuple[Rows, int] | None:
         payload = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(payload, dict) or not 1 <= len(payload) <= 2 or not set(payload) - {"params"}:
+    if not isinstance(payload, dict) or len(set(payload) - {"params"}) != 1:
         return None
     params = payload.get("params") or {}
     top_k = params.get("top_k", 0) if isinstance(params, dict) and set(params) <= {"top_k"} else None
