@@ -16,7 +16,7 @@ import functools
 import logging
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,13 +51,23 @@ def learnt_types(vocab: Vocab) -> bool:
     return any(token.startswith(("<e1:", "<e2:")) for token in vocab.tokens)
 
 
+#: What is said when rows without entity types reach a model trained with them (in the log; the model server also
+#: says it in its answer).
+UNTYPED_WARNING = ("this model was trained with entity types (typed entity markers); rows without head_type/tail_type "
+                   "columns get untyped markers, which it saw rarely or never in training: give the types (the same "
+                   "names as in training) for the accuracy it was measured at")
+
+
+def lacks_types(columns: Iterable[str], data: DataConfig, vocab: Vocab) -> bool:
+    """Whether rows with these ``columns`` lack the entity types that the model (``data``'s settings and ``vocab``)
+    was trained with."""
+    return data.typed_markers and not {"head_type", "tail_type"} <= set(columns) and learnt_types(vocab)
+
+
 @functools.lru_cache(maxsize=1)
 def _warn_untyped() -> None:
     """Say once per process that rows without entity types reach a model trained with them."""
-    logging.getLogger(__name__).warning(
-        "this model was trained with entity types (typed entity markers); rows without head_type/tail_type columns "
-        "get untyped markers, which it saw rarely or never in training: give the types (the same names as in "
-        "training) for the accuracy it was measured at")
+    logging.getLogger(__name__).warning(UNTYPED_WARNING)
 
 
 def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
@@ -81,7 +91,7 @@ def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: lis
     checked = check_rows(batch)
     if labels is not None:
         checked = _mark_unknown_labels(checked, labels)
-    if data.typed_markers and not {"head_type", "tail_type"} <= set(checked.columns) and learnt_types(vocab):
+    if lacks_types(checked.columns, data, vocab):
         _warn_untyped()
     if vocab.subword:
         if not assets:
@@ -284,12 +294,54 @@ def resolve_checkpoint(model: str, tracking_uri: str | None = None) -> ResolvedM
         return ResolvedModel(_checkpoint_in(Path(local), model), model, temp)
     except MlflowException as err:
         temp.cleanup()
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"--model {model}: MLflow cannot give this model ({first}). Check the URI and "
-                              "--tracking-uri (or MLFLOW_TRACKING_URI).") from None
+        raise _not_in_mlflow(model, err) from None
     except BaseException:
         temp.cleanup()
         raise
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Which model a command uses, pinned: ``model`` as the user named it, ``uri`` what to load (an alias resolved
+    to its version number, a local folder made absolute), and where known the MLflow ``run_id`` and the registered
+    ``name`` and ``version``."""
+
+    model: str
+    uri: str
+    run_id: str | None = None
+    name: str | None = None
+    version: str | None = None
+
+
+def identify_model(model: str, tracking_uri: str | None = None) -> ModelIdentity:
+    """The :class:`ModelIdentity` of ``model`` (named as :func:`resolve_checkpoint` takes it): ``runs:/<id>/...``
+    gives its run; ``models:/<name>/<version>`` and ``models:/<name>@<alias>`` are looked up in the registry of
+    ``tracking_uri`` (an alias is pinned to the version it names now). CheckpointError when the registry has no such
+    model."""
+    if not model.startswith(_MLFLOW_URIS):
+        return ModelIdentity(model, storage.absolute(model))
+    if model.startswith("runs:/"):
+        return ModelIdentity(model, model, run_id=model[len("runs:/"):].split("/", 1)[0])
+    match = re.fullmatch(r"models:/([^/@]+)(?:/([^/]+)|@([^/]+))", _alias_uri(model))
+    if not match or (match.group(2) and match.group(2).lower() in _STAGES):
+        return ModelIdentity(model, model)  # a stage name: MLflow resolves it when the model is loaded
+    from mlflow.exceptions import MlflowException
+
+    from nre_ray.tracking.store import registered_version, resolve_tracking_uri
+
+    name = match.group(1)
+    try:
+        version, run_id = registered_version(name, match.group(2) or match.group(3), resolve_tracking_uri(tracking_uri))
+    except MlflowException as err:
+        raise _not_in_mlflow(model, err) from None
+    return ModelIdentity(model, f"models:/{name}/{version}", run_id, name, version)
+
+
+def _not_in_mlflow(model: str, err: Exception) -> CheckpointError:
+    """The error for a model URI that MLflow cannot give (``err``: MLflow's)."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return CheckpointError(f"--model {model}: MLflow cannot give this model ({first}). Check the URI and "
+                           "--tracking-uri (or MLFLOW_TRACKING_URI).")
 
 
 def _stored_checkpoint(model: str) -> ResolvedModel:

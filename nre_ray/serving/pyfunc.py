@@ -55,22 +55,37 @@ class RelationModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Label the rows of ``model_input``."""
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
         from nre_ray.data.errors import DataError
-        from nre_ray.serving.inference import OUTPUT_COLUMNS, TOP_K_COLUMNS
 
         top_k = int((params or {}).get("top_k") or 0)
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         try:
             out = self.predictor.predict_frame(frame, top_k=top_k)
         except DataError as err:
-            fixed = DataError(err.problems, hint="Fix these rows (head_offset / tail_offset: 0-based character "
-                                                 "offsets of head and tail in sentence) and send them again.")
-            raise MlflowException(str(fixed), error_code=INVALID_PARAMETER_VALUE) from None
-        columns = list(OUTPUT_COLUMNS) + (list(TOP_K_COLUMNS) if top_k > 0 else [])
-        return out[columns].reset_index(drop=True)
+            raise rows_error(err.problems) from None
+        return out[answer_columns(top_k)].reset_index(drop=True)
+
+
+def answer_columns(top_k: int) -> list[str]:
+    """The columns of the model's answer: ``predicted_relation, score`` and, with ``top_k > 0``, ``top_k_labels,
+    top_k_scores``."""
+    from nre_ray.serving.inference import OUTPUT_COLUMNS, TOP_K_COLUMNS
+
+    return list(OUTPUT_COLUMNS) + (list(TOP_K_COLUMNS) if top_k > 0 else [])
+
+
+def rows_error(problems: list[Any]) -> Exception:
+    """The error a client gets for bad rows (``problems``: :class:`nre_ray.data.errors.Problem`, ``row N: field:
+    what``): an ``MlflowException`` that MLflow's scoring server (and ``python -m nre_ray.serve``) answers with HTTP
+    400 and the rows' problems in words."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    from nre_ray.data.errors import DataError
+
+    fixed = DataError(problems, hint="Fix these rows (head_offset / tail_offset: 0-based character offsets of head "
+                                     "and tail in sentence) and send them again.")
+    return MlflowException(str(fixed), error_code=INVALID_PARAMETER_VALUE)
 
 
 def signature() -> Any:

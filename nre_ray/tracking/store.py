@@ -709,3 +709,14 @@ __all__ = [
     "tracking_uri_problem",
     "warm_up",
 ]
+
+
+def registered_version(name: str, version_or_alias: str, tracking_uri: str) -> tuple[str, str | None]:
+    """The version number and source run id of the registered model ``name`` at ``version_or_alias`` (a version
+    number, or an alias). MLflow's error is left to the caller when there is none."""
+    client = _client(tracking_uri)
+    if version_or_alias.isdigit():
+        found = client.get_model_version(name, version_or_alias)
+    else:
+        found = client.get_model_version_by_alias(name, version_or_alias)
+    return str(found.version), found.run_id

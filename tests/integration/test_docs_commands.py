@@ -42,6 +42,7 @@ from nre_ray.data.__main__ import build_cli as data_parser
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import build_parser as evaluate_parser
 from nre_ray.predict import build_parser as predict_parser
+from nre_ray.serve.__main__ import build_parser as serve_parser
 from nre_ray.standin import build_parser as standin_parser
 from nre_ray.train import cli_parser as train_parser
 from nre_ray.tune.__main__ import sweep_parser
@@ -57,6 +58,7 @@ KINDS = {"skip", "parse", "server", "exit"}
 BLOCK = re.compile(r"(?:^<!-- docs-test: (?P<kind>\w+) ?(?P<arg>.*?) ?-->\n)?^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```$",
                    re.M | re.S)
 PARSERS = {"nre_ray.train": train_parser, "nre_ray.predict": predict_parser, "nre_ray.evaluate": evaluate_parser,
+           "nre_ray.serve": serve_parser,
            "nre_ray.data": data_parser, "nre_ray.standin": standin_parser, "nre_ray.tune": sweep_parser}
 
 

@@ -15,6 +15,7 @@ from nre_ray.config import ConfigError, choices
 from nre_ray.data.__main__ import build_cli as data_parser
 from nre_ray.evaluate import build_parser as evaluate_parser
 from nre_ray.predict import build_parser as predict_parser
+from nre_ray.serve.__main__ import build_parser as serve_parser
 from nre_ray.standin import build_parser as standin_parser
 from nre_ray.standin import main as standin_main
 from nre_ray.train import cli_parser as train_parser
@@ -33,6 +34,7 @@ COMMANDS = {
     "nre_ray.train": (train_parser, train_parser),
     "nre_ray.predict": (predict_parser, predict_parser),
     "nre_ray.evaluate": (evaluate_parser, evaluate_parser),
+    "nre_ray.serve": (serve_parser, serve_parser),
     "nre_ray.tune": (sweep_parser, sweep_parser),
     "nre_ray.data inspect": (lambda: _subcommand("inspect"), data_parser),
     "nre_ray.data convert": (lambda: _subcommand("convert"), data_parser),
@@ -117,7 +119,7 @@ def test_the_commands_take_the_formats_and_bad_row_policies_the_library_knows():
 HEAVY = ("torch", "ray", "mlflow", "pandas", "pyarrow")
 
 
-@pytest.mark.parametrize("command", ["train", "tune", "evaluate", "predict", "data", "standin"])
+@pytest.mark.parametrize("command", ["train", "tune", "evaluate", "predict", "serve", "data", "standin"])
 def test_help_imports_no_torch_ray_mlflow_or_pandas(command):
     script = (f"import runpy, sys\nsys.argv = ['nre_ray.{command}', '--help']\ntry:\n"
               f"    runpy.run_module('nre_ray.{command}', run_name='__main__')\nexcept SystemExit as err:\n"

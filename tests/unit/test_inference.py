@@ -22,11 +22,13 @@ from tests.helpers import TEMPLATES, tiny_frame
 WINDOW = 10
 
 
-def make_checkpoint(folder, model: str = "cnn", seed: int = 0):
-    """A small untrained checkpoint over the tiny templates' vocabulary (positions seen up to +-4 only)."""
+def make_checkpoint(folder, model: str = "cnn", seed: int = 0, typed: bool = False):
+    """A small untrained checkpoint over the tiny templates' vocabulary (positions seen up to +-4 only); ``typed``:
+    its vocabulary has typed entity markers (rows with head_type ORG and tail_type PER), as if trained with types."""
     cfg = Config.from_dict({"model": {"model": model, "word_dim": 8, "pos_dim": 3, "hidden_size": 12},
                             "data": {"max_length": 32, "position_window": WINDOW}})
-    frame = tokenize_batch(tiny_frame(2), "regex", True)
+    rows = tiny_frame(2).assign(head_type="ORG", tail_type="PER") if typed else tiny_frame(2)
+    frame = tokenize_batch(rows, "regex", True, typed, typed)
     vocab = Vocab.build(dict(zip(*token_counts(frame).to_dict("list").values(), strict=True)), 1)
     labels = sorted(TEMPLATES)
     spec = ModelSpec(len(vocab), len(labels), WINDOW + 6)  # smaller than 2 * WINDOW + 2: long inputs must still work

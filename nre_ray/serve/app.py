@@ -1,0 +1,442 @@
+"""The Ray Serve application: one deployment, :class:`RelationServer`, that speaks MLflow's scoring protocol.
+
+Each replica holds the model once (:class:`nre_ray.serving.inference.Predictor`). A request is parsed and checked by
+MLflow's own scoring-server code (``mlflow.pyfunc.scoring_server.invocations``, against the signature the logged
+pyfunc model has: :func:`nre_ray.serving.pyfunc.signature`), so requests, answers and errors are those of
+``mlflow models serve``; only the labelling differs: the rows of concurrent requests are labelled together in one
+batch (``@serve.batch``), and each request gets its own rows' answer, or its own 400 for bad rows.
+
+The deployment's ``user_config`` records what it serves (the model as named, the URI pinned to a version, the run
+id, the registered name and version) and the batch settings; ``GET /health`` answers them, and ``serve status`` /
+the dashboard's Serve page show the deployment. :func:`build` makes the application from the options of
+``python -m nre_ray.serve`` for a Serve config file (``import_path: nre_ray.serve.app:build``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+from ray import serve
+from ray.serve import Application
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from nre_ray.cluster.session import Cluster, Resources, UsageError, quiet_env_for_workers, size_workers
+from nre_ray.serving.inference import ModelIdentity
+
+DEPLOYMENT = "RelationServer"
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """The settings of one application (see ``python -m nre_ray.serve --help``)."""
+
+    model: str
+    tracking_uri: str | None = None
+    address: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    name: str = "nre_ray"
+    max_batch_size: int = 32
+    batch_wait_timeout_s: float = 0.005
+    min_replicas: int = 1
+    max_replicas: int | None = None
+    target_ongoing_requests: float = 8.0
+    max_ongoing_requests: int | None = None
+    cpus_per_replica: float | None = None
+    use_gpu: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeOptions:
+        """The options of parsed command-line arguments; UsageError for values that cannot work."""
+        options = cls(**vars(args))
+        if options.max_batch_size < 1 or options.min_replicas < 0 or options.replicas[1] < 1:
+            raise UsageError("--max-batch-size and --max-replicas must be >= 1, --min-replicas >= 0")
+        if options.replicas[1] < options.min_replicas:
+            raise UsageError(f"--max-replicas {options.max_replicas} is below --min-replicas {options.min_replicas}")
+        if options.batch_wait_timeout_s < 0 or options.target_ongoing_requests <= 0:
+            raise UsageError("--batch-wait-timeout-s must be >= 0 and --target-ongoing-requests > 0")
+        if options.ongoing < options.max_batch_size:
+            raise UsageError(f"--max-ongoing-requests {options.ongoing} is below --max-batch-size "
+                             f"{options.max_batch_size}: a batch could never fill")
+        if options.cpus_per_replica is not None and options.cpus_per_replica < 0.01:
+            raise UsageError("--cpus-per-replica must be >= 0.01")
+        if not 0 < options.port < 65536:
+            raise UsageError(f"--port {options.port}: not a TCP port")
+        return options
+
+    @property
+    def replicas(self) -> tuple[int, int]:
+        """Fewest and most replicas."""
+        return self.min_replicas, self.min_replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def ongoing(self) -> int:
+        """Most requests in flight per replica."""
+        return self.max_ongoing_requests or 2 * self.max_batch_size
+
+
+def replica_resources(info: Cluster, options: ServeOptions) -> Resources:
+    """Each replica's resources on the cluster ``info``, sized as train sizes its workers for the most replicas;
+    UsageError when the cluster can never hold them (``--use-gpu`` where it has no GPU among them)."""
+    try:
+        return size_workers(info, max(1, options.replicas[1]), options.use_gpu, options.cpus_per_replica)
+    except UsageError as err:  # said in train's words: name the options of this command
+        text = str(err).replace("--num-workers", "--max-replicas").replace("--cpus-per-worker", "--cpus-per-replica")
+        raise UsageError(text.replace("workers", "replicas").replace("worker", "replica")) from None
+
+
+def named_model(options: ServeOptions) -> tuple[ModelIdentity, str]:
+    """The model ``options`` name, pinned (an alias to its version) and checked (CheckpointError when it cannot be
+    loaded: said here, not by a replica that fails to start), and the tracking URI."""
+    from nre_ray.serving.inference import identify_model, resolve_checkpoint
+    from nre_ray.tracking.store import resolve_tracking_uri
+
+    tracking_uri = resolve_tracking_uri(options.tracking_uri)
+    identity = identify_model(options.model, tracking_uri)
+    resolve_checkpoint(identity.uri if identity.version else options.model, tracking_uri).cleanup()
+    return identity, tracking_uri
+
+
+def served_config(options: ServeOptions, identity: ModelIdentity, tracking_uri: str,
+                  resources: Resources) -> dict[str, Any]:
+    """The deployment's ``user_config``: the model it serves (:class:`ModelIdentity`), where to find it, the batch
+    settings, the torch threads and device of each replica (of ``resources``)."""
+    return {"model": asdict(identity), "tracking_uri": tracking_uri, "max_batch_size": options.max_batch_size,
+            "batch_wait_timeout_s": options.batch_wait_timeout_s, "threads": resources.threads,
+            "device": "cuda" if options.use_gpu else "cpu"}
+
+
+def application(options: ServeOptions, config: dict[str, Any], resources: Resources) -> Application:
+    """The Serve application: :class:`RelationServer` with ``config`` (:func:`served_config`), replicas of
+    ``resources``, autoscaled when ``options`` allow more replicas than the fewest."""
+    low, high = options.replicas
+    scaling: dict[str, Any] = {"num_replicas": low}
+    if high > low:
+        scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
+                                          "target_ongoing_requests": options.target_ongoing_requests}}
+    deployment = RelationServer.options(
+        ray_actor_options={"num_cpus": resources.per_worker.get("CPU", 1.0),
+                           "num_gpus": resources.per_worker.get("GPU", 0.0),
+                           "runtime_env": {"env_vars": quiet_env_for_workers()}},  # normal priority, as train's
+        max_ongoing_requests=options.ongoing, user_config=config, **scaling)
+    return deployment.bind(options.ongoing)
+
+
+def build(args: dict[str, Any]) -> Application:
+    """Serve's application builder (``import_path: nre_ray.serve.app:build`` in a config file, or
+    ``serve run nre_ray.serve.app:build model=runs:/RUN_ID/model``): ``args`` are the options of ``python -m
+    nre_ray.serve`` with ``_`` or ``-`` (``model``, ``max_replicas``, ``use_gpu: true``, ...). The HTTP host and
+    port are the config file's ``http_options``; ``address`` and ``name`` do not apply. Runs where Serve builds the
+    application (on the cluster), so the model must be reachable from there."""
+    from nre_ray.cluster.session import cluster
+    from nre_ray.serve.__main__ import build_parser
+
+    argv = []
+    for key, value in args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+            argv += [flag] if str(value).lower() == "true" else []
+        else:
+            argv += [flag, str(value)]
+    parser = build_parser()
+    try:
+        parsed = parser.parse_args(argv)
+    except SystemExit:  # argparse has printed what is wrong
+        raise ValueError(f"nre_ray.serve.app:build: bad args {args}: see the message above and "
+                         "`python -m nre_ray.serve --help`") from None
+    options = ServeOptions.from_args(parsed)
+    resources = replica_resources(cluster(), options)
+    return application(options, served_config(options, *named_model(options), resources), resources)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the deployment
+
+
+class _Batched:
+    """The model as MLflow's scoring server calls it (``predict(data, params)``), from a request's thread: the
+    checked rows go to the replica's batcher and the thread waits for their answer."""
+
+    def __init__(self, server: RelationServer) -> None:
+        self.server = server
+        self.loop: asyncio.AbstractEventLoop | None = None  # the replica's event loop, where the batcher runs
+        self.said = threading.local()  # what the request's answer must say besides (a missing type)
+
+    def predict(self, data: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        top_k = int((params or {}).get("top_k") or 0)
+        answer = asyncio.run_coroutine_threadsafe(self.server.label((data, top_k)), self.loop).result()
+        if isinstance(answer, Exception):
+            raise answer
+        frame, warnings = answer
+        self.said.warnings = warnings
+        return frame
+
+
+@serve.deployment(name=DEPLOYMENT)
+class RelationServer:
+    """A replica: the model once, MLflow's scoring protocol, batched labelling. ``parsers``: how many requests are
+    parsed at once (the most in flight)."""
+
+    def __init__(self, parsers: int) -> None:
+        from mlflow.models import Model
+        from mlflow.pyfunc import PyFuncModel
+
+        from nre_ray.serving.pyfunc import signature
+
+        self.config: dict[str, Any] = {}
+        self.predictor = None
+        self.parsing = ThreadPoolExecutor(max_workers=max(1, parsers), thread_name_prefix="parse")
+        self.labelling = ThreadPoolExecutor(max_workers=1, thread_name_prefix="label")
+        self.model = _Batched(self)
+        self.pyfunc = PyFuncModel(Model(signature=signature()), self.model)  # schema checks as the logged model's
+        self.schema = self.pyfunc.metadata.get_input_schema()
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """Load the model the config names (when it changed) and apply its batch settings."""
+        import torch
+
+        from nre_ray.serving.inference import Predictor, resolve_checkpoint
+
+        if config["model"] != self.config.get("model") or config["device"] != self.config.get("device"):
+            torch.set_num_threads(max(1, int(config["threads"])))
+            resolved = resolve_checkpoint(config["model"]["uri"], config["tracking_uri"])
+            try:
+                self.predictor = Predictor.from_checkpoint(resolved.checkpoint, config["device"])
+            finally:
+                resolved.cleanup()
+        self.label.set_max_batch_size(int(config["max_batch_size"]))
+        self.label.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
+        self.config = config
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/")
+        if request.method == "GET" and path == "/ping":
+            return Response(content="\n", status_code=200, media_type=JSON)
+        if request.method == "GET" and path == "/health":
+            return JSONResponse(self.health())
+        if request.method == "GET" and path == "/version":
+            from mlflow.version import VERSION
+
+            return Response(content=VERSION, status_code=200, media_type=JSON)
+        if request.method == "POST" and path == "/invocations":
+            body = await request.body()
+            content_type = request.headers.get("content-type") or ""
+            plain = plain_request(body, content_type)
+            if plain is not None:
+                answer = await self.label(plain)
+                if not isinstance(answer, Exception):  # (bad rows: MLflow's code words the 400 below)
+                    return Response(content=answer_json(*answer), status_code=200, media_type=JSON)
+            loop = self.model.loop = asyncio.get_running_loop()
+            text, status, media = await loop.run_in_executor(self.parsing, self.invoke, body, content_type)
+            return Response(content=text, status_code=status, media_type=media)
+        return JSONResponse({"error_code": "ENDPOINT_NOT_FOUND",
+                             "message": f"no {request.method} {path or '/'}: POST /invocations, GET /ping, "
+                                        "/health, /version"}, status_code=404)
+
+    def health(self) -> dict[str, Any]:
+        """What ``GET /health`` answers: the model served, the batch settings, this replica."""
+        context = serve.get_replica_context()
+        settings = {k: v for k, v in self.config.items() if k not in ("model", "tracking_uri")}
+        return {"status": "ok", "model": self.config.get("model"), "settings": settings,
+                "replica": {"id": context.replica_id.unique_id, "pid": os.getpid()}}
+
+    def invoke(self, body: bytes, content_type: str) -> tuple[str, int, str]:
+        """One ``POST /invocations`` as MLflow's scoring server answers it (runs in a parsing thread): text, HTTP
+        status, media type; a ``warnings`` list joins the predictions when the rows lack the types the model
+        learnt."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.pyfunc.scoring_server import invocations
+
+        self.model.said.warnings = []
+        try:
+            result = invocations(body, content_type, self.pyfunc, self.schema)
+        except MlflowException as err:
+            return err.serialize_as_json(), err.get_http_status_code(), JSON
+        warnings = self.model.said.warnings
+        if not warnings or result.status != 200:
+            return result.response, result.status, result.mimetype
+        return json.dumps({**json.loads(result.response), "warnings": warnings}), result.status, result.mimetype
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def label(self, items: list[tuple[Rows, int]]) -> list[Any]:
+        """The answers of a batch of requests (``items``: checked rows and top-k of each), labelled together."""
+        return await asyncio.get_running_loop().run_in_executor(self.labelling, self.label_now, items)
+
+    def label_now(self, items: list[tuple[Rows, int]]) -> list[Any]:
+        """Each request's answer: ``(predictions, warnings)``, or the 400 error that names its bad rows. Requests
+        with the same columns are labelled in one pass."""
+        from nre_ray.serving.inference import INPUT_COLUMNS, UNTYPED_WARNING, lacks_types, row_problems
+        from nre_ray.serving.pyfunc import answer_columns, rows_error
+
+        predictor = self.predictor
+        answers: list[Any] = [None] * len(items)
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for i, (rows, _) in enumerate(items):
+            names = rows.columns if isinstance(rows, pd.DataFrame) else rows[0]
+            types = tuple(c for c in ("head_type", "tail_type") if c in names)
+            groups.setdefault((*INPUT_COLUMNS, *types), []).append(i)
+        for columns, members in groups.items():
+            top_k = max(items[i][1] for i in members)
+            predictions = predictor.predict_rows(_frame([items[i][0] for i in members], list(columns)), top_k)
+            warnings = [UNTYPED_WARNING] if lacks_types(columns, predictor.config.data, predictor.vocab) else []
+            start = 0
+            for i in members:
+                rows = items[i][0]
+                part = predictions.iloc[start:start + (len(rows) if isinstance(rows, pd.DataFrame) else
+                                                       len(rows[1]))].reset_index(drop=True)
+                start += len(part)
+                if (part["problem"] != "").any():
+                    answers[i] = rows_error(row_problems(part["problem"]))
+                    continue
+                k = items[i][1]
+                part = part[answer_columns(k)].copy()
+                if 0 < k < top_k:
+                    for column in ("top_k_labels", "top_k_scores"):
+                        part[column] = [values[:k] for values in part[column]]
+                answers[i] = (part, warnings)
+        return answers
+
+
+#: A request's rows: MLflow's checked DataFrame, or ``(columns, rows)`` of a plain request (:func:`plain_request`).
+Rows = pd.DataFrame | tuple[tuple[str, ...], list[list[Any]]]
+_TEXT = {"sentence", "head", "tail", "head_type", "tail_type"}
+_OFFSETS = {"head_offset", "tail_offset"}
+
+
+def plain_request(body: bytes, content_type: str) -> tuple[Rows, int] | None:
+    """The rows and top-k of a plain, well-formed JSON request, read without pandas: ``dataframe_split``,
+    ``dataframe_records`` or ``instances`` with the required columns (and the optional types) and nothing else,
+    text where the signature says string, integers where it says long, ``params`` at most ``{"top_k": K}``. None for
+    anything else, which MLflow's own scoring code then reads (and answers, an error included): a request is
+    answered as ``mlflow models serve`` answers it either way, and the common one without MLflow's per-request
+    DataFrame work."""
+    from nre_ray.serving.inference import INPUT_COLUMNS
+
+    if content_type.replace(" ", "").lower() not in ("application/json", "application/json;charset=utf-8"):
+        return None
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or len(set(payload) - {"params"}) != 1:
+        return None
+    params = payload.get("params") or {}
+    top_k = params.get("top_k", 0) if isinstance(params, dict) and set(params) <= {"top_k"} else None
+    if type(top_k) is not int or top_k < 0:
+        return None
+    (key,) = set(payload) - {"params"}
+    data = payload[key]
+    if key == "dataframe_split" and isinstance(data, dict) and set(data) == {"columns", "data"}:
+        columns, rows = data["columns"], data["data"]
+        if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == len(columns) for r in rows):
+            return None
+    elif key in ("dataframe_records", "instances") and isinstance(data, list) and data:
+        if not all(isinstance(r, dict) for r in data):
+            return None
+        columns = list(data[0])
+        if any(r.keys() != data[0].keys() for r in data):
+            return None
+        rows = [list(r.values()) for r in data]
+    else:
+        return None
+    if not rows or not isinstance(columns, list) or len(set(columns)) != len(columns) \
+            or not set(INPUT_COLUMNS) <= set(columns) <= set(INPUT_COLUMNS) | _TEXT:
+        return None
+    kinds = [str if c in _TEXT else int for c in columns]
+    if not all(type(v) is kind for row in rows for v, kind in zip(row, kinds, strict=True)):
+        return None
+    return (tuple(columns), rows), top_k
+
+
+def _frame(parts: list[Rows], columns: list[str]) -> pd.DataFrame:
+    """One frame of the ``columns`` of every part, in order."""
+    plain = [p for p in parts if not isinstance(p, pd.DataFrame)]
+    if len(plain) == len(parts) and all(p[0] == plain[0][0] for p in plain):  # the common case: built at once
+        index = [plain[0][0].index(c) for c in columns]
+        return pd.DataFrame([[row[i] for i in index] for p in plain for row in p[1]], columns=columns)
+    return pd.concat([p[columns] if isinstance(p, pd.DataFrame) else pd.DataFrame(p[1], columns=list(p[0]))[columns]
+                      for p in parts], ignore_index=True)
+
+
+def answer_json(predictions: pd.DataFrame, warnings: list[str]) -> str:
+    """MLflow's answer text (``{"predictions": [...]}``, records) for ``predictions``, with ``warnings`` if any."""
+    columns = list(predictions.columns)
+    values = [predictions[c].tolist() for c in columns]
+    records = [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
+    return json.dumps({"predictions": records, **({"warnings": warnings} if warnings else {})})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the command
+
+
+def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
+    """``python -m nre_ray.serve``: start or join Ray, run the application, print its URL and serve until Ctrl-C
+    (or SIGTERM, as ``ray job stop`` sends), then delete the application, and on a Ray this command started shut
+    Serve and Ray down. Never returns normally: a stop raises KeyboardInterrupt after the cleanup."""
+    import ray
+
+    from nre_ray.cluster.session import cluster, local_cluster, start_ray
+
+    options = ServeOptions.from_args(args)
+    ahead = local_cluster(options.address)  # the local Ray to start: refuse what it can never hold, before it starts
+    if ahead is not None:
+        replica_resources(ahead, options)
+        _check_port(options.host, options.port)
+    identity, tracking_uri = named_model(options)
+    signal.signal(signal.SIGTERM, _stop)
+    if ahead is not None:  # Serve's proxy and the replicas are the job: normal priority, not Ray's nice 15
+        os.environ.setdefault("RAY_worker_niceness", "0")
+    where = start_ray(options.address, log_to_driver=False)
+    own_ray = where.kind == "local" and ahead is not None
+    deployed = False
+    try:
+        resources = replica_resources(cluster(), options)
+        config = served_config(options, identity, tracking_uri, resources)
+        serve.start(http_options={"host": options.host, "port": options.port})
+        deployed = True
+        serve.run(application(options, config, resources), name=options.name, route_prefix="/", blocking=False)
+        model = config["model"]
+        host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
+        url = f"http://{host}:{options.port}"
+        print(f"serving {model['uri']}" + (f" (run {model['run_id']})" if model.get("run_id") else "")
+              + f" at {url}/invocations (health: {url}/health); Ctrl-C to stop", flush=True)
+        while True:
+            time.sleep(3600)
+    finally:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the cleanup short
+        try:
+            if deployed:
+                serve.delete(options.name)
+            if own_ray:
+                ray.shutdown()  # the local Ray and Serve's controller and proxy with it
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _stop(signum: int, frame: Any) -> None:
+    """SIGTERM stops the command as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def _check_port(host: str, port: int) -> None:
+    """UsageError when ``port`` is taken on ``host`` (the local Ray's HTTP proxy could not listen there)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise UsageError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror or err}); pass a free "
+                             "--port") from None

@@ -1,0 +1,222 @@
+"""Online serving on Ray Serve, for real: the application of ``nre_ray.serve.app:build`` on the session's Ray answers
+as the predict CLI does, with MLflow's protocol; bad rows get a 400 with the reason, a missing type is said in the
+answer; a replica killed under load is replaced and every request ends with an answer; ``python -m nre_ray.serve``
+prints its URL and shuts everything down on Ctrl-C; bad options are one ``error:`` line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+
+from nre_ray.cluster.processes import cmdline
+from nre_ray.predict import main as predict_main
+from nre_ray.serve.__main__ import main as serve_main
+from tests import procs
+from tests.helpers import tiny_frame
+from tests.unit.test_inference import make_checkpoint
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+APP = "nre_ray_test"
+COLUMNS = ["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type"]
+UP_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """A small checkpoint whose vocabulary has typed entity markers (a model trained with entity types)."""
+    return make_checkpoint(tmp_path_factory.mktemp("serve") / "checkpoint", typed=True)
+
+
+@pytest.fixture(scope="module")
+def url(ray_cluster, model):
+    """The application of the Serve config-file builder, two replicas, on the session's Ray; its base URL."""
+    from ray import serve
+
+    from nre_ray.serve.app import build
+
+    port = procs.free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        app = build({"model": str(model), "min_replicas": "2", "max_batch_size": "8", "batch_wait_timeout_s": "0.01"})
+        serve.run(app, name=APP, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+
+
+def rows(n: int = 12) -> pd.DataFrame:
+    frame = tiny_frame(4).iloc[:n].reset_index(drop=True)
+    return frame.assign(head_type="ORG", tail_type="PER")[COLUMNS]
+
+
+def post(url: str, payload: dict, timeout: float = 30) -> requests.Response:
+    return requests.post(f"{url}/invocations", json=payload, timeout=timeout)
+
+
+def split(frame: pd.DataFrame) -> dict:
+    return json.loads(frame.to_json(orient="split", index=False))
+
+
+def test_answers_equal_the_predict_cli_in_every_input_format(url, model, tmp_path, capsys):
+    frame = rows()
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    assert predict_main(["--model", str(model), "--input", str(tmp_path / "rows.csv"), "--output",
+                         str(tmp_path / "out.jsonl"), "--top-k", "2", "--no-progress"]) == 0
+    expected = pd.read_json(tmp_path / "out.jsonl", lines=True)
+    records = json.loads(frame.to_json(orient="records"))
+    for payload in ({"dataframe_split": split(frame)}, {"dataframe_records": records}, {"instances": records}):
+        response = post(url, {**payload, "params": {"top_k": 2}})
+        assert response.status_code == 200, response.text
+        got = pd.DataFrame(response.json()["predictions"])
+        assert list(got.columns) == ["predicted_relation", "score", "top_k_labels", "top_k_scores"]
+        assert "warnings" not in response.json()
+        assert got["predicted_relation"].tolist() == expected["predicted_relation"].tolist()
+        np.testing.assert_allclose(got["score"], expected["score"], rtol=0, atol=1e-6)
+        assert got["top_k_labels"].tolist() == expected["top_k_labels"].tolist()
+    # MLflow's own parsing (CSV; and a JSON request it must read itself: offsets as floats) answers the same
+    csv = requests.post(f"{url}/invocations", data=frame.to_csv(index=False), headers={"Content-Type": "text/csv"},
+                        timeout=30)
+    floats = post(url, {"dataframe_split": split(frame.astype({"head_offset": float}))})
+    for response in (csv, floats):
+        assert response.status_code == 200, response.text
+        got = pd.DataFrame(response.json()["predictions"])
+        assert list(got.columns) == ["predicted_relation", "score"]
+        assert got["predicted_relation"].tolist() == expected["predicted_relation"].tolist()
+        np.testing.assert_allclose(got["score"], expected["score"], rtol=0, atol=1e-6)
+    # one-row requests at once are labelled in shared batches, each answered with its own row (top-k as asked)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: post(url, {"dataframe_records": records[i:i + 1],
+                                                      "params": {"top_k": i % 3}}), range(len(records))))
+    for i, response in enumerate(answers):
+        (prediction,) = response.json()["predictions"]
+        assert prediction["predicted_relation"] == expected["predicted_relation"][i]
+        assert prediction["score"] == pytest.approx(expected["score"][i], abs=1e-6)
+        assert prediction.get("top_k_labels", []) == expected["top_k_labels"][i][:i % 3]
+
+
+def test_bad_rows_get_400_with_the_reason_and_do_not_spoil_a_shared_batch(url):
+    frame = rows(4)
+    bad = frame.copy()
+    bad.loc[1, "head_offset"] = 3
+    response = post(url, {"dataframe_split": split(bad)})
+    assert response.status_code == 400
+    assert response.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+    assert "row 2: head_offset: the sentence does not have head at offset 3" in response.json()["message"]
+    missing = post(url, {"dataframe_split": split(frame.drop(columns=["tail_offset"]))})
+    assert missing.status_code == 400 and "tail_offset" in missing.json()["message"]
+    assert post(url, {"rows": []}).status_code == 400  # not one of MLflow's input fields
+    with ThreadPoolExecutor(6) as pool:  # good and bad requests at once: only the bad ones fail
+        answers = list(pool.map(lambda i: post(url, {"dataframe_split": split(bad if i % 2 else frame)}), range(6)))
+    assert [r.status_code for r in answers] == [200, 400] * 3
+
+
+def test_a_missing_type_is_said_in_the_answer(url):
+    response = post(url, {"dataframe_split": split(rows(2).drop(columns=["head_type", "tail_type"]))})
+    assert response.status_code == 200
+    assert len(response.json()["predictions"]) == 2
+    assert "trained with entity types" in response.json()["warnings"][0]
+
+
+def test_ping_and_health_say_which_model(url, model):
+    assert requests.get(f"{url}/ping", timeout=10).status_code == 200
+    health = requests.get(f"{url}/health", timeout=10).json()
+    assert health["status"] == "ok" and health["model"]["uri"] == str(model)
+    assert health["settings"]["max_batch_size"] == 8 and health["settings"]["device"] == "cpu"
+
+
+def replica_pids(url: str, want: int, timeout: float = 60) -> set[int]:
+    """The replicas' process ids, from /health (each answer names its replica), once ``want`` distinct ones answer."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < want:
+        assert time.monotonic() < deadline, f"only replicas {seen} answered"
+        try:
+            response = requests.get(f"{url}/health", timeout=10)
+        except requests.ConnectionError:
+            continue
+        if response.status_code == 200:
+            seen.add(response.json()["replica"]["pid"])
+    return seen
+
+
+def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered(url):
+    from ray import serve
+
+    before = replica_pids(url, 2)
+    victim = min(before)
+    assert cmdline(victim).startswith("ray::ServeReplica"), cmdline(victim)  # one of this session's replicas
+    payload = {"dataframe_split": split(rows(1))}
+    failures: list[int] = []
+
+    def request(i: int) -> int:
+        for _ in range(10):  # bounded retries: a clean 5xx is fixed by sending again
+            response = post(url, payload)
+            if response.status_code == 200:
+                return 200
+            failures.append(response.status_code)
+            time.sleep(0.3)
+        return response.status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = [pool.submit(request, i) for i in range(160)]
+        time.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        codes = [a.result() for a in answers]
+    assert codes == [200] * 160
+    assert all(code >= 500 for code in failures), failures
+    procs.wait_for("two running replicas again", lambda: serve.status().applications[APP].deployments[
+        "RelationServer"].replica_states.get("RUNNING") == 2, timeout=90, interval=0.5)
+    after = replica_pids(url, 2)
+    assert victim not in after and len(after - before) == 1
+
+
+def test_command_prints_its_url_and_ctrl_c_shuts_everything_down(model, tmp_path):
+    port = procs.free_port()
+    log = tmp_path / "serve.log"
+    proc = procs.start([sys.executable, "-m", "nre_ray.serve", "--model", str(model), "--port", str(port)],
+                       log, cwd=tmp_path)
+    try:
+        procs.wait_for("the URL line", lambda: "serving " in log.read_text() or proc.poll() is not None,
+                       timeout=UP_TIMEOUT_S, interval=0.5)
+        assert proc.poll() is None, log.read_text()
+        assert f"at http://127.0.0.1:{port}/invocations" in log.read_text()
+        response = post(f"http://127.0.0.1:{port}", {"dataframe_split": split(rows(2))})
+        assert response.status_code == 200 and len(response.json()["predictions"]) == 2
+        started = procs.descendants(proc.pid)
+        assert any(cmdline(p).startswith("ray::ServeReplica") for p in started)
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, log.read_text()
+        procs.wait_for("no process left", lambda: not [p for p in started if procs.alive(p)], timeout=30)
+        assert log.read_text().rstrip().endswith("interrupted: the application was shut down"), log.read_text()
+    finally:
+        procs.stop_tree(proc)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--max-replicas", "0"], "--max-batch-size and --max-replicas must be >= 1"),
+    (["--min-replicas", "3", "--max-replicas", "2"], "--max-replicas 2 is below --min-replicas 3"),
+    (["--max-batch-size", "64", "--max-ongoing-requests", "8"], "a batch could never fill"),
+    (["--model", "no/such/folder"], "--model no/such/folder: no such folder"),
+])
+def test_bad_options_are_one_error_line_and_exit_2(model, argv, says, capsys):
+    assert serve_main(["--model", str(model), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
+
+
+def test_use_gpu_is_refused_without_a_gpu(ray_cluster, model, capsys):
+    if ray_cluster.cluster_resources().get("GPU"):
+        pytest.skip("this machine has a GPU")
+    assert serve_main(["--model", str(model), "--use-gpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "GPU" in err[0], err

@@ -1,0 +1,64 @@
+"""Which requests ``python -m nre_ray.serve`` reads itself (plain JSON of the signature's columns) and which it leaves
+to MLflow's scoring code, and the answer text it writes (MLflow's)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+from mlflow.pyfunc.scoring_server import predictions_to_json
+
+from nre_ray.serve.app import _frame, answer_json, plain_request
+
+ROW = {"sentence": "Acme was founded by Ann .", "head": "Acme", "head_offset": 0, "tail": "Ann", "tail_offset": 20}
+JSON = "application/json"
+
+
+def body(payload: dict) -> bytes:
+    return json.dumps(payload).encode()
+
+
+def test_plain_requests_in_each_format_are_read_alike():
+    split = {"columns": list(ROW), "data": [list(ROW.values())]}
+    got = [plain_request(body({"dataframe_split": split, "params": {"top_k": 2}}), JSON),
+           plain_request(body({"dataframe_records": [ROW], "params": {"top_k": 2}}), "application/json; charset=utf-8"),
+           plain_request(body({"instances": [ROW], "params": {"top_k": 2}}), JSON)]
+    assert got[0] == got[1] == got[2] == ((tuple(ROW), [list(ROW.values())]), 2)
+    typed = plain_request(body({"dataframe_records": [{**ROW, "head_type": "ORG", "tail_type": "PER"}]}), JSON)
+    frame = _frame([typed[0], got[0][0]], list(ROW))
+    assert frame.to_dict("records") == [ROW, ROW] and frame["head_offset"].dtype == "int64"
+
+
+@pytest.mark.parametrize("payload", [
+    {"dataframe_records": [{**ROW, "head_offset": "0"}]},        # text where the signature says long
+    {"dataframe_records": [{**ROW, "head_offset": 0.0}]},        # MLflow converts it: its code reads it
+    {"dataframe_records": [{**ROW, "head_offset": True}]},
+    {"dataframe_records": [{k: v for k, v in ROW.items() if k != "tail"}]},  # MLflow's error for a missing column
+    {"dataframe_records": [{**ROW, "note": "x"}]},                # a column the signature does not have
+    {"dataframe_records": [ROW, {**ROW, "head_type": "ORG"}]},   # rows of different columns
+    {"dataframe_records": []},
+    {"dataframe_split": {"columns": list(ROW), "data": [list(ROW.values())], "index": [0]}},
+    {"inputs": [ROW]},
+    {"dataframe_records": [ROW], "instances": [ROW]},
+    {"dataframe_records": [ROW], "params": {"top_k": -1}},
+    {"dataframe_records": [ROW], "params": {"top_k": 1, "other": 2}},
+])
+def test_anything_else_is_left_to_mlflow(payload):
+    assert plain_request(body(payload), JSON) is None
+
+
+def test_other_content_types_and_bad_json_are_left_to_mlflow():
+    assert plain_request(b"sentence,head\n", "text/csv") is None
+    assert plain_request(b"{not json", JSON) is None
+    assert plain_request(body({"dataframe_records": [ROW]}), "application/json; charset=latin-1") is None
+
+
+def test_the_answer_is_mlflows_text():
+    predictions = pd.DataFrame({"predicted_relation": ["born_in"], "score": [0.42210930585861206],
+                                "top_k_labels": [["born_in", "no_relation"]], "top_k_scores": [[0.42, 0.29]]})
+    theirs = io.StringIO()
+    predictions_to_json(predictions, theirs)
+    assert answer_json(predictions, []) == theirs.getvalue()
+    assert json.loads(answer_json(predictions, ["w"]))["warnings"] == ["w"]
