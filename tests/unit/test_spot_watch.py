@@ -1,6 +1,6 @@
 """The spot watcher (nre_ray.cluster.spot_watch) against a fake EC2 metadata service on 127.0.0.1 (a real HTTP
 server that speaks IMDSv2, tests/metadata_server.py); the drain itself, in a real Ray, is in
-tests/integration/test_spot_watch.py."""
+tests/integration/test_spot_drain.py."""
 
 from __future__ import annotations
 
