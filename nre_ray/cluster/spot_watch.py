@@ -185,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     def drain(notice: Notice) -> None:
         node = args.node_id or this_node(args.address)
         log.info("%s; draining Ray node %s for preemption", notice.describe(), node)
-        ray_private.drain_for_preemption(args.address, node, notice.deadline_ms, notice.describe())
+        ray_private.drain_for_preemption(node, max(0.0, notice.deadline_ms / 1000 - time.time()), args.address,
+                                         notice.describe())
+
+    # Ray's modules load now, not when the notice comes: the drain's deadline is counted from just before the call.
+    import ray._raylet  # noqa: F401
 
     log.info("watching %s%s every %g s", args.endpoint, NOTICE_PATH, args.interval)
     try:

@@ -461,7 +461,7 @@ def preempt_node(state: Standin, node_id: str | None, deadline_s: float, say: Ca
     node = choose_node(node_id, *ray_nodes(state))
     deadline = time.time() + deadline_s
     try:
-        ray_private.drain_for_preemption(state.gcs_address, node, int(deadline * 1000),
+        ray_private.drain_for_preemption(node, deadline_s, state.gcs_address,
                                          f"preempted by the stand-in (python -m nre_ray.standin preempt-node): "
                                          f"the node goes in {deadline_s:g} s")
     except RuntimeError as err:

@@ -82,7 +82,8 @@ def test_an_interruption_notice_drains_the_node_with_its_deadline_within_one_pol
         # Seen by Ray within one polling interval (plus the 0.1 s of the cluster's own reports), with AWS's time as
         # the deadline, and the node DRAINING; the watcher drained once and stopped polling.
         assert drained["at"] - announced <= INTERVAL_S + 0.5, drained["at"] - announced
-        assert drained["draining"] == {first["node"]: int(when.timestamp() * 1000)}
+        assert list(drained["draining"]) == [first["node"]]
+        assert abs(drained["draining"][first["node"]] - when.timestamp() * 1000) <= 50  # ms
         wait_for("DRAINING", lambda: _lines(cluster_log)[-1]["status"] == "DRAINING", 10, proc=cluster,
                  log=cluster_log)
         assert fake.polls() == polls
