@@ -441,6 +441,9 @@ def ray_nodes(state: Standin) -> tuple[dict[str, bool], set[str]]:
     worker, from Ray's State API on its dashboard. UsageError if Ray does not answer."""
     from ray.util.state import list_actors, list_nodes
 
+    # The State API takes RAY_API_SERVER_ADDRESS, then RAY_ADDRESS, over its address argument
+    # (ray.dashboard.utils.get_address_for_submission_client): this stand-in's, whatever the shell had.
+    os.environ.update(state.env())
     try:
         nodes = list_nodes(address=state.dashboard, filters=[("state", "=", "ALIVE")], limit=10_000)
         actors = list_actors(address=state.dashboard, filters=[("class_name", "=", "RayTrainWorker"),
