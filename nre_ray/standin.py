@@ -1,4 +1,4 @@
-"""``python -m nre_ray.standin up|status|upload|kill-node|down``: the command line of the cluster stand-in
+"""``python -m nre_ray.standin up|status|upload|kill-node|preempt-node|down``: the command line of the cluster stand-in
 (:mod:`nre_ray.cluster.standin`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray.cluster.session import UsageError
-from nre_ray.cluster.standin import Standin, down, kill_node, status, up, upload
+from nre_ray.cluster.standin import Standin, down, kill_node, preempt_node, status, up, upload
 
 #: The commands and what each does.
 COMMANDS = {
@@ -17,6 +17,8 @@ COMMANDS = {
     "status": "say what runs",
     "upload": "copy a local file or folder into the object store",
     "kill-node": "lose a worker node (by default one that runs a training worker)",
+    "preempt-node": "take a worker node back as AWS takes a spot instance: a preemption notice (a Ray drain with a "
+                    "deadline) to a node that runs a training worker, then lose the node at the deadline",
     "down": "stop every process it started, nothing else",
 }
 #: The options: the commands each applies to, its flag, and its argparse settings.
@@ -39,7 +41,11 @@ OPTIONS: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
                                            "in env.sh (default 8265)."}),
     (("up",), "--mlflow-port", {"type": int, "default": 5000,
                                 "help": "Port of the MLflow tracking server: TRACKING_URI in env.sh (default 5000)."}),
-    (("kill-node",), "--node", {"help": "The node id to lose (default: one that runs a training worker)."}),
+    (("kill-node", "preempt-node"), "--node",
+     {"help": "The id of the worker node to lose (default: one that runs a training worker)."}),
+    (("preempt-node",), "--deadline", {"type": float, "default": 120.0,
+                                       "help": "Seconds from the notice to the node's end (default 120, what AWS "
+                                               "gives a spot instance)."}),
 ]
 
 
@@ -55,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  python -m nre_ray.standin up && source .standin/env.sh\n"
                "  python -m nre_ray.standin upload nre_ray/data/sample s3://nre-ray/nre_ray/data\n"
                "  python -m nre_ray.standin status\n  python -m nre_ray.standin kill-node\n"
+               "  python -m nre_ray.standin preempt-node --deadline 20\n"
                "  python -m nre_ray.standin down\n"
                "  python -m nre_ray.standin up --dir /tmp/second --s3-port 9100 --gcs-port 6400 --dashboard-port 8300 "
                "--mlflow-port 5100")
@@ -105,6 +112,11 @@ def run(args: argparse.Namespace) -> None:
         print(f"uploaded {args.local} to {args.uri}")
     elif args.command == "kill-node":
         print(f"killed worker node {kill_node(Standin.load(folder), args.node, 'RayTrainWorker')}")
+    elif args.command == "preempt-node":
+        if not args.deadline >= 0:
+            raise UsageError(f"--deadline {args.deadline:g}: the seconds from the notice to the node's end cannot be "
+                             "negative; pass 0 or more (AWS gives 120)")
+        preempt_node(Standin.load(folder), args.node, args.deadline, lambda line: print(line, flush=True))
     else:
         done = down(folder)
         print(f"stopped {len(done.stopped)} processes of the stand-in in {folder}")

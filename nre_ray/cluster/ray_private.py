@@ -304,3 +304,15 @@ def draining_nodes(address: str | None = None) -> dict[str, float]:
     client = GcsClient(address=address) if address else ray._private.worker.global_worker.gcs_client
     return {node.hex() if isinstance(node, bytes) else str(node): deadline_ms / 1000
             for node, deadline_ms in client.get_draining_nodes().items()}
+
+
+def alive_nodes(gcs_address: str) -> dict[str, str]:
+    """The nodes now alive in the Ray cluster of ``gcs_address``: node id (hex) -> its IP address."""
+    # Private: the public State API (ray.util.state.list_nodes) asks the dashboard, which a node's own processes
+    # cannot count on (it may be disabled or unreachable); the GCS client is what Ray's CLI uses to reach the GCS.
+    import ray._raylet
+    from ray.core.generated import gcs_pb2
+
+    nodes = ray._raylet.GcsClient(address=gcs_address).get_all_node_info()
+    return {node_id.hex(): info.node_manager_address for node_id, info in nodes.items()
+            if info.state == gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE}

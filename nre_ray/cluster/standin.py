@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -413,3 +413,68 @@ def status(state: Standin) -> str:
         f"env:    source {Path(state.folder) / 'env.sh'}",
     ])
 
+
+
+def choose_node(asked: str | None, alive: dict[str, bool], training: Collection[str]) -> str:
+    """The node to preempt: ``asked`` (a node id), else the first worker node that runs a training worker.
+    ``alive``: node id -> whether it is the head; ``training``: the nodes that run a training worker. UsageError for
+    an unknown node, the head, or (``asked`` None) no worker node with a training worker."""
+    workers = sorted(node for node, head in alive.items() if not head)
+    if asked is not None:
+        if asked not in alive:
+            raise UsageError(f"--node {asked}: no node of the stand-in has that id; its worker nodes: "
+                             f"{', '.join(workers) or 'none'}")
+        if alive[asked]:
+            raise UsageError(f"--node {asked} is the head node, which a spot interruption never takes (it is not "
+                             f"spot); pass a worker node: {', '.join(workers) or 'none is running'}")
+        return asked
+    busy = [node for node in workers if node in training]
+    if not busy:
+        raise UsageError("no worker node of the stand-in runs a training worker"
+                         + (f" (worker nodes: {', '.join(workers)})" if workers else " (it has no worker node)")
+                         + "; start a run first (docs/cluster.md), or pass --node")
+    return busy[0]
+
+
+def ray_nodes(state: Standin) -> tuple[dict[str, bool], set[str]]:
+    """The nodes alive in the stand-in's Ray (node id -> whether it is the head) and those that run a Ray Train
+    worker, from Ray's State API on its dashboard. UsageError if Ray does not answer."""
+    from ray.util.state import list_actors, list_nodes
+
+    # The State API takes RAY_API_SERVER_ADDRESS, then RAY_ADDRESS, over its address argument
+    # (ray.dashboard.utils.get_address_for_submission_client): this stand-in's, whatever the shell had.
+    os.environ.update(state.env())
+    try:
+        nodes = list_nodes(address=state.dashboard, filters=[("state", "=", "ALIVE")], limit=10_000)
+        actors = list_actors(address=state.dashboard, filters=[("class_name", "=", "RayTrainWorker"),
+                                                               ("state", "=", "ALIVE")], limit=10_000)
+    except Exception as err:  # the State API raises its own and connection errors alike
+        raise UsageError(f"the stand-in's Ray at {state.dashboard} does not answer ({type(err).__name__}: {err}); "
+                         f"is it still up? `python -m nre_ray.standin status --dir {state.folder}`") from None
+    return {n.node_id: bool(n.is_head_node) for n in nodes}, {a.node_id for a in actors}
+
+
+def preempt_node(state: Standin, node_id: str | None, deadline_s: float, say: Callable[[str], None]) -> str:
+    """What AWS does to a spot instance: a preemption notice ``deadline_s`` seconds ahead (a Ray drain with reason
+    PREEMPTION and that deadline, :func:`nre_ray.cluster.ray_private.drain_for_preemption`), then the node is lost at
+    the deadline (:func:`kill_node`). ``node_id``: by default the first worker node that runs a training worker
+    (:func:`choose_node`). ``say`` is told each step. Returns the node's id."""
+    from nre_ray.cluster import ray_private
+
+    node = choose_node(node_id, *ray_nodes(state))
+    deadline = time.time() + deadline_s
+    try:
+        ray_private.drain_for_preemption(node, deadline_s, state.gcs_address,
+                                         f"preempted by the stand-in (python -m nre_ray.standin preempt-node): "
+                                         f"the node goes in {deadline_s:g} s")
+    except RuntimeError as err:
+        raise UsageError(f"{err}; is node {node} still up? `python -m nre_ray.standin status`") from None
+    say(f"preemption notice sent to node {node}: it goes at {time.strftime('%H:%M:%S', time.localtime(deadline))} "
+        f"(in {deadline_s:g} s)")
+    time.sleep(max(0.0, deadline - time.time()))
+    if node not in worker_nodes(state):
+        say(f"node {node} had already left (Ray ends a drained node once nothing runs on it)")
+    else:
+        kill_node(state, node)
+        say(f"node {node} lost at its deadline")
+    return node

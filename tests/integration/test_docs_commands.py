@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from nre_ray.cluster.spot_watch import build_parser as spot_watch_parser
 from nre_ray.data.__main__ import build_cli as data_parser
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import build_parser as evaluate_parser
@@ -59,7 +60,8 @@ BLOCK = re.compile(r"(?:^<!-- docs-test: (?P<kind>\w+) ?(?P<arg>.*?) ?-->\n)?^``
                    re.M | re.S)
 PARSERS = {"nre_ray.train": train_parser, "nre_ray.predict": predict_parser, "nre_ray.evaluate": evaluate_parser,
            "nre_ray.serve": serve_parser,
-           "nre_ray.data": data_parser, "nre_ray.standin": standin_parser, "nre_ray.tune": sweep_parser}
+           "nre_ray.data": data_parser, "nre_ray.standin": standin_parser, "nre_ray.tune": sweep_parser,
+           "nre_ray.cluster.spot_watch": spot_watch_parser}
 
 
 @dataclass

@@ -16,9 +16,13 @@ How the validation works:
 4. Least privilege for the GPU workers: no worker node type gets the autoscaler's own instance profile, and the IAM
    commands in docs/cluster.md (valid bash; their policy documents valid JSON) grant the workers' role S3 objects
    under the project prefix only and the head iam:PassRole on that role only; README.md links to it.
+5. Spot: a spot GPU worker type that is the on-demand one plus `InstanceMarketOptions`, the autoscaler's choice
+   between the two as docs/cluster.md states it (Ray's own scheduling function), and the spot watcher started on
+   every worker after `ray start`, with arguments its own parser accepts.
 """
 
 import copy
+import functools
 import json
 import re
 import shlex
@@ -34,7 +38,11 @@ import ray.autoscaler
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from ray.autoscaler._private.node_provider_availability_tracker import NodeAvailabilitySummary
+from ray.autoscaler._private.resource_demand_scheduler import _default_utilization_scorer, get_nodes_for
 from ray.autoscaler._private.util import prepare_config, validate_config
+
+from nre_ray.cluster import spot_watch
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = REPO / "cluster.yaml"
@@ -415,7 +423,7 @@ def test_setup_commands_install_the_pyproject_pins(raw):
     [
         ('"torch==2.13.0"', '"torch==2.12.0"'),
         ('"mlflow==3.17.2"', '"mlflow==3.18.0"'),
-        ("ray[train,data,default]==", "ray[train,data]=="),  # the `default` extra matters (see notes/stack.md)
+        ("ray[train,data,default,serve]==", "ray[train,data,serve]=="),  # the `default` extra matters (see notes/stack.md)
     ],
 )
 def test_a_pin_differing_from_pyproject_is_reported(raw, old, new):
@@ -590,3 +598,65 @@ def test_readme_points_to_docs_cluster_md_instead_of_repeating_it():
     assert "(docs/cluster.md)" in section
     assert "aws iam" not in section  # no copy of the IAM commands
     assert len(section.splitlines()) < 25
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Spot GPU workers and the spot watcher (docs/cluster.md, "Spot GPUs")
+# ---------------------------------------------------------------------------------------------------------------
+
+ON_DEMAND, SPOT = "nre.worker.gpu", "nre.worker.gpu.spot"
+
+
+def test_the_spot_worker_type_is_the_gpu_worker_at_the_spot_price(raw, offline):
+    types = validate_offline(raw)["available_node_types"]
+    spot = dict(types[SPOT]["node_config"])
+    assert spot.pop("InstanceMarketOptions") == {"MarketType": "spot"}
+    assert spot == types[ON_DEMAND]["node_config"], "the same instance, image, disk and instance profile"
+    assert "InstanceMarketOptions" not in types[ON_DEMAND]["node_config"]
+    assert types[SPOT]["min_workers"] == types[ON_DEMAND]["min_workers"] == 0, "no GPU bill while idle"
+
+
+def _gpu_nodes_for(types: dict, gpus: int) -> dict[str, int]:
+    """The worker nodes Ray's autoscaler (v1) would add for ``gpus`` one-GPU bundles, on g5.xlarge nodes."""
+    types = {name: {**t, "resources": {"CPU": 4, "GPU": 1} if name != "nre.head.cpu" else {"CPU": 8}}
+             for name, t in types.items()}
+    scorer = functools.partial(_default_utilization_scorer, node_availability_summary=NodeAvailabilitySummary({}))
+    added, _ = get_nodes_for(types, {}, "nre.head.cpu", 4, [{"GPU": 1}] * gpus, scorer)
+    return dict(added)
+
+
+def test_a_gpu_request_gets_spot_nodes_unless_spot_is_turned_off(raw):
+    # As docs/cluster.md and cluster.yaml say: both types fit, the autoscaler takes the one whose name sorts last.
+    assert _gpu_nodes_for(raw["available_node_types"], 2) == {SPOT: 2}
+    raw["available_node_types"][SPOT]["max_workers"] = 0
+    assert _gpu_nodes_for(raw["available_node_types"], 2) == {ON_DEMAND: 2}
+
+
+def _watcher_command(raw: dict) -> tuple[int, list[str]]:
+    """The index of the worker start command that runs the spot watcher, and the watcher's own arguments."""
+    module = "nre_ray.cluster.spot_watch"
+    for index, command in enumerate(raw["worker_start_ray_commands"]):
+        words = shlex.split(command)
+        if f"-m {module}" in " ".join(words):
+            assert words[words.index("-m") - 1].endswith("/nre-venv/bin/python"), "the venv of setup_commands"
+            return index, words[words.index("-m") + 2:]
+    raise AssertionError(f"no worker start command runs python -m {module}")
+
+
+def test_every_worker_starts_the_spot_watcher_after_ray(raw):
+    index, args = _watcher_command(raw)
+    ray_start = next(i for i, c in enumerate(raw["worker_start_ray_commands"]) if "ray start" in c)
+    assert index > ray_start
+    parsed = spot_watch.build_parser().parse_args(args)
+    assert parsed.address == "$RAY_HEAD_IP:6379", "the head's GCS, as `ray start --address` joins it"
+    assert parsed.endpoint == spot_watch.METADATA == "http://169.254.169.254", "the real instance metadata"
+    assert "systemd-run --unit=nre-spot-watch" in raw["worker_start_ray_commands"][index]
+    assert any("systemctl stop nre-spot-watch" in c for c in raw["worker_start_ray_commands"][ray_start:index]), \
+        "a watcher of a previous start is stopped first"
+
+
+def test_a_watcher_started_with_an_unknown_option_would_be_found(raw):
+    index, _ = _watcher_command(raw)
+    raw["worker_start_ray_commands"][index] += " --gcs-address x"
+    with pytest.raises(SystemExit):
+        spot_watch.build_parser().parse_args(_watcher_command(raw)[1])
