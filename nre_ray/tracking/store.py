@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from nre_ray import storage
 from nre_ray.cluster.session import UsageError
+from nre_ray.redact import redact
 from nre_ray.tracking import sqlite_store
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
-        fresh = [Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in params.items() if k not in existing]
+        fresh = [Param(k, redact(str(v))[:_MAX_PARAM_LEN]) for k, v in params.items() if k not in existing]
         for i in range(0, len(fresh), 100):
             self.client.log_batch(self.run_id, params=fresh[i:i + 100])
 
@@ -189,7 +190,7 @@ class MlflowTracker(Tracker):
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
 
 
 def make_tracker(rank: int, tracking_uri: str | None, run_id: str | None) -> Tracker:
