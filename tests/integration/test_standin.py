@@ -237,8 +237,9 @@ def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(search, headers=headers), timeout=10)
         assert refused.value.code == 401
-    no_login = subprocess.run(train, env={**env(**store, **cluster.credentials()), "MLFLOW_TRACKING_PASSWORD": ""},
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    no_login = subprocess.run([*train, "--run-name", "stranger-2"], cwd=REPO, capture_output=True, text=True,
+                              env={**env(**store, **cluster.credentials()), "MLFLOW_TRACKING_PASSWORD": ""},
+                              timeout=120)
     assert no_login.returncode == 2 and no_login.stderr.startswith("error: --tracking-uri"), no_login.stderr
     assert "asks for a user and password (401)" in no_login.stderr and "Traceback" not in no_login.stderr
 
