@@ -259,11 +259,14 @@ def test_no_secret_is_recorded_in_the_bucket_the_mlflow_store_the_runs_or_the_lo
     but secrets/, where they are kept on purpose), in the jobs' working directories or on the jobs' consoles."""
     wanted = {"the Ray token": cluster.token_path.read_text(), "the MLflow password": cluster.password_path.read_text(),
               "the AWS key id": FAKE_AWS["AWS_ACCESS_KEY_ID"], "the AWS secret": FAKE_AWS["AWS_SECRET_ACCESS_KEY"]}
+    import pyarrow.fs
+
     fs = cluster.filesystem()
     places = {}
-    for key in _keys(cluster, ""):
-        with fs.open_input_stream(key) as stream:
-            places[f"s3://{key}"] = stream.read()
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(cluster.bucket, recursive=True)):
+        if info.type == pyarrow.fs.FileType.File:
+            with fs.open_input_stream(info.path) as stream:
+                places[f"s3://{info.path}"] = stream.read()
     folder = Path(cluster.folder)
     local = [p for p in folder.rglob("*") if standin.SECRETS_DIR not in p.relative_to(folder).parts]
     local += [*Path(f"{cluster.folder}-jobs").rglob("*"), *(p for d in _job_dirs(cluster) for p in d.rglob("*"))]
