@@ -275,7 +275,10 @@ def test_no_secret_is_recorded_in_the_bucket_the_mlflow_store_the_runs_or_the_lo
     assert any(k.endswith("MLmodel") for k in places) and len(places) > 50, sorted(places)
     found = [(what, where) for where, data in places.items() for what, secret in wanted.items()
              if secret.encode() in data]
-    assert not found, found
+    # env.sh hands the stand-in's own object store keys to the user's shell on purpose (moto's keys, which stand in
+    # for an instance profile's): the one place they may be. The token and the password are never written there.
+    assert sorted(found) == [("the AWS key id", str(folder / "env.sh")), ("the AWS secret", str(folder / "env.sh"))], \
+        found
 
 
 def test_a_local_ray_beside_the_standin_does_not_take_its_node_types(cluster, ray_cluster):
