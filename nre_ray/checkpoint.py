@@ -37,6 +37,7 @@ import torch
 
 from nre_ray.config import Config
 from nre_ray.data.vocab import Vocab
+from nre_ray.redact import redact
 
 FORMAT_VERSION = 1
 FILES = ("state.pt", "config.json", "vocab.json", "labels.json")
@@ -109,7 +110,7 @@ def save_checkpoint(folder: Path, state: dict[str, Any], config: Config, vocab: 
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, folder / "state.pt")
-    _write_atomic(folder / "config.json", json.dumps(config.to_dict(), indent=2).encode())
+    _write_atomic(folder / "config.json", json.dumps(redact(config.to_dict()), indent=2).encode())
     _write_atomic(folder / "vocab.json", json.dumps(vocab.as_json(), ensure_ascii=False).encode())
     _write_atomic(folder / "labels.json", json.dumps(labels, ensure_ascii=False).encode())
     for name, data in (assets or {}).items():

@@ -45,6 +45,7 @@ from nre_ray.cluster.session import (
     start_ray,
 )
 from nre_ray.config import Config
+from nre_ray.redact import redact
 
 log = logging.getLogger("nre_ray")
 
@@ -200,7 +201,7 @@ def _train(cfg: Config, target: Target, started: float, imported: float, run_log
         prepared = prepare_data(cfg, target, step)
     marks.append(time.perf_counter())
     data = trainer_data(prepared)
-    with out.phase("mlflow", f"creating the run in {target.tracking_uri}") as step:
+    with out.phase("mlflow", f"creating the run in {redact(target.tracking_uri)}") as step:
         warm.join()
         run_id, tracker = open_tracking(cfg, target, prepared, resources.threads)
         # What was used, not what was typed, and the loop's data (the workers log nothing before their first step)

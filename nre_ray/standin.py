@@ -41,6 +41,9 @@ OPTIONS: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
                                            "in env.sh (default 8265)."}),
     (("up",), "--mlflow-port", {"type": int, "default": 5000,
                                 "help": "Port of the MLflow tracking server: TRACKING_URI in env.sh (default 5000)."}),
+    (("up",), "--no-auth", {"dest": "auth", "action": "store_false",
+                            "help": "Start Ray without token authentication and MLflow without a password, as "
+                                    "before (default: a new Ray token and MLflow password in <dir>/secrets)."}),
     (("kill-node", "preempt-node"), "--node",
      {"help": "The id of the worker node to lose (default: one that runs a training worker)."}),
     (("preempt-node",), "--deadline", {"type": float, "default": 120.0,
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
     if args.command == "up":
         state = up(folder, args.bucket, args.max_workers, args.cpus_per_node, idle_minutes=args.idle_minutes,
                    ports={"s3": args.s3_port, "gcs": args.gcs_port, "dashboard": args.dashboard_port,
-                          "mlflow": args.mlflow_port})
+                          "mlflow": args.mlflow_port}, auth=args.auth)
         print(status(state))
         print(f"\nnext: source {folder}/env.sh, then submit a job as docs/cluster.md says; "
               f"`python -m nre_ray.standin down --dir {args.dir}` stops it all.")

@@ -6,6 +6,7 @@ their descendants: never ``ray stop``, ``pkill`` or anything matched by name acr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,22 @@ def env(**extra: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out.update(RAY_ENV, **extra)
     return out
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set while the block runs, then as it was (e.g. a stand-in's MLflow
+    user and password for this test's own MLflow client, which reads them from the environment at each call)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def alive(pid: int) -> bool:

@@ -325,12 +325,41 @@ def start_ray(address: str | None, log_to_driver: bool = True) -> RayAddress:
         return where
     if where.host is not None:
         _check_answers(where)
+    from ray.exceptions import AuthenticationError
+
     try:
         ray.init(address=where.given, logging_level=logging.WARNING, log_to_driver=log_to_driver)
+    except AuthenticationError as err:  # token mode here, and no token (RAY_AUTH_TOKEN_PATH names no file, ...)
+        reason = str(getattr(err, "message", "") or err).strip().splitlines()[0]
+        raise UsageError(refused(where, reason)) from None
     except ConnectionError as err:  # "auto" with no Ray (or several) on this machine; a Ray Client that timed out
+        reason = _token_refusal(err)
+        if reason:
+            raise UsageError(refused(where, reason)) from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"{where.source} {where.given}: could not join Ray: {first}") from None
     return where
+
+
+def _token_refusal(err: BaseException) -> str | None:
+    """Ray's reason when a failure to join is the GCS refusing this client's token (``InvalidAuthToken: ...``,
+    somewhere in the exceptions behind ``err``: Ray passes it on as the text of a RuntimeError); else None."""
+    seen: BaseException | None = err
+    while seen is not None:
+        found = re.search(r"InvalidAuthToken: ([^.\n]+)", str(seen))
+        if found:
+            return found[1]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def refused(where: RayAddress, reason: str) -> str:
+    """The one line for a cluster that refused to admit this client for want of its token: Ray's own ``reason``
+    (such as "Authentication token is missing or incorrect"), then what to do."""
+    reason = re.sub(r"^RPC error: \w+: ", "", reason).rstrip(".")
+    return (f"{where.source} {where.given}: the Ray cluster did not admit this client: {reason}. It runs with token "
+            "authentication: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH to a file holding the cluster's token "
+            "(the stand-in's env.sh sets both; docs/cluster.md)")
 
 
 #: How long :func:`start_ray` waits for a TCP connection to the address it is about to join.

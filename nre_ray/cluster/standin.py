@@ -6,6 +6,13 @@ machine before paying for it.
   node (a raylet process on this host) when a run asks for more than the cluster has, and removes it when idle.
 - **An S3-compatible object store** on 127.0.0.1 (moto's server) standing in for S3, with one bucket.
 - **An MLflow tracking server** whose artifacts go to that bucket (``--artifacts-destination s3://...``).
+- **Authentication, as on the AWS cluster**: ``up`` generates a Ray token and an MLflow password into
+  ``<dir>/secrets/`` (a 0700 folder, each file 0600) and starts the head, every node the autoscaler adds
+  (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``) and the MLflow server (``--app-name basic-auth``) with them.
+  The MLflow server gets its admin password in its environment only (``MLFLOW_AUTH_ADMIN_PASSWORD``); the Ray
+  processes get the MLflow credentials in MLflow's standard variables, which every worker and job driver inherits.
+  ``env.sh`` reads the password from its file when sourced, so it never holds it. ``down`` removes the secrets and
+  the MLflow user store; the next ``up`` makes new ones. ``--no-auth`` starts all without authentication.
 
 Every process of the stand-in gets the store's endpoint and credentials in the standard variables
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), as an AWS node gets them from its instance profile; ``up`` writes
@@ -21,11 +28,13 @@ record, the processes with the mark, and everything below them, never every Ray 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -45,6 +54,10 @@ from nre_ray.cluster.processes import Process
 from nre_ray.cluster.session import UsageError
 
 #: Credentials of the local object store: moto accepts any, and they are not secret (nothing leaves this host).
+#: The authentication settings a client of the stand-in holds in its environment (:meth:`Standin.credentials`):
+#: never passed on from the shell that starts a stand-in to its processes, which get their own.
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_USERNAME",
+                  "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "standin", "AWS_SECRET_ACCESS_KEY": "standin",
                      "AWS_DEFAULT_REGION": "us-east-1"}
 STATE_FILE = "standin.json"
@@ -61,6 +74,12 @@ SESSION_ENV = "NRE_RAY_STANDIN_SESSION"
 RAY_WORKER_PORTS = (10002, 19999)
 #: The options that set the stand-in's ports, by port name.
 PORT_OPTIONS = {"s3": "--s3-port", "gcs": "--gcs-port", "dashboard": "--dashboard-port", "mlflow": "--mlflow-port"}
+#: The folder of the stand-in's secrets (mode 0700), and its files (mode 0600): the Ray token, the MLflow password.
+SECRETS_DIR, TOKEN_FILE, PASSWORD_FILE = "secrets", "ray_auth_token", "mlflow_password"
+#: The MLflow server's user (its admin) that the stand-in's clients log in as: the name is no secret.
+MLFLOW_USER = "admin"
+#: The MLflow server's basic-auth settings and user store (the password is in neither).
+AUTH_CONFIG, AUTH_DB = "mlflow_auth.ini", "mlflow_auth.db"
 
 
 @dataclass
@@ -77,6 +96,7 @@ class Standin:
     session: str  #: the value of :data:`SESSION_ENV` in the environment of each of its processes
     worker_ports: tuple[int, int]  #: the first and last port of the head's Ray workers
     processes: list[Process] = field(default_factory=list)  #: as recorded by ``up``
+    auth: bool = False  #: Ray token and MLflow password required (a record without it: a stand-in from before them)
 
     @property
     def endpoint(self) -> str:
@@ -94,16 +114,47 @@ class Standin:
     def gcs_address(self) -> str:
         return f"127.0.0.1:{self.gcs_port}"
 
+    @property
+    def token_path(self) -> Path:
+        return Path(self.folder) / SECRETS_DIR / TOKEN_FILE
+
+    @property
+    def password_path(self) -> Path:
+        return Path(self.folder) / SECRETS_DIR / PASSWORD_FILE
+
     def env(self) -> dict[str, str]:
         """The variables a shell (or a test) needs to use the stand-in like the cloud cluster: the object store's
-        endpoint and keys, and the dashboard (``ray job`` reads ``RAY_API_SERVER_ADDRESS`` before ``RAY_ADDRESS``)."""
+        endpoint and keys, the dashboard (``ray job`` reads ``RAY_API_SERVER_ADDRESS`` before ``RAY_ADDRESS``) and
+        the credentials (:meth:`credentials`)."""
         return {"AWS_ENDPOINT_URL": self.endpoint, **STORE_CREDENTIALS, "RAY_ADDRESS": self.dashboard,
-                "RAY_API_SERVER_ADDRESS": self.dashboard}
+                "RAY_API_SERVER_ADDRESS": self.dashboard, **self.credentials()}
+
+    def credentials(self) -> dict[str, str]:
+        """Ray's token settings and MLflow's user and password (read from its file), in their standard variables;
+        ``RAY_AUTH_MODE=disabled`` alone for a stand-in without authentication."""
+        if not self.auth:
+            return {"RAY_AUTH_MODE": "disabled"}
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path), **self.mlflow_login()}
+
+    def mlflow_login(self) -> dict[str, str]:
+        """MLflow's user and password variables for its server (none without authentication)."""
+        if not self.auth:
+            return {}
+        return {"MLFLOW_TRACKING_USERNAME": MLFLOW_USER,
+                "MLFLOW_TRACKING_PASSWORD": self.password_path.read_text(encoding="utf-8")}
+
+    def ray_headers(self) -> dict[str, str]:
+        """The HTTP header that admits a request to the Ray dashboard and job API (none without authentication)."""
+        return {"Authorization": f"Bearer {self.token_path.read_text(encoding='utf-8')}"} if self.auth else {}
 
     def shell(self) -> str:
-        """``env.sh``: :meth:`env` plus ``BUCKET`` and ``TRACKING_URI`` for the commands of docs/cluster.md."""
-        return "".join(f"export {k}={v}\n" for k, v in {**self.env(), "BUCKET": self.bucket,
-                                                          "TRACKING_URI": self.tracking_uri}.items())
+        """``env.sh``: :meth:`env` plus ``BUCKET`` and ``TRACKING_URI`` for the commands of docs/cluster.md. The
+        MLflow password is read from its file when the script is sourced: the script itself never holds it."""
+        shown = {**self.env(), "BUCKET": self.bucket, "TRACKING_URI": self.tracking_uri}
+        lines = [f"export {k}={shlex.quote(v)}\n" for k, v in shown.items() if k != "MLFLOW_TRACKING_PASSWORD"]
+        if self.auth:
+            lines.append(f'export MLFLOW_TRACKING_PASSWORD="$(cat {shlex.quote(str(self.password_path))})"\n')
+        return "".join(lines)
 
     def filesystem(self):  # -> pyarrow.fs.S3FileSystem
         """The object store as a pyarrow filesystem (paths ``bucket/key``), whatever this process's environment."""
@@ -243,8 +294,8 @@ def _wait(what: str, check, timeout: float, log: Path) -> None:
     raise UsageError(f"{what} did not come up within {timeout:.0f} s: {_last_line(log)} (its log: {log})")
 
 
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as reply:
+def _http_ok(url: str, headers: dict[str, str] | None = None) -> bool:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as reply:
         return reply.status < 500
 
 
@@ -256,13 +307,15 @@ def _spawn(args: list[str], log: Path, env: dict[str, str], cwd: Path) -> subpro
 
 def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_node: float = 1.0,
        head_cpus: float = 1.0, idle_minutes: float = 1.0, ports: dict[str, int] | None = None,
-       heartbeat_timeout_s: int = 10) -> Standin:
+       heartbeat_timeout_s: int = 10, auth: bool = True) -> Standin:
     """Start the object store, the Ray head with its autoscaler, and the MLflow server; returns the stand-in.
     UsageError, with nothing left running, if a port is taken or a part does not start.
 
     ``ports``: ``s3``, ``gcs``, ``dashboard``, ``mlflow`` (default 9000, 6379, 8265, 5000; tests pass free ones).
     Ray's workers on the head get the ports of :data:`RAY_WORKER_PORTS` less these (:func:`worker_ports`).
     ``heartbeat_timeout_s``: how long the autoscaler waits before it replaces a node that stopped answering.
+    ``auth``: new secrets (:func:`make_secrets`); the head and its nodes in Ray's token mode, the MLflow server with
+    basic authentication (False: ``--no-auth``, neither).
     """
     folder = folder.absolute()
     if (folder / STATE_FILE).is_file():
@@ -270,6 +323,9 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
                          f"`python -m nre_ray.standin down --dir {folder}`")
     ports = {"s3": 9000, "gcs": 6379, "dashboard": 8265, "mlflow": 5000, **(ports or {})}
     check_ports(ports)
+    if auth and importlib.util.find_spec("flask_wtf") is None:
+        raise UsageError("the MLflow server's password (its basic-auth app) needs Flask-WTF, which is not installed "
+                         "here; run `pip install -e '.[standin]'`, or pass --no-auth")
     client_port = _free_port(ports.values())
     agent_port = _free_port([*ports.values(), client_port])
     first, last = worker_ports([*ports.values(), client_port, agent_port])
@@ -279,13 +335,20 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
     # Ray's Unix sockets live under its temp folder: keep the path short, and private to this stand-in.
     ray_temp = tempfile.mkdtemp(prefix="nre_standin_", dir="/tmp")
     state = Standin(str(folder), bucket, ports["s3"], ports["gcs"], ports["dashboard"], ports["mlflow"], ray_temp,
-                    secrets.token_hex(8), (first, last))
-    env = {**os.environ, **state.env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                    secrets.token_hex(8), (first, last), auth=auth)
+    if auth:
+        make_secrets(state)
+    # Each process gets the credentials it needs and no others: the Ray head (and so its nodes, workers and job
+    # drivers) Ray's token and MLflow's client variables; the MLflow server its admin password.
+    credentials = state.credentials()
+    env = {**{k: v for k, v in os.environ.items() if k not in AUTH_VARIABLES}, **state.env(),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0",
            "MLFLOW_S3_ENDPOINT_URL": state.endpoint, "AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(heartbeat_timeout_s),
            # Train's placement-group cleaner asks the dashboard about the run's controller: this cluster's own.
            "RAY_API_SERVER_ADDRESS": state.dashboard, SESSION_ENV: state.session}
     env.pop("RAY_ADDRESS", None)
+    for key in credentials:
+        env.pop(key, None)
     state.save()  # before anything starts: `down` (here on failure, or later) reads it
     try:
         _spawn([_tool("moto_server"), "-H", "127.0.0.1", "-p", str(state.s3_port)], logs / "s3.log", env, folder)
@@ -302,17 +365,20 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(state.dashboard_port),
              "--ray-client-server-port", str(client_port), "--dashboard-agent-listen-port", str(agent_port),
              "--min-worker-port", str(first), "--max-worker-port", str(last), "--disable-usage-stats"],
-            env={**env, "RAY_FAKE_CLUSTER": "1"}, cwd=folder, capture_output=True, text=True, timeout=180)
+            env={**env, **credentials, "RAY_FAKE_CLUSTER": "1"}, cwd=folder, capture_output=True, text=True,
+            timeout=180)
         (logs / "ray-head.log").write_text(head.stdout + head.stderr, encoding="utf-8")
         state.record()  # the head's processes: `ray start` has left them to init
         if head.returncode != 0:
             raise UsageError(f"the Ray head did not start (exit {head.returncode}): "
                              f"{_last_line(logs / 'ray-head.log')} (its log: {logs / 'ray-head.log'})")
-        _wait("the Ray dashboard", lambda: _http_ok(f"{state.dashboard}/api/version"), 90, logs / "ray-head.log")
+        _wait("the Ray dashboard", lambda: _http_ok(f"{state.dashboard}/api/version", state.ray_headers()), 90,
+              logs / "ray-head.log")
 
         _spawn([_tool("mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
                 "--artifacts-destination", f"s3://{bucket}/mlflow-artifacts", "--host", "127.0.0.1",
-                "--port", str(state.mlflow_port), "--workers", "1"], logs / "mlflow.log", env, folder)
+                "--port", str(state.mlflow_port), "--workers", "1", *(["--app-name", "basic-auth"] if auth else [])],
+               logs / "mlflow.log", {**env, **mlflow_auth_env(state)}, folder)
         state.record()
         _wait("the MLflow server", lambda: _http_ok(f"{state.tracking_uri}/health"), 120, logs / "mlflow.log")
     except BaseException:
@@ -320,6 +386,43 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
         raise
     state.record()
     return state
+
+
+def _private_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable and writable by this user only (0600) from its first byte."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out:
+        out.write(text)
+
+
+def make_secrets(state: Standin) -> None:
+    """New secrets for ``state``: a Ray token (64 hex digits, as ``ray get-auth-token --generate`` makes) and an
+    MLflow password, each in a 0600 file of the 0700 folder ``<dir>/secrets``; and the MLflow server's basic-auth
+    settings (no password in them) with a new user store, in which the server creates its admin with this password."""
+    folder = Path(state.folder) / SECRETS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    folder.chmod(0o700)
+    _private_file(state.token_path, secrets.token_hex(32))
+    _private_file(state.password_path, secrets.token_urlsafe(24))
+    (Path(state.folder) / AUTH_DB).unlink(missing_ok=True)  # its admin would keep the old password
+    (Path(state.folder) / AUTH_CONFIG).write_text(
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = sqlite:///{Path(state.folder) / AUTH_DB}\n"
+        f"admin_username = {MLFLOW_USER}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        # one server process: a credential checked once a minute, not hashed again at every request
+        "auth_cache_ttl_seconds = 60\n", encoding="utf-8")
+
+
+def mlflow_auth_env(state: Standin) -> dict[str, str]:
+    """The MLflow server's environment for basic authentication: its settings file; the admin password, which
+    MLflow reads from this variable only when it creates the admin user (so no file of the stand-in holds it but
+    ``secrets/``); and the key that signs the CSRF tokens of its login forms, new at each start (nothing to keep)."""
+    if not state.auth:
+        return {}
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(Path(state.folder) / AUTH_CONFIG),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": state.password_path.read_text(encoding="utf-8"),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)}
 
 
 def _create_bucket(state: Standin) -> None:
@@ -388,6 +491,9 @@ def down(folder: Path) -> Stopped:
     # A process started while the others stopped (a worker Ray replaced before its raylet went)
     stopped += processes.stop(own_processes(state), grace=2)
     shutil.rmtree(state.ray_temp, ignore_errors=True)
+    shutil.rmtree(folder / SECRETS_DIR, ignore_errors=True)
+    for name in (AUTH_DB, AUTH_CONFIG):
+        (folder / name).unlink(missing_ok=True)
     (folder / STATE_FILE).unlink(missing_ok=True)
     (folder / "env.sh").unlink(missing_ok=True)
     return Stopped(stopped, strangers)
@@ -410,6 +516,9 @@ def status(state: Standin) -> str:
         + (f": {', '.join(n[-5:] for n in sorted(nodes))}" if nodes else ""),
         f"S3:     {state.endpoint} (AWS_ENDPOINT_URL), bucket s3://{state.bucket}",
         f"MLflow: {state.tracking_uri} (artifacts in s3://{state.bucket}/mlflow-artifacts)",
+        f"auth:   Ray token in {state.token_path} (RAY_AUTH_TOKEN_PATH); MLflow user {MLFLOW_USER}, password in "
+        f"{state.password_path} (MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD)" if state.auth
+        else "auth:   none (--no-auth): anyone who reaches these ports can run code on Ray and read MLflow",
         f"env:    source {Path(state.folder) / 'env.sh'}",
     ])
 

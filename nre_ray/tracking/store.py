@@ -20,6 +20,7 @@ charts open with the learning curves:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import getpass
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from nre_ray import storage
 from nre_ray.cluster.session import UsageError
+from nre_ray.redact import redact
 from nre_ray.tracking import sqlite_store
 
 if TYPE_CHECKING:
@@ -161,7 +163,7 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Param
 
         existing = self.client.get_run(self.run_id).data.params
-        fresh = [Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in params.items() if k not in existing]
+        fresh = [Param(k, redact(str(v))[:_MAX_PARAM_LEN]) for k, v in params.items() if k not in existing]
         for i in range(0, len(fresh), 100):
             self.client.log_batch(self.run_id, params=fresh[i:i + 100])
 
@@ -188,7 +190,7 @@ class MlflowTracker(Tracker):
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
 
 
 def make_tracker(rank: int, tracking_uri: str | None, run_id: str | None) -> Tracker:
@@ -199,6 +201,8 @@ def make_tracker(rank: int, tracking_uri: str | None, run_id: str | None) -> Tra
 
 
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
+#: MLflow's standard variables for a server's user and password (read by MLflow's own REST client too).
+USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 #: How long a tracking server has to answer ``GET /health`` before the command gives up on it.
 HEALTH_TIMEOUT_S = 5.0
 #: Tracking URIs that are a whole word, not ``scheme:...`` (MLflow's names for Databricks and Unity Catalog).
@@ -298,11 +302,12 @@ def _sqlite_problem(uri: str) -> str | None:
 
 
 def _server_problem(uri: str) -> str | None:
-    """None when something answers HTTP at ``uri``; else why not (refused, no such host, no answer in time)."""
+    """None when something answers HTTP at ``uri`` and admits this client (:func:`_login_problem`); else why not
+    (refused, no such host, no answer in time, credentials missing or wrong)."""
     url = uri.rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S):
-            return None
+            return _login_problem(uri)
     except urllib.error.HTTPError:  # it answers: MLflow's own calls report what else is wrong
         return None
     except urllib.error.URLError as err:
@@ -315,6 +320,30 @@ def _server_problem(uri: str) -> str | None:
         reason = str(err)
     return (f"no MLflow server answers there ({reason}); start one (mlflow server --backend-store-uri "
             "sqlite:///ABS/mlflow.db --host HOST --port PORT) or give the address of one that runs")
+
+
+def _login_problem(uri: str) -> str | None:
+    """None unless the MLflow server at ``uri`` asks for a password (``mlflow server --app-name basic-auth``) and
+    turns down this client's: MLflow's standard variables ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``
+    missing or wrong (MLflow itself would fail at the first call, deep in a run, with its whole answer)."""
+    request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user and password:
+        login = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {login}")
+    try:
+        with urllib.request.urlopen(request, timeout=HEALTH_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError as err:
+        if err.code != 401:  # not a login the server turned down: MLflow's own calls report what else is wrong
+            return None
+    except (urllib.error.URLError, TimeoutError, ValueError, OSError):
+        return None
+    if user and password:
+        return (f"the MLflow server turned down the user {user} ({USER_ENV}) with that {PASSWORD_ENV} (401); "
+                "check the password (the stand-in's env.sh reads it from its secrets folder)")
+    return (f"the MLflow server asks for a user and password (401); set {USER_ENV} and {PASSWORD_ENV} (the "
+            "stand-in's env.sh sets both; docs/cluster.md)")
 
 
 @contextlib.contextmanager

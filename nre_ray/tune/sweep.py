@@ -29,6 +29,7 @@ from typing import Any
 from nre_ray import console
 from nre_ray.cluster.session import NodeType, Resources, UsageError, node_groups, plan_resources
 from nre_ray.config import Config
+from nre_ray.redact import redact
 
 log = logging.getLogger("nre_ray")
 
@@ -172,7 +173,7 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     out.line(describe(space), stamp=False)
     with out.phase("preprocess", "reading, checking and encoding the data (Ray Data)") as step:
         prepared = prepare_data(cfg, target, step)  # once for the whole sweep: every trial reads this cache
-    with out.phase("mlflow", f"creating the sweep's run in {target.tracking_uri}") as step:
+    with out.phase("mlflow", f"creating the sweep's run in {redact(target.tracking_uri)}") as step:
         parent = open_parent(cfg, opts, target, prepared, space, searcher, metric)
         step.done(f"run {parent} in experiment {cfg.run.experiment_name!r}")
 

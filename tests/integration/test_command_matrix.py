@@ -49,7 +49,7 @@ from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster import standin
 from nre_ray.cluster.processes import cmdline
-from tests.procs import RAY_ENV, free_port, kill_all, stop_tree, with_env
+from tests.procs import RAY_ENV, environ, free_port, kill_all, stop_tree, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
@@ -144,8 +144,8 @@ def shell_env(state: standin.Standin | None) -> dict[str, str]:
     out.update({k: v for k, v in RAY_ENV.items() if k != "RAY_API_SERVER_ADDRESS"})
     out["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     out["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    if state is not None:
-        out.update({"AWS_ENDPOINT_URL": state.endpoint, **standin.STORE_CREDENTIALS})
+    if state is not None:  # and the stand-in's credentials, as docs/cluster.md has a user export them
+        out.update({"AWS_ENDPOINT_URL": state.endpoint, **standin.STORE_CREDENTIALS, **state.credentials()})
     return out
 
 
@@ -175,8 +175,9 @@ def matrix():
     standin_cli(folder, "up", *ports, cwd=work)
     state = standin.Standin.load(folder)
     try:
-        standin_cli(folder, "upload", str(work / "data"), f"s3://{state.bucket}/matrix/data", cwd=work)
-        yield Matrix(state, folder, work)
+        with environ(state.mlflow_login()):  # this test's own MLflow client
+            standin_cli(folder, "upload", str(work / "data"), f"s3://{state.bucket}/matrix/data", cwd=work)
+            yield Matrix(state, folder, work)
     finally:
         standin_cli(folder, "down", cwd=work)
         # Every process of the stand-in and of the cells has the store's endpoint (a port of its own) in its

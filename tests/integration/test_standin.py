@@ -11,18 +11,21 @@ starts it again on the same ports.
 
 from __future__ import annotations
 
+import base64
 import re
 import secrets
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster import processes, standin
-from tests.procs import env, free_port, free_port_between, mentioning, wait_for, with_env
+from tests.procs import env, environ, free_port, free_port_between, mentioning, wait_for, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
@@ -32,23 +35,36 @@ SAMPLE = REPO / "nre_ray" / "data" / "sample"
 LOCAL_LEFTOVERS = {"ray_results", "mlflow.db", "mlruns", ".nre_ray_cache", "rejected_rows.csv", "mlartifacts"}
 
 
+#: Object store keys that look like AWS's and are found nowhere else (moto takes any): the secret scan looks for them.
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
+            "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30), "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """The stand-in on free ports, its GCS port among the ports ``ray start`` would give its workers, with the
-    bundled sample uploaded to s3://nre-ray/nre_ray/data."""
+    bundled sample uploaded to s3://nre-ray/nre_ray/data. Authentication on (the default): a Ray token and an MLflow
+    password of its own, and the object store keys of :data:`FAKE_AWS`; this test's MLflow client logs in."""
     folder = Path(tempfile.mkdtemp(prefix="nrs_", dir="/tmp"))
-    state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port_between(*standin.RAY_WORKER_PORTS),
-                                      "dashboard": free_port(), "mlflow": free_port()})
-    try:
-        fs = state.filesystem()
-        for path in SAMPLE.iterdir():
-            with fs.open_output_stream(f"{state.bucket}/nre_ray/data/{path.name}") as out:
-                out.write(path.read_bytes())
-        yield state
-    finally:
-        last = standin.Standin.load(folder) if (folder / standin.STATE_FILE).exists() else state  # (started again)
-        standin.down(folder)
-        assert not _left(state) and not _left(last), "stand-in processes left behind"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(standin, "STORE_CREDENTIALS", FAKE_AWS)
+        state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port_between(*standin.RAY_WORKER_PORTS),
+                                          "dashboard": free_port(), "mlflow": free_port()})
+        try:
+            fs = state.filesystem()
+            for path in SAMPLE.iterdir():
+                with fs.open_output_stream(f"{state.bucket}/nre_ray/data/{path.name}") as out:
+                    out.write(path.read_bytes())
+            with environ(state.mlflow_login()):
+                yield state
+        finally:
+            _stop(folder, state)
+
+
+def _stop(folder: Path, state: standin.Standin) -> None:
+    last = standin.Standin.load(folder) if (folder / standin.STATE_FILE).exists() else state  # (started again)
+    standin.down(folder)
+    assert not _left(state) and not _left(last), "stand-in processes left behind"
 
 
 def _left(state: standin.Standin) -> dict[int, str]:
@@ -64,6 +80,13 @@ def _standin_cli(folder: Path, *args: str) -> str:
                           capture_output=True, text=True, env=env(), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def _log(state: standin.Standin, name: str) -> Path:
+    """Where a job's console goes: beside the stand-in's folder, for the secret scan to read again."""
+    folder = Path(f"{state.folder}-jobs")
+    folder.mkdir(exist_ok=True)
+    return folder / f"{name}.log"
 
 
 def _submit(state: standin.Standin, run_name: str, *extra: str, log: Path) -> subprocess.Popen:
@@ -98,13 +121,18 @@ def _job_dirs(state: standin.Standin) -> list[Path]:
             if p.is_dir()]
 
 
-def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucket(cluster, tmp_path):
-    log = tmp_path / "job.log"
+def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucket(cluster):
+    log = _log(cluster, "job")
     assert not standin.worker_nodes(cluster)  # min_workers 0: no worker node before a run asks
     # A seed of its own: its preprocessing cache key is new, so this job builds it (the job's driver would reuse a
     # local cache that another run on this host built, in <tmp>/nre_ray-<uid>/cache, and publish that instead).
     seed = str(secrets.randbelow(10**9) + 2)
     job = _submit(cluster, "standin-job", "--num-workers", "2", "--epochs", "2", "--seed", seed, log=log)
+    # The node the autoscaler adds joins the authenticated cluster because it has the token: its raylet runs in
+    # token mode with the stand-in's token file, as the head does (a node without it is refused, see below).
+    nodes = wait_for("an autoscaled node", lambda: standin.worker_nodes(cluster), 240, proc=job, log=log)
+    raylets = [p for found in nodes.values() for p in found if p.cmdline.split(" ")[0].endswith("/raylet")]
+    assert raylets and all(_auth_of(p.pid) == ("token", str(cluster.token_path)) for p in raylets), raylets
     assert job.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
     text = log.read_text(errors="replace")
     assert "succeeded" in text
@@ -135,13 +163,19 @@ def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucke
 
     # Submitted again: the preprocessing comes from the bucket, not from a local folder.
     again = _submit(cluster, "standin-job-2", "--num-workers", "2", "--epochs", "1", "--seed", seed,
-                    log=tmp_path / "again.log")
-    assert again.wait(timeout=300) == 0, (tmp_path / "again.log").read_text(errors="replace")[-4000:]
-    assert "reused from the cache" in (tmp_path / "again.log").read_text(errors="replace")  # the preprocess phase
+                    log=_log(cluster, "again"))
+    assert again.wait(timeout=300) == 0, _log(cluster, "again").read_text(errors="replace")[-4000:]
+    assert "reused from the cache" in _log(cluster, "again").read_text(errors="replace")  # the preprocess phase
 
 
-def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster, tmp_path):
-    log = tmp_path / "job.log"
+def _auth_of(pid: int) -> tuple[str | None, str | None]:
+    """RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH in the environment of process ``pid``."""
+    variables = processes.environ(pid)
+    return variables.get("RAY_AUTH_MODE"), variables.get("RAY_AUTH_TOKEN_PATH")
+
+
+def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster):
+    log = _log(cluster, "lost-node")
     client = MlflowClient(cluster.tracking_uri)
     job = _submit(cluster, "standin-lost-node", "--num-workers", "3", "--epochs", "6", "--batch-size", "4",
                   "--max-failures", "2", log=log)
@@ -172,6 +206,81 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster,
     assert lost not in standin.worker_nodes(cluster) and replaced
 
 
+def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path):
+    """The GCS (``ray.init``), the job API (``ray job submit``) and the MLflow server (401) turn strangers away: a
+    client with no token (``RAY_AUTH_MODE=disabled``, or MLflow without a password) and one with a wrong one. An
+    nre_ray command says so in one ``error:`` line."""
+    wrong = tmp_path / "wrong_token"
+    wrong.write_text(secrets.token_hex(32), encoding="utf-8")
+    store = {"AWS_ENDPOINT_URL": cluster.endpoint, **FAKE_AWS}
+    no_token, wrong_token = {"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(wrong)}
+    train = [sys.executable, "-m", "nre_ray.train", "--address", cluster.gcs_address, "--tracking-uri",
+             cluster.tracking_uri, "--data-dir", f"s3://{cluster.bucket}/nre_ray/data", "--storage-path",
+             f"s3://{cluster.bucket}/nre_ray/checkpoints", "--run-name", "stranger", "--epochs", "1"]
+    # Both GCS refusals at once: each waits out Ray's retries (about 20 s).
+    started = {
+        "ray.init": subprocess.Popen([sys.executable, "-c", f"import ray; ray.init(address='{cluster.gcs_address}')"],
+                                     env=env(**no_token), cwd=tmp_path, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True),
+        "train": subprocess.Popen(train, env=env(**store, **wrong_token, **cluster.mlflow_login()), cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+    }
+    # The job API, with no token and with a wrong one.
+    for variables, answer in ((no_token, "Unauthorized: Missing authentication token"),
+                              (wrong_token, "Forbidden: Invalid authentication token")):
+        job = subprocess.run([RAY, "job", "submit", "--no-wait", "--", "echo", "in"], capture_output=True, text=True,
+                             env=env(**variables, RAY_API_SERVER_ADDRESS=cluster.dashboard), timeout=120)
+        assert job.returncode != 0 and answer in job.stdout + job.stderr, job.stdout + job.stderr
+    # MLflow: no password, a wrong one; and an nre_ray command without one stops before it starts anything.
+    search = f"{cluster.tracking_uri}/api/2.0/mlflow/experiments/search?max_results=1"
+    for headers in ({}, {"Authorization": "Basic " + base64.b64encode(b"admin:not-the-password").decode()}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(search, headers=headers), timeout=10)
+        assert refused.value.code == 401
+    no_login = subprocess.run([*train, "--run-name", "stranger-2"], cwd=REPO, capture_output=True, text=True,
+                              env={**env(**store, **cluster.credentials()), "MLFLOW_TRACKING_PASSWORD": ""},
+                              timeout=120)
+    assert no_login.returncode == 2 and no_login.stderr.startswith("error: --tracking-uri"), no_login.stderr
+    assert "asks for a user and password (401)" in no_login.stderr and "Traceback" not in no_login.stderr
+
+    said = {name: proc.communicate(timeout=180) for name, proc in started.items()}
+    assert started["ray.init"].returncode != 0
+    assert "Authentication token is missing or incorrect" in said["ray.init"][0], said["ray.init"][0][-2000:]
+    out, err = said["train"]
+    assert started["train"].returncode == 2 and "Traceback" not in out + err, (out + err)[-3000:]
+    assert err.strip().splitlines()[-1:] == [line for line in err.splitlines() if line.startswith("error:")], err
+    assert "the Ray cluster did not admit this client: Authentication token is missing or incorrect" in err, err
+
+
+def test_no_secret_is_recorded_in_the_bucket_the_mlflow_store_the_runs_or_the_logs(cluster):
+    """After the jobs above (run with the Ray token, the MLflow password and the fake AWS keys), none of these
+    secrets is in the bucket (checkpoints, each run's ray_output.log, MLflow's artifacts, the preprocessing cache),
+    in the stand-in's folder (MLflow's store, the logs of its servers and its Ray head, its records and env.sh: all
+    but secrets/, where they are kept on purpose), in the jobs' working directories or on the jobs' consoles."""
+    wanted = {"the Ray token": cluster.token_path.read_text(), "the MLflow password": cluster.password_path.read_text(),
+              "the AWS key id": FAKE_AWS["AWS_ACCESS_KEY_ID"], "the AWS secret": FAKE_AWS["AWS_SECRET_ACCESS_KEY"]}
+    import pyarrow.fs
+
+    fs = cluster.filesystem()
+    places = {}
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(cluster.bucket, recursive=True)):
+        if info.type == pyarrow.fs.FileType.File:
+            with fs.open_input_stream(info.path) as stream:
+                places[f"s3://{info.path}"] = stream.read()
+    folder = Path(cluster.folder)
+    local = [p for p in folder.rglob("*") if standin.SECRETS_DIR not in p.relative_to(folder).parts]
+    local += [*Path(f"{cluster.folder}-jobs").rglob("*"), *(p for d in _job_dirs(cluster) for p in d.rglob("*"))]
+    places.update({str(p): p.read_bytes() for p in local if p.is_file()})
+    assert any(k.endswith("/ray_output.log") for k in places) and str(folder / "mlflow.db") in places, sorted(places)
+    assert any(k.endswith("MLmodel") for k in places) and len(places) > 50, sorted(places)
+    found = [(what, where) for where, data in places.items() for what, secret in wanted.items()
+             if secret.encode() in data]
+    # env.sh hands the stand-in's own object store keys to the user's shell on purpose (moto's keys, which stand in
+    # for an instance profile's): the one place they may be. The token and the password are never written there.
+    assert sorted(found) == [("the AWS key id", str(folder / "env.sh")), ("the AWS secret", str(folder / "env.sh"))], \
+        found
+
+
 def test_a_local_ray_beside_the_standin_does_not_take_its_node_types(cluster, ray_cluster):
     """The driver reads node types from the monitor of the cluster it joined: the stand-in's autoscaler, running on
     the same machine, is not the test session's local Ray's."""
@@ -193,11 +302,13 @@ def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster):
 
     folder = Path(cluster.folder)
     running = _left(cluster)
+    token = cluster.token_path.read_text()
     said = _standin_cli(folder, "down")
     stopped = re.fullmatch(r"stopped (\d+) processes of the stand-in in \S+\n", said)
     assert stopped and int(stopped[1]) >= len(running), (said, running)
     assert not _left(cluster), _left(cluster)
     assert not (folder / standin.STATE_FILE).exists() and not Path(cluster.ray_temp).exists()
+    assert not (folder / standin.SECRETS_DIR).exists() and not (folder / standin.AUTH_DB).exists()  # gone with it
 
     ports = {"--s3-port": cluster.s3_port, "--gcs-port": cluster.gcs_port, "--dashboard-port": cluster.dashboard_port,
              "--mlflow-port": cluster.mlflow_port}
@@ -205,4 +316,6 @@ def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster):
     assert f"worker ports {first}-{last}" in said, said
     again = standin.Standin.load(folder)
     assert again.session != cluster.session and _left(again)
-    assert MlflowClient(again.tracking_uri).search_experiments()  # the server answers, on its old database
+    assert again.auth and again.token_path.read_text() != token  # new secrets, in the same places
+    with environ(again.mlflow_login()):  # the server answers, on its old database, to its new password
+        assert MlflowClient(again.tracking_uri).search_experiments()

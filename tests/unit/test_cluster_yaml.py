@@ -88,7 +88,15 @@ SECRET_PATTERNS = (
     re.compile(r"aws_session_token", re.IGNORECASE),
     re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),  # access key ids (long-term / temporary)
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    # Ray's token or MLflow's passwords given as a value (reading one from a file, "$(cat FILE)", is how they come)
+    re.compile(r"\b(?:RAY_AUTH_TOKEN|MLFLOW_TRACKING_PASSWORD|MLFLOW_AUTH_ADMIN_PASSWORD|MLFLOW_TRACKING_TOKEN)"
+               r"""=(?!["']?\$\(cat )\S+"""),
+    re.compile(r"^\s*admin_password\s*=\s*\S+", re.IGNORECASE | re.MULTILINE),  # MLflow's auth settings (ini)
+    re.compile(r"\b[0-9a-f]{32,}\b"),  # a token such as `ray get-auth-token --generate` prints (64 hex digits)
 )
+#: Where file_mounts puts the secrets on every node, and the files there (docs/cluster.md, "Secrets").
+SECRETS = "~/.nre_ray/secrets"
+TOKEN_PATH = "$HOME/.nre_ray/secrets/ray_auth_token"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -171,10 +179,28 @@ def world_open_rules(raw: dict, port: int) -> list[dict]:
     return open_rules
 
 
+def shell_words(command: str) -> list[str]:
+    """The words of a shell command, those of a `bash -c '...'` script among them."""
+    words = shlex.split(command)
+    return [w for word in words for w in (shlex.split(word) if " " in word else [word])]
+
+
+def ray_starts(raw: dict) -> list[str]:
+    """Every command of the file that runs `ray start`."""
+    commands = [*raw["head_start_ray_commands"], *raw["worker_start_ray_commands"]]
+    return [c for c in commands if re.search(r"\bray start\b", c)]
+
+
+def start_environment(command: str) -> dict[str, str]:
+    """The variables a `... VAR=value ray start ...` command sets for `ray start` (as the shell sees them)."""
+    before = re.split(r"\bray start\b", command.rpartition(";")[2])[0]
+    return dict(word.split("=", 1) for word in shlex.split(before) if "=" in word)
+
+
 def mlflow_server_args(raw: dict) -> dict[str, str]:
     """Options of the `mlflow server` command started by head_start_ray_commands."""
     for command in raw.get("head_start_ray_commands", []):
-        tokens = shlex.split(command)
+        tokens = shell_words(command)
         if "mlflow" in [Path(t).name for t in tokens] and "server" in tokens:
             options = tokens[tokens.index("server") + 1 :]
             return dict(zip(options[::2], options[1::2], strict=True))
@@ -423,7 +449,7 @@ def test_setup_commands_install_the_pyproject_pins(raw):
     [
         ('"torch==2.13.0"', '"torch==2.12.0"'),
         ('"mlflow==3.17.2"', '"mlflow==3.18.0"'),
-        ("ray[train,data,default,serve]==", "ray[train,data,serve]=="),  # the `default` extra matters (see notes/stack.md)
+        ("ray[train,data,default,serve]==", "ray[train,data,serve]=="),  # `default` matters (notes/stack.md)
     ],
 )
 def test_a_pin_differing_from_pyproject_is_reported(raw, old, new):
@@ -479,8 +505,37 @@ def test_a_world_open_mlflow_rule_would_be_found(raw, rule):
     assert world_open_rules(raw, MLFLOW_PORT) == [rule]
 
 
+def test_every_ray_start_runs_with_token_authentication_and_the_mounted_token(raw):
+    starts = ray_starts(raw)
+    assert len(starts) == 2, starts  # the head's and the workers'
+    for command in starts:
+        variables = start_environment(command)
+        assert variables.get("RAY_AUTH_MODE") == "token", command  # never left to Ray's guess
+        assert variables.get("RAY_AUTH_TOKEN_PATH") == TOKEN_PATH, command
+        assert variables.get("MLFLOW_TRACKING_USERNAME") == "admin", command  # the workers log to MLflow
+        assert variables.get("MLFLOW_TRACKING_PASSWORD") == "$(cat $HOME/.nre_ray/secrets/mlflow_password)", command
+    # A start without the mode would be found
+    broken = [c.replace("RAY_AUTH_MODE=token ", "") for c in starts]
+    assert [start_environment(c).get("RAY_AUTH_MODE") for c in broken] == [None, None]
+
+
+def test_the_secrets_reach_every_node_through_file_mounts_and_are_checked(raw):
+    # file_mounts go to the head and, from it, to every worker the autoscaler adds
+    assert raw["file_mounts"].get(SECRETS) == SECRETS
+    assert any(f"test -s {SECRETS}/ray_auth_token" in c and f"chmod 600 {SECRETS}/*" in c
+               for c in raw["setup_commands"])  # on every node, before Ray starts
+
+
+def test_a_secret_value_would_be_found():
+    token = "0123456789abcdef" * 4
+    for line in (f"RAY_AUTH_TOKEN={token}", "MLFLOW_TRACKING_PASSWORD=hunter2hunter2", f"# {token}",
+                 "admin_password = hunter2hunter2", "MLFLOW_AUTH_ADMIN_PASSWORD='s3cret-s3cret'"):
+        assert find_secrets(CLUSTER_YAML.read_text() + f"\n{line}\n"), line
+
+
 def test_mlflow_server_on_the_head(raw):
     args = mlflow_server_args(raw)
+    assert args.get("--app-name") == "basic-auth", "every request to MLflow needs a user and password"
     assert args.get("--backend-store-uri") == "sqlite:////home/ubuntu/mlflow/mlflow.db"  # absolute: four slashes
     assert args.get("--host") == "0.0.0.0", "workers on other nodes log to http://<head private ip>:5000"
     assert args.get("--port") == str(MLFLOW_PORT)
