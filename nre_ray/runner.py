@@ -508,6 +508,8 @@ ELASTIC_RESIZE_INTERVAL_S = float(os.environ.get("NRE_RAY_ELASTIC_RESIZE_INTERVA
 #: Seconds past a preemption notice's deadline before Ray restarts the run (FailureConfig.preemption_grace_s): time
 #: for Ray to see the preempted node gone, so that the restart sizes the worker group without it.
 PREEMPTION_GRACE_S = 10.0
+#: Times an elastic run tries again to place its worker group (each waits --placement-timeout), sized anew each time.
+ELASTIC_PLACEMENT_RETRIES = 3
 
 
 def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resources, run_id: str,
@@ -541,12 +543,16 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints,
                                                          checkpoint_score_attribute=SELECTION_RANK,
                                                          checkpoint_score_order="max"),
-            # A worker group not placed within --placement-timeout (set_placement_timeout) fails the run:
-            # controller_failure_limit=0 instead of Ray's default of retrying forever.
+            # A worker group not placed within --placement-timeout (set_placement_timeout) fails a fixed-size run:
+            # controller_failure_limit=0 instead of Ray's default of retrying forever. An elastic run tries again
+            # (ELASTIC_PLACEMENT_RETRIES), sized anew: after a preemption whose workers all finished before the
+            # deadline, Ray restarts at once and sizes the group on the draining node that is still alive; that
+            # group cannot be placed, and the next try sees the node gone and goes on with fewer workers.
             # A preemption is counted apart (--max-preemptions, -1: no limit); the grace keeps the survivors going a
             # little past the notice's deadline, so that Ray restarts once the preempted node is gone, not onto it.
             failure_config=ray.train.FailureConfig(
-                max_failures=cfg.train.max_failures, controller_failure_limit=0,
+                max_failures=cfg.train.max_failures,
+                controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if cfg.elastic else 0,
                 max_preemption_failures=-1 if cfg.train.max_preemptions is None else cfg.train.max_preemptions,
                 preemption_grace_s=PREEMPTION_GRACE_S),
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
