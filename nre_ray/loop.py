@@ -465,12 +465,13 @@ def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int
     After the step at which any rank heard of a preemption, ``save_position(steps done, [global loss sum, global
     examples] so far, this rank's notice)`` saves a mid-epoch checkpoint, once (``state["saved_on_notice"]``: the
     notice stays until Ray restarts the worker group); training goes on until then. Returns (mean loss over the
-    epoch's examples, examples)."""
+    epoch's examples, examples trained on in this call: the epoch's less those before ``position``)."""
     model.train()
     device = ray.train.torch.get_device()
     batch = elastic.global_batch(cfg)
     order = elastic.epoch_order(len(train_set), cfg.train.seed, epoch)
     loss_sum, seen = (position.get("partial") or [0.0, 0.0]) if rank == 0 else [0.0, 0.0]
+    before = float((position.get("partial") or [0.0, 0.0])[1])  # the same on every rank
     for step in range(int(position.get("step", 0)), steps):
         parts, count = elastic.step_share(order, step, batch, rank, world_size, cfg.train.batch_size)
         step_loss, step_seen = elastic.accumulate(
@@ -491,7 +492,7 @@ def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int
             totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
             save_position(step + 1, totals.tolist(), notice)
     totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
-    return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item()
+    return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item() - before
 
 
 def _report_position(rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

@@ -109,3 +109,91 @@ def test_a_run_resized_3_2_3_learns_as_one_fixed_at_3(ray_cluster, tmp_path):
     assert [e for e, *_ in resized] == [1, 2, 3] and [w for *_, w in resized] == [3, 2, 3]
     for (_, *mine, _), (_, *theirs, _) in zip(resized, fixed, strict=True):
         assert mine == pytest.approx(theirs, rel=1e-4)
+
+
+class NodeGone(Exception):
+    """The preempted node going away: the worker's training function ends where it is."""
+
+
+def _local_fit(cfg: Config, train_fn) -> ray.train.Result:
+    """``train_fn(loop_config)`` in Ray Train's local mode (in this process) on the tiny data."""
+    return TorchTrainer(
+        train_fn,
+        train_loop_config={"config": cfg.to_dict(), "data": tiny_data(), "tracking_uri": None, "run_id": None},
+        scaling_config=ray.train.ScalingConfig(num_workers=0),
+    ).fit()
+
+
+def test_a_run_resumed_from_a_mid_epoch_checkpoint_learns_as_one_never_interrupted(monkeypatch, capsys):
+    """A preemption notice in the middle of epoch 2 of 3, the node gone a step later, and the run resumed from the
+    mid-epoch checkpoint: every epoch's losses and validation scores are those of the run that was never
+    interrupted, each epoch is reported once, and each example of the interrupted epoch is trained on exactly once
+    across the two parts.
+
+    Ray Train's local mode (``num_workers=0``) runs the loop in this process with no preemption watcher, so the
+    notice is handed to the loop where it reads one: ``nre_ray.loop.preemption_notice`` answers a real
+    ``ray.train.PreemptionInfo`` at one step; from there on the loop's own path runs (the notice in the step's
+    reduction, ``_report_position``, a real checkpoint reported through ``ray.train.report``). The node's end is that
+    function raising at the next step, before that step's update. The restart is what Ray's controller does after a
+    preemption: the training function runs again, and ``ray.train.get_checkpoint()`` (in local mode: the last
+    checkpoint reported in this process) gives it the mid-epoch checkpoint. What each step trains on is recorded at
+    ``nre_ray.elastic.accumulate``, each epoch's metrics at ``nre_ray.loop._report``; both then run as they are."""
+    from nre_ray import loop
+    from nre_ray.checkpoint import load_checkpoint
+
+    cfg = Config.from_dict({**CFG, "train": {**CFG["train"], "epochs": 3}})  # 36 rows: 3 steps of 15, 15, 6
+    reports: list[dict] = []
+    trained: list[tuple[int, list[int]]] = []  # (epoch, the examples of one step), one world: one call a step
+    report, accumulate = loop._report, elastic.accumulate
+
+    def recording_report(rank, metrics, *args, **kwargs):
+        reports.append(dict(metrics))
+        return report(rank, metrics, *args, **kwargs)
+
+    def recording_accumulate(model, dataset, parts, *args, **kwargs):
+        trained.append((reports[-1]["epoch"] + 1 if reports else 1, [int(i) for p in parts for i in p]))
+        return accumulate(model, dataset, parts, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "_report", recording_report)
+    monkeypatch.setattr(elastic, "accumulate", recording_accumulate)
+    _local_fit(cfg, train_loop_per_worker)
+    fixed, reports[:] = list(reports), []
+    assert [m["epoch"] for m in fixed] == [1, 2, 3]
+    trained.clear()
+
+    calls = {"n": 0, "kept": 0}
+    notice = ray.train.PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={"spot": [0]})
+
+    def notice_at_epoch_2_step_1():  # called once a step, after the step's forward and backward passes
+        calls["n"] += 1
+        if calls["n"] == 5:  # epoch 2, step 1 (0-based): its update is made and the checkpoint saved after it
+            calls["kept"] = len(trained)
+            return notice
+        if calls["n"] == 6:  # the node is gone: step 2 is lost
+            del trained[calls["kept"]:]
+            raise NodeGone
+        return None
+
+    saved: dict = {}
+
+    def preempted_then_restarted(loop_config: dict) -> None:
+        with pytest.raises(NodeGone):
+            train_loop_per_worker(loop_config)
+        with ray.train.get_checkpoint().as_directory() as folder:
+            saved.update(load_checkpoint(folder).state)
+        train_loop_per_worker(loop_config)
+
+    monkeypatch.setattr(loop, "preemption_notice", notice_at_epoch_2_step_1)
+    _local_fit(cfg, preempted_then_restarted)
+    assert (saved["epoch"], saved["position"]["step"], saved["position"]["partial"][1]) == (1, 2, 30)
+    assert "resuming after epoch 1, step 2 of epoch 2, from" in capsys.readouterr().out
+    for epoch in (2, 3):
+        assert sorted(i for e, step in trained if e == epoch for i in step) == list(range(36)), epoch
+    assert [m["epoch"] for m in reports] == [1, 2, 3]
+    # the speed of the resumed epoch is that of its last 6 examples, trained on after the restart
+    assert [m["examples_per_sec"] * m["epoch_seconds"] for m in reports] == pytest.approx([36, 6, 36])
+    volatile = ("examples_per_sec", "epoch_seconds", "epoch_cpu_seconds")
+    for mine, theirs in zip(reports, fixed, strict=True):
+        assert {k: v for k, v in mine.items() if k not in volatile and not k.startswith("startup_")} == \
+            pytest.approx({k: v for k, v in theirs.items() if k not in volatile and not k.startswith("startup_")},
+                          rel=1e-6)
