@@ -405,7 +405,7 @@ def epoch_legend(epochs: int, select: str, first: int = 1) -> str:
 def format_failure(event: dict[str, Any]) -> str:
     """The one line for a failure the Ray Train controller handled (an event of
     :class:`nre_ray.tracking.callback.ConsoleEvents`): what was lost, which failure of how many, and the epoch and
-    checkpoint the run goes on from (or that it stops)::
+    checkpoint the run goes on from, after an epoch or at a step in one (or that it stops)::
 
         lost a worker: rank 1 (pid 2731 on node 10.0.0.2 (id ...5e7bc755)) exited unexpectedly (killed, e.g. by
         SIGKILL or the out-of-memory killer, or crashed); failure 1 of --max-failures 2; going on from epoch 3,
@@ -420,12 +420,13 @@ def format_failure(event: dict[str, Any]) -> str:
         tally = f"failure {count} of --max-failures {limit}"
     else:
         tally = f"failure {count}, more than --max-failures {limit} allows"
-    epoch, checkpoint = int(event.get("epoch") or 0), event.get("checkpoint")
+    epoch, step, checkpoint = int(event.get("epoch") or 0), int(event.get("step") or 0), event.get("checkpoint")
+    where = f"step {step} of epoch {epoch + 1}" if step else f"epoch {epoch}"  # a mid-epoch checkpoint: the step
     if goes_on:
-        then = f"going on from epoch {epoch}, checkpoint {checkpoint}" if checkpoint else \
+        then = f"going on from {where}, checkpoint {checkpoint}" if checkpoint else \
             "going on from the start (no checkpoint yet)"
     else:
-        then = "the run stops" + (f"; continue it from epoch {epoch} with --resume" if checkpoint else "")
+        then = "the run stops" + (f"; continue it from {where} with --resume" if checkpoint else "")
     return f"{event.get('kind', 'a failure')}: {event.get('what', 'unknown')}; {tally}; {then}"
 
 

@@ -566,12 +566,15 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     )
 
 
-def _start_of(target: Target) -> tuple[int, str] | None:
-    """The epoch and checkpoint a ``--resume`` starts from (None for a new run, or one without a checkpoint)."""
+def _start_of(target: Target) -> tuple[int, int, str] | None:
+    """Where a ``--resume`` starts from: epochs done, steps done of the next epoch (a mid-epoch checkpoint) and the
+    checkpoint's path (None for a new run, or one without a checkpoint)."""
+    from nre_ray.tracking.callback import resume_point
+
     result = _latest_result(target.storage, target.run_name) if target.resumed is not None else None
     if result is None or result.checkpoint is None:
         return None
-    return int((result.metrics or {}).get("epoch", 0)), _full_path(result.checkpoint.path, target.storage)
+    return *(resume_point(result.metrics or {}) or (0, 0)), _full_path(result.checkpoint.path, target.storage)
 
 
 def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | None = None,

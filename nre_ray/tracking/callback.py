@@ -8,10 +8,11 @@ the worker, gives each epoch in MLflow exactly once, and only epochs a continuat
 
 The controller runs on the driver's node (Ray Train pins it there), so it hands the driver what to print through a
 file of events (:func:`nre_ray.console.append_event`): the workers up, training started, each epoch, and each failure
-it handled: what was lost (a worker process, a node, a node preempted), which failure of how many, and the epoch and
-checkpoint the run goes on from (:func:`describe_failure`; the console prints it in one line). Where the driver
-is not on a node (a Ray Client ``ray://`` address) there is no such file and the controller prints the epoch lines
-itself (Ray forwards them to the driver with its ``(TrainController pid=...)`` prefix).
+it handled: what was lost (a worker process, a node, a node preempted), which failure of how many, and the epoch (or
+the step in an epoch, from a mid-epoch checkpoint) and checkpoint the run goes on from (:func:`describe_failure`; the
+console prints it in one line). Where the driver is not on a node (a Ray Client ``ray://`` address) there is no such
+file and the controller prints the epoch lines itself (Ray forwards them to the driver with its
+``(TrainController pid=...)`` prefix).
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ class EpochMetricsLogger(ray.train.UserCallback):
 class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
     """Tells the driver's console when the worker group is up, when the training function started on it, and of
     each failure the controller handles (with ``--max-failures``, the run's limit, counted as Ray Train counts).
-    ``storage``: the run's storage path; ``start``: the epoch and checkpoint path the run starts from (a
-    ``--resume``), until a checkpoint is registered."""
+    ``storage``: the run's storage path; ``start``: where the run starts from (a ``--resume``), until a checkpoint is
+    registered: epochs done, steps done of the next epoch (:func:`resume_point`) and the checkpoint's path."""
 
     def __init__(self, events: str | None, max_failures: int = 0, storage: str = "",
-                 start: tuple[int, str] | None = None) -> None:
+                 start: tuple[int, int, str] | None = None) -> None:
         self.events, self.max_failures, self.storage = events, max_failures, storage
-        self.latest: tuple[int, str | None] = start or (0, None)  # the latest registered checkpoint: epoch, path
+        # the latest registered checkpoint: epochs done, steps done of the next epoch, path
+        self.latest: tuple[int, int, str | None] = start or (0, 0, None)
         self.places: dict[int, tuple[str, str, int]] = {}  # where each rank of the worker group runs
         self.failures = self.preemptions = 0
 
@@ -93,12 +95,14 @@ class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
         _tell(self.events, {"event": "training_started"}, None)
 
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
-        """After Ray Train registered a report: an epoch's checkpoint is the one a restart goes on from."""
+        """After Ray Train registered a report: an epoch's checkpoint, or a mid-epoch one saved on a preemption
+        notice, is the one a restart goes on from."""
         from nre_ray.runner import _full_path
 
         checkpoint = getattr(training_report, "checkpoint", None)
-        if checkpoint is not None and metrics and "epoch" in metrics[0]:
-            self.latest = (int(metrics[0]["epoch"]), _full_path(checkpoint.path, self.storage))
+        point = resume_point(metrics[0]) if checkpoint is not None and metrics else None
+        if point is not None:
+            self.latest = (*point, _full_path(checkpoint.path, self.storage))
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
         """A restart (or a stop) after a failure: one event with what was lost and where the run goes on from."""
@@ -114,12 +118,23 @@ class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
                 self.preemptions += 1
             else:
                 self.failures += 1
-            epoch, checkpoint = self.latest
+            epoch, step, checkpoint = self.latest
             _tell(self.events, {"event": "failure", **failure, "goes_on": goes_on, "limit": self.max_failures,
                                 "count": self.preemptions if failure["preemption"] else self.failures,
-                                "epoch": epoch, "checkpoint": checkpoint}, None)
+                                "epoch": epoch, "step": step, "checkpoint": checkpoint}, None)
         except Exception as err:
             log.warning("console: could not describe a failure: %s", err)
+
+
+def resume_point(metrics: dict[str, Any]) -> tuple[int, int] | None:
+    """Where a run goes on from the checkpoint reported with ``metrics``: (epochs done, steps done of the next epoch),
+    from an epoch's checkpoint (``epoch``: 0 steps) or a mid-epoch one saved on a preemption notice (``mid_epoch``,
+    ``mid_epoch_step``: :func:`nre_ray.loop._report_position`); None for a report that is neither."""
+    if "epoch" in metrics:
+        return int(metrics["epoch"]), 0
+    if "mid_epoch" in metrics:
+        return int(metrics["mid_epoch"]) - 1, int(metrics.get("mid_epoch_step", 0))
+    return None
 
 
 def describe_failure(error: Exception, places: dict[int, tuple[str, str, int]],

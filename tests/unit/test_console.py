@@ -201,6 +201,8 @@ def test_the_failure_line_counts_against_the_limit_or_says_the_run_stops():
         "failure 3 (--max-failures -1: no limit); going on from the start (no checkpoint yet)")
     assert "preemption 1 (preemptions do not count against --max-failures); going on from epoch 3" in \
         format_failure({**event, "kind": "preemption", "preemption": True, "count": 1, "goes_on": True})
+    assert format_failure({**event, "step": 4}).endswith(
+        "the run stops; continue it from step 4 of epoch 4 with --resume")
 
 
 def test_what_ray_forwards_goes_to_the_run_log(tmp_path, capsys):

@@ -83,7 +83,7 @@ def test_each_restart_is_one_failure_event_with_its_count_and_the_checkpoint_it_
     from nre_ray.tracking.callback import ConsoleEvents
 
     events = tmp_path / "events.jsonl"
-    callback = ConsoleEvents(str(events), max_failures=1, storage=str(tmp_path), start=(2, "/runs/r/checkpoint_a"))
+    callback = ConsoleEvents(str(events), max_failures=1, storage=str(tmp_path), start=(2, 0, "/runs/r/checkpoint_a"))
     callback.places = PLACES
     error = _group_error({0: GLOO, 1: RayActorError("a1", KILLED)})
     callback.after_controller_state_update(RunningState(), RestartingState(training_failed_error=error))
@@ -97,3 +97,31 @@ def test_each_restart_is_one_failure_event_with_its_count_and_the_checkpoint_it_
     assert [(e["count"], e["limit"], e["goes_on"], e["epoch"], e["checkpoint"]) for e in sent] == [
         (1, 1, True, 2, "/runs/r/checkpoint_a"), (2, 1, False, 4, str(tmp_path / "checkpoint_b"))]
     assert sent[0]["kind"] == "lost a worker" and "rank 1" in sent[0]["what"]
+
+
+def test_after_a_mid_epoch_checkpoint_the_restart_goes_on_from_its_step(tmp_path, monkeypatch):
+    """A preemption notice's checkpoint (reported without ``epoch``, with ``mid_epoch`` and ``mid_epoch_step``, as
+    nre_ray.loop._report_position reports it) is where the restart goes on from: the failure line says the step."""
+    from types import SimpleNamespace
+
+    from ray.exceptions import RayActorError
+    from ray.train.v2._internal.execution.controller.state import RestartingState, RunningState
+
+    from nre_ray.console import NOTES_KEY, format_failure
+    from nre_ray.tracking import callback as callback_module
+    from nre_ray.tracking.callback import ConsoleEvents
+
+    monkeypatch.setattr(callback_module, "_alive_nodes", lambda ours: set(ours))
+    events = tmp_path / "events.jsonl"
+    callback = ConsoleEvents(str(events), max_failures=0, storage=str(tmp_path))
+    callback.places = PLACES
+    for name, metrics in (("checkpoint_1", {"epoch": 1}), ("checkpoint_mid", {"mid_epoch": 2, "mid_epoch_step": 7})):
+        callback.after_report(SimpleNamespace(checkpoint=SimpleNamespace(path=str(tmp_path / name))),
+                              [{**metrics, NOTES_KEY: []}, {}])
+    preempted = _group_error({1: RayActorError("a1", KILLED, preempted=True)})
+    callback.after_controller_state_update(RunningState(), RestartingState(training_failed_error=preempted))
+    sent = json.loads(events.read_text())
+    assert (sent["epoch"], sent["step"], sent["checkpoint"]) == (1, 7, str(tmp_path / "checkpoint_mid"))
+    assert format_failure(sent) == (
+        "preemption: node 10.0.0.2 (id ...2222dddd, rank 1) was preempted; preemption 1 (preemptions do not count "
+        f"against --max-failures); going on from step 7 of epoch 2, checkpoint {tmp_path / 'checkpoint_mid'}")
