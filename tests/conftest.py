@@ -31,6 +31,24 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_address_file_kept():
+    """Ray's address file (RAY_TMPDIR/ray/ray_current_cluster) as it was before the session. ray.cluster_utils.Cluster
+    (the preemption and spot-drain tests) records its head there as `ray start` does and leaves it behind when it
+    shuts down; a later bare ``ray.init()`` on this machine, a user's, would then try to join that dead cluster."""
+    from ray._common.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    before = path.read_text() if path.exists() else None
+    yield
+    now = path.read_text() if path.exists() else None
+    if now != before:
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(before)
+
+
 @pytest.fixture
 def shared_datasets() -> Path:
     """``../shared/datasets`` beside the checkout (read in place, never copied into the repo)."""

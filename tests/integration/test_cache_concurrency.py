@@ -38,7 +38,7 @@ from nre_ray.data import pipeline
 name, cache, out, barrier, reference = sys.argv[1:6]
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s: %(message)s")
 logging.getLogger("nre_ray").setLevel(logging.INFO)
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
 
 
 def digest(prepared):
