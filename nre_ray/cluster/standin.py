@@ -28,6 +28,7 @@ record, the processes with the mark, and everything below them, never every Ray 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -43,7 +44,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -499,12 +500,25 @@ def down(folder: Path) -> Stopped:
     return Stopped(stopped, strangers)
 
 
+@contextlib.contextmanager
+def standin_environ(state: Standin) -> Iterator[None]:
+    """This process's environment with the stand-in's variables (env.sh's) for the block, then as it was: a command
+    called in-process (a test's) must not leave another cluster's address and keys behind."""
+    before = dict(os.environ)
+    os.environ.update(state.env())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 def upload(state: Standin, local: Path, uri: str) -> None:
     """Copy a local file or folder into the stand-in's object store (what ``aws s3 cp --recursive`` does on AWS)."""
     from nre_ray import storage
 
-    os.environ.update(state.env())
-    storage.upload(local, uri)
+    with standin_environ(state):
+        storage.upload(local, uri)
 
 
 def status(state: Standin) -> str:
@@ -552,11 +566,11 @@ def ray_nodes(state: Standin) -> tuple[dict[str, bool], set[str]]:
 
     # The State API takes RAY_API_SERVER_ADDRESS, then RAY_ADDRESS, over its address argument
     # (ray.dashboard.utils.get_address_for_submission_client): this stand-in's, whatever the shell had.
-    os.environ.update(state.env())
     try:
-        nodes = list_nodes(address=state.dashboard, filters=[("state", "=", "ALIVE")], limit=10_000)
-        actors = list_actors(address=state.dashboard, filters=[("class_name", "=", "RayTrainWorker"),
-                                                               ("state", "=", "ALIVE")], limit=10_000)
+        with standin_environ(state):
+            nodes = list_nodes(address=state.dashboard, filters=[("state", "=", "ALIVE")], limit=10_000)
+            actors = list_actors(address=state.dashboard, filters=[("class_name", "=", "RayTrainWorker"),
+                                                                   ("state", "=", "ALIVE")], limit=10_000)
     except Exception as err:  # the State API raises its own and connection errors alike
         raise UsageError(f"the stand-in's Ray at {state.dashboard} does not answer ({type(err).__name__}: {err}); "
                          f"is it still up? `python -m nre_ray.standin status --dir {state.folder}`") from None
