@@ -29,6 +29,7 @@ record, the processes with the mark, and everything below them, never every Ray 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
 import itertools
 import json
@@ -283,14 +284,20 @@ def _last_line(log: Path) -> str:
     return (errors or lines or ["(its log is empty)"])[-1]
 
 
-def _wait(what: str, check, timeout: float, log: Path) -> None:
+def _wait(what: str, check, timeout: float, log: Path, process: subprocess.Popen | None = None) -> None:
+    """Until ``check()`` is true; UsageError with the last line of ``log`` when ``timeout`` passes, or at once when
+    ``process`` (the server waited for) has exited. A connection refused, or an answer that is not HTTP (another
+    program on the port), counts as not up yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if check():
                 return
-        except OSError:
+        except (OSError, http.client.HTTPException):
             pass
+        if process is not None and process.poll() is not None:
+            raise UsageError(f"{what} exited (status {process.returncode}) before it answered: {_last_line(log)} "
+                             f"(its log: {log})")
         time.sleep(0.3)
     raise UsageError(f"{what} did not come up within {timeout:.0f} s: {_last_line(log)} (its log: {log})")
 
@@ -352,10 +359,21 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
         env.pop(key, None)
     state.save()  # before anything starts: `down` (here on failure, or later) reads it
     try:
-        _spawn([_tool("moto_server"), "-H", "127.0.0.1", "-p", str(state.s3_port)], logs / "s3.log", env, folder)
+        s3 = _spawn([_tool("moto_server"), "-H", "127.0.0.1", "-p", str(state.s3_port)], logs / "s3.log", env,
+                    folder)
         state.record()
-        _wait("the object store", lambda: _http_ok(state.endpoint), 60, logs / "s3.log")
+        _wait("the object store", lambda: _http_ok(state.endpoint), 60, logs / "s3.log", s3)
         _create_bucket(state)
+
+        # The MLflow server before the Ray head: the head opens more ports than those it is given (its raylet's,
+        # object manager's and agents'), each one the system has free, and could take the MLflow port in between.
+        server = _spawn([_tool("mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+                         "--artifacts-destination", f"s3://{bucket}/mlflow-artifacts", "--host", "127.0.0.1",
+                         "--port", str(state.mlflow_port), "--workers", "1",
+                         *(["--app-name", "basic-auth"] if auth else [])],
+                        logs / "mlflow.log", {**env, **mlflow_auth_env(state)}, folder)
+        state.record()
+        _wait("the MLflow server", lambda: _http_ok(f"{state.tracking_uri}/health"), 120, logs / "mlflow.log", server)
 
         config = folder / "autoscaler.yaml"
         config.write_text(yaml.safe_dump(autoscaler_config(state.gcs_address, max_workers, cpus_per_node, head_cpus,
@@ -375,13 +393,6 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
                              f"{_last_line(logs / 'ray-head.log')} (its log: {logs / 'ray-head.log'})")
         _wait("the Ray dashboard", lambda: _http_ok(f"{state.dashboard}/api/version", state.ray_headers()), 90,
               logs / "ray-head.log")
-
-        _spawn([_tool("mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
-                "--artifacts-destination", f"s3://{bucket}/mlflow-artifacts", "--host", "127.0.0.1",
-                "--port", str(state.mlflow_port), "--workers", "1", *(["--app-name", "basic-auth"] if auth else [])],
-               logs / "mlflow.log", {**env, **mlflow_auth_env(state)}, folder)
-        state.record()
-        _wait("the MLflow server", lambda: _http_ok(f"{state.tracking_uri}/health"), 120, logs / "mlflow.log")
     except BaseException:
         down(folder)
         raise

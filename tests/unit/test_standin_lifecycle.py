@@ -7,6 +7,8 @@ from __future__ import annotations
 import secrets
 import socket
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -94,3 +96,32 @@ def test_down_stops_only_what_is_still_the_standins(tmp_path, capsys):
         kill_all([p.pid for p in (recorded, shell, marked, *others)])
         for proc in (recorded, shell, marked, *others):
             proc.wait(timeout=10)
+
+
+def test_a_wait_takes_a_program_that_is_not_http_for_not_up_yet_and_stops_when_its_server_exits(tmp_path):
+    """A port held by another program that answers in binary (as Ray's gRPC servers do) is not the server waited
+    for: the wait goes on, and ends at its timeout with the server's log line; a server that has exited ends it at
+    once, with its status and the log's error."""
+    log = tmp_path / "server.log"
+    log.write_text("starting\nOSError: [Errno 98] Address already in use\n", encoding="utf-8")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+
+        def answer_in_binary() -> None:
+            conn, _ = sock.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x04\x00@\x00\x00")
+
+        threading.Thread(target=answer_in_binary, daemon=True).start()
+        with pytest.raises(standin.UsageError, match=r"did not come up within 2 s: OSError: .*Address already in use"):
+            standin._wait("the server", lambda: standin._http_ok(f"http://127.0.0.1:{port}/health"), 2, log)
+
+    gone = subprocess.Popen(["false"])
+    gone.wait()
+    started = time.monotonic()
+    with pytest.raises(standin.UsageError, match=r"the server exited \(status 1\) before it answered: OSError"):
+        standin._wait("the server", lambda: False, 60, log, gone)
+    assert time.monotonic() - started < 5
