@@ -423,8 +423,9 @@ def build_parser(
     if parser is None:
         parser = argparse.ArgumentParser(prog=prog, description=description)
         parser.add_argument("--version", action="version", version=f"nre_ray {_version()}")
-    parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [data], [model], [train], [run] tables; "
-                        "flags given on the command line override it.")
+    parser.add_argument("--config", metavar="FILE.toml",
+                        help="TOML file (a local path or a URI) with [data], [model], [train], [run] tables; "
+                             "flags given on the command line override it.")
     for section, section_cls in _SECTIONS.items():
         if only is not None and section not in only:
             continue
@@ -475,12 +476,21 @@ def _version() -> str:
         return "unknown"
 
 
-def read_toml(path: Path, what: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
-    """The TOML file ``path`` (``what`` it is, for the messages); ``error`` when it is missing or not TOML."""
+def read_toml(path: str | Path, what: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """The TOML file ``path``, a local path or a URI (``what`` it is, for the messages); ``error`` when it is
+    missing, cannot be read or is not TOML."""
+    from nre_ray import storage
+
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise error(f"{path}: {what} not found") from None
+        text = storage.read_bytes(path).decode("utf-8")
+    except storage.StorageError as err:
+        if err.kind == storage.NOT_FOUND:
+            raise error(f"{path}: {what} not found") from None
+        raise error(str(err)) from None
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not valid TOML: not UTF-8 text (byte {err.start})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise error(f"{path}: not valid TOML: {err}") from None
 
@@ -489,7 +499,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """Merge an optional TOML file and the flags that were given into a validated Config."""
     raw: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     if getattr(args, "config", None):
-        path = Path(args.config)
+        path = args.config  # a local path or a URI
         loaded = read_toml(path, "config file")
         for section, values in loaded.items():
             if not isinstance(values, dict):

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,18 +136,22 @@ def convert(args: argparse.Namespace) -> int:
         split_problem,
     )
 
-    source, target = Path(args.input), Path(args.output)
-    kind = OUTPUT_FORMATS.get(target.suffix.lower())
+    source, target = args.input, args.output  # local paths or URIs
+    suffix = Path(fs.name_of(target)).suffix
+    kind = OUTPUT_FORMATS.get(suffix.lower())
     if kind is None:
-        raise UsageError(f"{target}: cannot tell the output format from the extension {target.suffix!r} (expected "
+        raise UsageError(f"{target}: cannot tell the output format from the extension {suffix!r} (expected "
                          f"{', '.join(OUTPUT_FORMATS)})")
-    if target.is_dir():
+    if fs.is_dir(target):
         raise UsageError(f"{target} is a directory; give the output file's name.")
-    if target.exists() and not args.force:
+    if not fs.is_uri(target) and not Path(fs.parent(target)).is_dir():
+        raise UsageError(f"{target}: the folder {fs.parent(target)} does not exist; create it first.")
+    if fs.exists(target) and not args.force:
         raise UsageError(f"{target} already exists; nothing was written. Pass --force to replace it.")
     column_map = parse_column_map(args.columns) if args.columns else None
-    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-    writer = _Writer(partial, kind)
+    # Written whole under a temporary name, then renamed (a local OUTPUT: in its folder) or uploaded (a URI).
+    staging = Path(tempfile.mkdtemp(prefix=".nre_ray_convert_", dir=None if fs.is_uri(target) else fs.parent(target)))
+    writer = _Writer(staging / fs.name_of(target), kind)
     shown: list[Problem] = []
     total = bad_rows = 0
     columns: list[str] | None = None
@@ -171,9 +176,10 @@ def convert(args: argparse.Namespace) -> int:
         writer.close()
         if writer.rows == 0:
             raise DataError([Problem(str(source), None, None, "no good rows to write")], hint=CONVERT_HINT)
-        os.replace(partial, target)
+        fs.move_file(writer.path, target)
     finally:
         writer.discard()
+        shutil.rmtree(staging, ignore_errors=True)
     skipped = f"; left out {bad_rows} bad row{'s' if bad_rows != 1 else ''}" if bad_rows else ""
     print(f"wrote {writer.rows} rows to {target} ({kind}){skipped}")
     return 0
@@ -220,8 +226,9 @@ def build_cli() -> argparse.ArgumentParser:
                "  python -m nre_ray.data convert semeval_train.txt train.csv       # SemEval-2010 Task 8 -> CSV\n"
                "  python -m nre_ray.data convert train.json train.parquet --format opennre\n"
                "  python -m nre_ray.data convert raw.csv clean.jsonl --on-bad-rows skip --force\n")
-    convert_parser.add_argument("input", metavar="INPUT", help="The file to read.")
-    convert_parser.add_argument("output", metavar="OUTPUT", help="The file to write (must not exist, unless --force).")
+    convert_parser.add_argument("input", metavar="INPUT", help="The file to read (a local path or a URI such as s3://...).")
+    convert_parser.add_argument("output", metavar="OUTPUT", help="The file to write, a local path or a URI "
+                                "(must not exist, unless --force).")
     convert_parser.add_argument("--format", choices=choices("data.format"), help="INPUT's format (default: detected).")
     convert_parser.add_argument("--columns", metavar="MAP", help="Map INPUT's column names to ours, e.g. "
                                 "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")

@@ -48,7 +48,8 @@ def sweep_parser() -> argparse.ArgumentParser:
     parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     group = parser.add_argument_group("sweep options")
     group.add_argument("--search-space", metavar="SPACE.toml",
-                       help="TOML file: [model]/[train] tables with one distribution per option, e.g. "
+                       help="TOML file (a local path or a URI): [model]/[train] tables with one distribution per "
+                            "option, e.g. "
                             "lr = { loguniform = [1e-4, 1e-2] }, batch_size = { choice = [32, 64] }, "
                             "dropout = { uniform = [0.1, 0.5] }, hidden_size = { int = [128, 320] }. "
                             "Default: a space for the chosen --model (docs/tune.md lists them).")

@@ -24,7 +24,6 @@ import difflib
 import itertools
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from nre_ray.config import _SECTIONS, Config, ConfigError, _field_types, read_toml
@@ -106,8 +105,7 @@ def load_space(path: str | None, base: Config) -> Space:
     if path is None:
         return parse_space(DEFAULT_SPACES[base.model.model], base, f"the default space for --model "
                                                                    f"{base.model.model}")
-    file = Path(path)
-    return parse_space(read_toml(file, "search space file", SpaceError), base, str(file))
+    return parse_space(read_toml(path, "search space file", SpaceError), base, path)  # a local path or a URI
 
 
 def parse_space(raw: dict[str, Any], base: Config, source: str) -> Space:
