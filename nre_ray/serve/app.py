@@ -277,7 +277,8 @@ class RelationServer:
 
     def label_now(self, items: list[tuple[Rows, int]]) -> list[Any]:
         """Each request's answer: ``(predictions, warnings)``, or the 400 error that names its bad rows. Requests
-        with the same columns are labelled in one pass."""
+        with the same columns are labelled in one pass; the answer of a plain request (:func:`plain_request`) is
+        its columns as lists (:data:`Columns`), of a request MLflow's code read a DataFrame."""
         from nre_ray.serving.inference import INPUT_COLUMNS, UNTYPED_WARNING, lacks_types, row_problems
         from nre_ray.serving.pyfunc import answer_columns, rows_error
 
@@ -292,22 +293,38 @@ class RelationServer:
             top_k = max(items[i][1] for i in members)
             predictions = predictor.predict_rows(_frame([items[i][0] for i in members], list(columns)), top_k)
             warnings = [UNTYPED_WARNING] if lacks_types(columns, predictor.config.data, predictor.vocab) else []
+            # Sliced per request as plain lists: pandas' per-slice cost (~1.5 ms a request) was most of a batch's.
+            problems = predictions["problem"].tolist()
+            values = {c: predictions[c].tolist() for c in answer_columns(top_k)}
             start = 0
             for i in members:
-                rows = items[i][0]
-                part = predictions.iloc[start:start + (len(rows) if isinstance(rows, pd.DataFrame) else
-                                                       len(rows[1]))].reset_index(drop=True)
-                start += len(part)
-                if (part["problem"] != "").any():
-                    answers[i] = rows_error(row_problems(part["problem"]))
-                    continue
-                k = items[i][1]
-                part = part[answer_columns(k)].copy()
-                if 0 < k < top_k:
-                    for column in ("top_k_labels", "top_k_scores"):
-                        part[column] = [values[:k] for values in part[column]]
-                answers[i] = (part, warnings)
+                rows, k = items[i]
+                end = start + (len(rows) if isinstance(rows, pd.DataFrame) else len(rows[1]))
+                if any(problems[start:end]):
+                    answers[i] = rows_error(row_problems(pd.Series(problems[start:end], dtype=object)))
+                elif isinstance(rows, pd.DataFrame):  # read by MLflow's code, which takes a DataFrame back
+                    answers[i] = (pd.DataFrame(_cut(values, start, end, k)), warnings)
+                else:
+                    answers[i] = (_cut(values, start, end, k), warnings)
+                start = end
         return answers
+
+
+#: A prediction's answer columns (``predicted_relation``, ``score``, maybe ``top_k_labels``, ``top_k_scores``) as
+#: lists, one entry per row.
+Columns = dict[str, list[Any]]
+
+
+def _cut(values: Columns, start: int, end: int, top_k: int) -> Columns:
+    """Rows ``start:end`` of the answer columns ``values`` of a request that asked for ``top_k``: top-k lists cut to
+    its k (the batch may have asked for more), and no top-k columns when it asked for none."""
+    from nre_ray.serving.pyfunc import answer_columns
+
+    cut = {c: values[c][start:end] for c in answer_columns(top_k)}
+    if top_k > 0:
+        for column in ("top_k_labels", "top_k_scores"):
+            cut[column] = [v[:top_k] for v in cut[column]]
+    return cut
 
 
 #: A request's rows: MLflow's checked DataFrame, or ``(columns, rows)`` of a plain request (:func:`plain_request`).
@@ -371,10 +388,10 @@ def _frame(parts: list[Rows], columns: list[str]) -> pd.DataFrame:
                       for p in parts], ignore_index=True)
 
 
-def answer_json(predictions: pd.DataFrame, warnings: list[str]) -> str:
+def answer_json(predictions: Columns | pd.DataFrame, warnings: list[str]) -> str:
     """MLflow's answer text (``{"predictions": [...]}``, records) for ``predictions``, with ``warnings`` if any."""
-    columns = list(predictions.columns)
-    values = [predictions[c].tolist() for c in columns]
+    columns = list(predictions.keys()) if isinstance(predictions, dict) else list(predictions.columns)
+    values = [predictions[c] if isinstance(predictions, dict) else predictions[c].tolist() for c in columns]
     records = [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
     return json.dumps({"predictions": records, **({"warnings": warnings} if warnings else {})})
 
