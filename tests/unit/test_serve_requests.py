@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from mlflow.pyfunc.scoring_server import predictions_to_json
 
-from nre_ray.serve.app import _frame, answer_json, plain_request
+from nre_ray.serve.app import _frame, answer_json, ingress_env, plain_request
 
 ROW = {"sentence": "Acme was founded by Ann .", "head": "Acme", "head_offset": 0, "tail": "Ann", "tail_offset": 20}
 JSON = "application/json"
@@ -62,3 +62,13 @@ def test_the_answer_is_mlflows_text():
     predictions_to_json(predictions, theirs)
     assert answer_json(predictions, []) == theirs.getvalue()
     assert json.loads(answer_json(predictions, ["w"]))["warnings"] == ["w"]
+
+
+def test_haproxy_ingress_keeps_its_files_and_ports_to_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "18404")  # the user's own setting is kept
+    env = ingress_env("haproxy", str(tmp_path))
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and env["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
+    paths = [v for k, v in env.items() if k.endswith(("_LOC", "_PATH", "_BASE", "_FILE"))]
+    assert len(paths) == 5 and all(v.startswith(str(tmp_path)) for v in paths)
+    assert env["RAY_SERVE_HAPROXY_METRICS_PORT"] != "9101"
+    assert ingress_env("proxy", str(tmp_path)) == {}
