@@ -216,6 +216,10 @@ def test_through_haproxy_a_killed_replica_is_replaced_and_every_request_is_answe
         assert all(code >= 500 or code == CLOSED for code in failures), failures
         after = replica_pids(url, 2, timeout=90)  # the replacement answers through the same URL
         assert victim not in after and len(after - before) == 1
+        started = procs.descendants(proc.pid)  # HAProxy included, restarted when the replicas changed
+        os.kill(proc.pid, signal.SIGINT)  # the clean stop: a killed command leaves HAProxy running (Serve's)
+        assert proc.wait(timeout=60) == 130, log.read_text()
+        procs.wait_for("no process left", lambda: not [p for p in started if procs.alive(p)], timeout=30)
     finally:
         procs.stop_tree(proc)
 
