@@ -581,7 +581,10 @@ def ray_nodes(state: Standin) -> tuple[dict[str, bool], set[str]]:
         with standin_environ(state):
             from ray.util.state import list_actors, list_nodes
 
-            nodes = list_nodes(address=state.dashboard, filters=[("state", "=", "ALIVE")], limit=10_000)
+            # Every node, the dead ones kept apart here: with a state filter, the GCS leaves the dead nodes out and
+            # the State API takes their absence for truncated output and raises ("Failed to retrieve all 4 nodes
+            # ... due to data truncation"), as after the first preemption of a session.
+            nodes = [n for n in list_nodes(address=state.dashboard, limit=10_000) if n.state == "ALIVE"]
             actors = list_actors(address=state.dashboard, filters=[("class_name", "=", "RayTrainWorker"),
                                                                    ("state", "=", "ALIVE")], limit=10_000)
     except Exception as err:  # the State API raises its own and connection errors alike
