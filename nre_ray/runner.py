@@ -505,8 +505,9 @@ def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[s
 #: How often an elastic run looks for room to grow (Ray's default is 60 s); a grow restarts the worker group from
 #: the latest checkpoint, so growing more often than this would redo work for little gain.
 ELASTIC_RESIZE_INTERVAL_S = float(os.environ.get("NRE_RAY_ELASTIC_RESIZE_INTERVAL_S", "60"))
-#: Seconds past a preemption notice's deadline before Ray restarts the run (FailureConfig.preemption_grace_s): time
-#: for Ray to see the preempted node gone, so that the restart sizes the worker group without it.
+#: Seconds past a preemption notice's deadline before Ray restarts the run (FailureConfig.preemption_grace_s) when the
+#: node outlives its deadline (once it is gone, the workers left fail at their next all-reduce and Ray restarts at
+#: once); the restart sizes the worker group without the node either way (ray_private.elastic_trainer).
 PREEMPTION_GRACE_S = 10.0
 #: Times an elastic run tries again to place its worker group (each waits --placement-timeout), sized anew each time
 #: (a node lost between the sizing and the placement).
