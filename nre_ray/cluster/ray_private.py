@@ -221,12 +221,13 @@ def _ray_source(data: dict) -> str:
 
 def standin_node_provider() -> type:
     """Ray's ``fake_multinode`` node provider (each node a set of raylet processes on this host) whose nodes keep
-    their runtime environments in a folder of their own and leave log forwarding to the head's log monitor (see
-    :mod:`nre_ray.cluster.provider`)."""
+    their runtime environments in a folder of their own, leave log forwarding to the head's log monitor, and are no
+    longer listed once their raylet is gone (see :mod:`nre_ray.cluster.provider`)."""
     # Private: node providers are the autoscaler's private interface (ray.autoscaler._private), and the fake_multinode
     # provider builds each node's RayParams itself, in _create_node_with_resources_and_labels, through the module
     # attribute ray._private.parameter.RayParams: no argument reaches them, so the attribute is swapped for that call.
     import ray._private.parameter as parameter
+    from ray._private.ray_constants import PROCESS_TYPE_RAYLET
     from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
     class StandinNodeProvider(FakeMultiNodeProvider):
@@ -251,6 +252,17 @@ def standin_node_provider() -> type:
                     super()._create_node_with_resources_and_labels(node_config, tags, count, resources, labels)
                 finally:
                     parameter.RayParams = original
+
+        def non_terminated_nodes(self, tag_filters: dict) -> list[str]:
+            # A node whose raylet is gone (kill-node, preempt-node: the machine lost) is listed no more, as a cloud
+            # lists a reclaimed instance as terminated. Ray's provider kept it: the autoscaler counted its CPUs
+            # towards a resource request (an elastic run's, which asks for MAX workers) and never replaced it.
+            with self.lock:
+                for node_id, entry in list(self._nodes.items()):
+                    if "node" in entry and not any(kind == PROCESS_TYPE_RAYLET
+                                                   for kind, _ in entry["node"].live_processes()):
+                        del self._nodes[node_id]
+            return super().non_terminated_nodes(tag_filters)
 
     return StandinNodeProvider
 
