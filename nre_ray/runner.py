@@ -505,10 +505,12 @@ def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[s
 #: How often an elastic run looks for room to grow (Ray's default is 60 s); a grow restarts the worker group from
 #: the latest checkpoint, so growing more often than this would redo work for little gain.
 ELASTIC_RESIZE_INTERVAL_S = float(os.environ.get("NRE_RAY_ELASTIC_RESIZE_INTERVAL_S", "60"))
-#: Seconds past a preemption notice's deadline before Ray restarts the run (FailureConfig.preemption_grace_s): time
-#: for Ray to see the preempted node gone, so that the restart sizes the worker group without it.
+#: Seconds past a preemption notice's deadline before Ray restarts the run (FailureConfig.preemption_grace_s) when the
+#: node outlives its deadline (once it is gone, the workers left fail at their next all-reduce and Ray restarts at
+#: once); the restart sizes the worker group without the node either way (ray_private.elastic_trainer).
 PREEMPTION_GRACE_S = 10.0
-#: Times an elastic run tries again to place its worker group (each waits --placement-timeout), sized anew each time.
+#: Times an elastic run tries again to place its worker group (each waits --placement-timeout), sized anew each time
+#: (a node lost between the sizing and the placement).
 ELASTIC_PLACEMENT_RETRIES = 3
 
 
@@ -524,12 +526,15 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from nre_ray.cluster.ray_private import elastic_trainer
     from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
     from nre_ray.tracking.callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
 
     set_placement_timeout(resources.placement_timeout)
     data_ref = ray.put(prepared if isinstance(prepared, dict) else trainer_data(prepared))
-    return TorchTrainer(
+    # An elastic run sizes each worker group on the nodes that can take it (not one being drained: elastic_trainer)
+    trainer_cls = elastic_trainer(TorchTrainer) if cfg.elastic else TorchTrainer
+    return trainer_cls(
         train_loop_per_worker,
         train_loop_config={"config": cfg.to_dict(), "data": data_ref, "tracking_uri": target.tracking_uri,
                            "run_id": run_id, "threads": resources.threads,
@@ -545,9 +550,8 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
                                                          checkpoint_score_order="max"),
             # A worker group not placed within --placement-timeout (set_placement_timeout) fails a fixed-size run:
             # controller_failure_limit=0 instead of Ray's default of retrying forever. An elastic run tries again
-            # (ELASTIC_PLACEMENT_RETRIES), sized anew: after a preemption whose workers all finished before the
-            # deadline, Ray restarts at once and sizes the group on the draining node that is still alive; that
-            # group cannot be placed, and the next try sees the node gone and goes on with fewer workers.
+            # (ELASTIC_PLACEMENT_RETRIES), sized anew: its groups are sized on the nodes alive and not drained
+            # (elastic_trainer), but a node can still go between the sizing and the placement.
             # A preemption is counted apart (--max-preemptions, -1: no limit); the grace keeps the survivors going a
             # little past the notice's deadline, so that Ray restarts once the preempted node is gone, not onto it.
             failure_config=ray.train.FailureConfig(

@@ -6,6 +6,7 @@ a function is called.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -220,12 +221,13 @@ def _ray_source(data: dict) -> str:
 
 def standin_node_provider() -> type:
     """Ray's ``fake_multinode`` node provider (each node a set of raylet processes on this host) whose nodes keep
-    their runtime environments in a folder of their own and leave log forwarding to the head's log monitor (see
-    :mod:`nre_ray.cluster.provider`)."""
+    their runtime environments in a folder of their own, leave log forwarding to the head's log monitor, and are no
+    longer listed once their raylet is gone (see :mod:`nre_ray.cluster.provider`)."""
     # Private: node providers are the autoscaler's private interface (ray.autoscaler._private), and the fake_multinode
     # provider builds each node's RayParams itself, in _create_node_with_resources_and_labels, through the module
     # attribute ray._private.parameter.RayParams: no argument reaches them, so the attribute is swapped for that call.
     import ray._private.parameter as parameter
+    from ray._private.ray_constants import PROCESS_TYPE_RAYLET
     from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
     class StandinNodeProvider(FakeMultiNodeProvider):
@@ -250,6 +252,17 @@ def standin_node_provider() -> type:
                     super()._create_node_with_resources_and_labels(node_config, tags, count, resources, labels)
                 finally:
                     parameter.RayParams = original
+
+        def non_terminated_nodes(self, tag_filters: dict) -> list[str]:
+            # A node whose raylet is gone (kill-node, preempt-node: the machine lost) is listed no more, as a cloud
+            # lists a reclaimed instance as terminated. Ray's provider kept it: the autoscaler counted its CPUs
+            # towards a resource request (an elastic run's, which asks for MAX workers) and never replaced it.
+            with self.lock:
+                for node_id, entry in list(self._nodes.items()):
+                    if "node" in entry and not any(kind == PROCESS_TYPE_RAYLET
+                                                   for kind, _ in entry["node"].live_processes()):
+                        del self._nodes[node_id]
+            return super().non_terminated_nodes(tag_filters)
 
     return StandinNodeProvider
 
@@ -306,13 +319,107 @@ def draining_nodes(address: str | None = None) -> dict[str, float]:
             for node, deadline_ms in client.get_draining_nodes().items()}
 
 
-def alive_nodes(gcs_address: str) -> dict[str, str]:
-    """The nodes now alive in the Ray cluster of ``gcs_address``: node id (hex) -> its IP address."""
+def alive_nodes(gcs_address: str | None = None) -> dict[str, str]:
+    """The nodes now alive in the Ray cluster of ``gcs_address`` (default: the Ray this process is connected to):
+    node id (hex) -> its IP address."""
     # Private: the public State API (ray.util.state.list_nodes) asks the dashboard, which a node's own processes
     # cannot count on (it may be disabled or unreachable); the GCS client is what Ray's CLI uses to reach the GCS.
+    import ray._private.worker
     import ray._raylet
     from ray.core.generated import gcs_pb2
 
-    nodes = ray._raylet.GcsClient(address=gcs_address).get_all_node_info()
+    client = ray._raylet.GcsClient(address=gcs_address) if gcs_address else ray._private.worker.global_worker.gcs_client
+    nodes = client.get_all_node_info()
     return {node_id.hex(): info.node_manager_address for node_id, info in nodes.items()
             if info.state == gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE}
+
+
+def schedulable_nodes(gcs_address: str | None = None) -> set[str]:
+    """The nodes that can take new work now: alive and not being drained (hex ids), as the GCS at ``gcs_address``
+    (default: of the Ray this process is connected to) says."""
+    # Private: through draining_nodes and alive_nodes (the GCS client), for the reasons they give.
+    return set(alive_nodes(gcs_address)) - set(draining_nodes(gcs_address))
+
+
+@functools.cache
+def elastic_trainer(trainer_cls: type) -> type:
+    """``trainer_cls`` (``TorchTrainer``) whose elastic runs size a worker group from the nodes that can take it:
+    alive and not being drained (:func:`schedulable_nodes`). Ray Train's own elastic policy counts every node its
+    autoscaling coordinator has reserved for the run; after a preemption that includes the node being taken back,
+    which is still alive until its deadline (and counted up to the coordinator's next refresh, 20 s, after it is
+    gone), so the restart asks for a worker on a node that takes no new work and waits out a whole placement timeout
+    before it tries with fewer. Sized without it, the run goes on at once with the workers the other nodes hold, and
+    grows back when a node arrives. Fractional shares are counted without Ray's float error (see below). A running
+    group is never shrunk for a drain: Ray Train's preemption path stops it once the workers have heard of the
+    notice (and saved their just-in-time checkpoint). Fixed-size runs are left as they are."""
+    # Private: the scaling policy (ray.train.v2._internal.execution.scaling_policy.ElasticScalingPolicy) has no
+    # public setting for which nodes count: the trainer makes it (create_scaling_policy) in fit() and hands it to
+    # the controller actor through DataParallelTrainer._initialize_and_run_controller, the one place to swap it.
+    # Its _count_possible_workers turns the coordinator's per-node reservation into a worker count; the reservation
+    # is kept by node id, so the nodes that cannot take work are left out before counting. The classes are made here
+    # so that Ray is imported only when a trainer is built; the controller receives the policy by value
+    # (cloudpickle), and schedulable_nodes by reference to this module.
+    import logging
+    import time
+
+    from ray.train.v2._internal.execution.scaling_policy import (
+        ElasticScalingPolicy,
+        NoopDecision,
+        ResizeDecision,
+    )
+
+    logger = logging.getLogger("ray.train")
+
+    class SchedulableNodesPolicy(ElasticScalingPolicy):
+        """Ray Train's elastic policy, counting only the nodes that can take new work."""
+
+        #: Seconds a reading of the nodes is reused: the controller asks at every turn of its loop while it waits.
+        NODES_INTERVAL_S = 1.0
+        #: The GCS to ask (None: the Ray of the controller's process).
+        gcs_address: str | None = None
+
+        def __init__(self, scaling_config: Any) -> None:
+            super().__init__(scaling_config)
+            self._nodes: set[str] | None = None
+            self._nodes_read = float("-inf")
+
+        def _schedulable(self) -> set[str] | None:
+            if time.monotonic() - self._nodes_read >= self.NODES_INTERVAL_S:
+                try:
+                    self._nodes = schedulable_nodes(self.gcs_address)
+                except Exception:  # the GCS did not answer: count as Ray would, with every reserved node
+                    logger.warning("could not read the cluster's nodes; counting every reserved node", exc_info=True)
+                    self._nodes = None
+                self._nodes_read = time.monotonic()
+            return self._nodes
+
+        def _count_possible_workers(self, reserved_resources: dict) -> int:
+            usable = self._schedulable()
+            if usable is not None:
+                reserved_resources = {node: r for node, r in reserved_resources.items() if node in usable}
+            # Ray floors each node's reservation over a worker's share, in floats: 3 workers of 0.66 CPU reserve
+            # 1.98 CPUs, which count as 2 workers (1.98 // 0.66), and a run of 3-3 workers waited forever. A
+            # millionth of a worker's share more counts them as 3.
+            per_worker = self.scaling_config._resources_per_worker_not_none
+            nudged = {node: {k: v + 1e-6 * per_worker.get(k, 0.0) for k, v in r.items()}
+                      for node, r in reserved_resources.items()}
+            return super()._count_possible_workers(nudged)
+
+        def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> Any:
+            decision = super().make_decision_for_running_worker_group(worker_group_state, worker_group_status)
+            if isinstance(decision, ResizeDecision) and decision.num_workers < worker_group_state.num_workers:
+                return NoopDecision()  # a node of the group being drained: the preemption path restarts it
+            return decision
+
+    class Trainer(trainer_cls):
+        """The trainer, its elastic runs sized on the nodes that can take new work."""
+
+        scaling_policy = SchedulableNodesPolicy
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
+            policy = controller_init_kwargs.get("scaling_policy")
+            if type(policy) is ElasticScalingPolicy:
+                controller_init_kwargs["scaling_policy"] = SchedulableNodesPolicy(policy.scaling_config)
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+    return Trainer

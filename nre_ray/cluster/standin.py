@@ -573,13 +573,18 @@ def choose_node(asked: str | None, alive: dict[str, bool], training: Collection[
 def ray_nodes(state: Standin) -> tuple[dict[str, bool], set[str]]:
     """The nodes alive in the stand-in's Ray (node id -> whether it is the head) and those that run a Ray Train
     worker, from Ray's State API on its dashboard. UsageError if Ray does not answer."""
-    from ray.util.state import list_actors, list_nodes
-
     # The State API takes RAY_API_SERVER_ADDRESS, then RAY_ADDRESS, over its address argument
-    # (ray.dashboard.utils.get_address_for_submission_client): this stand-in's, whatever the shell had.
+    # (ray.dashboard.utils.get_address_for_submission_client): this stand-in's, whatever the shell had. Ray is
+    # imported in the block too: it reads its authentication mode (RAY_AUTH_MODE) once, when first imported, and a
+    # shell's `disabled` (or none) would leave the stand-in's token unsent.
     try:
         with standin_environ(state):
-            nodes = list_nodes(address=state.dashboard, filters=[("state", "=", "ALIVE")], limit=10_000)
+            from ray.util.state import list_actors, list_nodes
+
+            # Every node, the dead ones kept apart here: with a state filter, the GCS leaves the dead nodes out and
+            # the State API takes their absence for truncated output and raises ("Failed to retrieve all 4 nodes
+            # ... due to data truncation"), as after the first preemption of a session.
+            nodes = [n for n in list_nodes(address=state.dashboard, limit=10_000) if n.state == "ALIVE"]
             actors = list_actors(address=state.dashboard, filters=[("class_name", "=", "RayTrainWorker"),
                                                                    ("state", "=", "ALIVE")], limit=10_000)
     except Exception as err:  # the State API raises its own and connection errors alike
@@ -598,9 +603,10 @@ def preempt_node(state: Standin, node_id: str | None, deadline_s: float, say: Ca
     node = choose_node(node_id, *ray_nodes(state))
     deadline = time.time() + deadline_s
     try:
-        ray_private.drain_for_preemption(node, deadline_s, state.gcs_address,
-                                         f"preempted by the stand-in (python -m nre_ray.standin preempt-node): "
-                                         f"the node goes in {deadline_s:g} s")
+        with standin_environ(state):  # the stand-in's token, whatever the shell has
+            ray_private.drain_for_preemption(node, deadline_s, state.gcs_address,
+                                             f"preempted by the stand-in (python -m nre_ray.standin preempt-node): "
+                                             f"the node goes in {deadline_s:g} s")
     except RuntimeError as err:
         raise UsageError(f"{err}; is node {node} still up? `python -m nre_ray.standin status`") from None
     say(f"preemption notice sent to node {node}: it goes at {time.strftime('%H:%M:%S', time.localtime(deadline))} "

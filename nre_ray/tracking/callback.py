@@ -106,6 +106,10 @@ class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
         """A restart (or a stop) after a failure: one event with what was lost and where the run goes on from."""
+        if current_state is previous_state:
+            # The controller stays in its restarting state, telling each turn of its loop, while the cluster has
+            # too few workers for MIN (an elastic run waiting for a replacement): still the same restart.
+            return
         try:  # an error raised here would count as a failure of the run itself
             found = failure_of(current_state)
             if found is None:

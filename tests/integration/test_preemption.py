@@ -11,8 +11,15 @@ import pytest
 import ray.train
 from mlflow.tracking import MlflowClient
 from ray.cluster_utils import Cluster
+from ray.train.torch import TorchTrainer
 
-from nre_ray.cluster.ray_private import drain_for_preemption, draining_nodes
+from nre_ray.cluster.ray_private import (
+    alive_nodes,
+    drain_for_preemption,
+    draining_nodes,
+    elastic_trainer,
+    schedulable_nodes,
+)
 from tests.procs import cli, start, stop_tree, wait_for
 
 pytestmark = pytest.mark.integration
@@ -51,6 +58,18 @@ def test_a_preemption_drain_reaches_the_gcs_with_its_deadline(two_nodes, tmp_pat
         drain_for_preemption(node.node_id, 20, address=cluster.gcs_address, message="spot interruption")
         deadline = draining_nodes(cluster.gcs_address)[node.node_id]
         assert before + 20 - 1 <= deadline <= time.time() + 20 + 1
+        # An elastic run sizes a new worker group without the node: alive, but it takes no new work.
+        assert node.node_id in alive_nodes(cluster.gcs_address)
+        assert schedulable_nodes(cluster.gcs_address) == {cluster.head_node.node_id}
+        policy = elastic_trainer(TorchTrainer).scaling_policy(ray.train.ScalingConfig(num_workers=(1, 3)))
+        policy.gcs_address = cluster.gcs_address
+        reserved = {cluster.head_node.node_id: {"CPU": 1.0}, node.node_id: {"CPU": 1.0}}
+        assert policy._count_possible_workers(reserved) == 1
+        # Shares of a CPU: 3 workers of 0.66 on the 1.98 CPUs reserved for them are 3 (Ray's float floor said 2)
+        thirds = elastic_trainer(TorchTrainer).scaling_policy(
+            ray.train.ScalingConfig(num_workers=(3, 3), resources_per_worker={"CPU": 0.66}))
+        thirds.gcs_address = cluster.gcs_address
+        assert thirds._count_possible_workers({cluster.head_node.node_id: {"CPU": 0.66 * 3}}) == 3
     finally:
         stop_tree(holder)
 

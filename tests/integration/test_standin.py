@@ -12,6 +12,7 @@ starts it again on the same ports.
 from __future__ import annotations
 
 import base64
+import json
 import re
 import secrets
 import subprocess
@@ -89,11 +90,14 @@ def _log(state: standin.Standin, name: str) -> Path:
     return folder / f"{name}.log"
 
 
-def _submit(state: standin.Standin, run_name: str, *extra: str, log: Path) -> subprocess.Popen:
-    """``ray job submit --working-dir . -- python -m nre_ray.train ...`` as docs/cluster.md has it (logs streamed)."""
+def _submit(state: standin.Standin, run_name: str, *extra: str, log: Path,
+            job_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``ray job submit --working-dir . -- python -m nre_ray.train ...`` as docs/cluster.md has it (logs streamed);
+    ``job_env``: variables of the job's runtime environment (``--runtime-env-json``)."""
+    runtime_env = ["--runtime-env-json", json.dumps({"env_vars": job_env})] if job_env else []
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [RAY, "job", "submit", "--working-dir", ".", "--", "python", "-m", "nre_ray.train",
+            [RAY, "job", "submit", "--working-dir", ".", *runtime_env, "--", "python", "-m", "nre_ray.train",
              "--storage-path", f"s3://{state.bucket}/nre_ray/checkpoints", "--tracking-uri", state.tracking_uri,
              "--data-dir", f"s3://{state.bucket}/nre_ray/data", "--run-name", run_name, *extra],
             # (state.env() also sets RAY_API_SERVER_ADDRESS, which `ray job` reads first: the test session points
@@ -204,6 +208,74 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster)
     # The autoscaler started a node in place of the lost one (3 workers: the head holds one, two need nodes).
     replaced = wait_for("a replacement node", lambda: set(standin.worker_nodes(cluster)) - before, 60)
     assert lost not in standin.worker_nodes(cluster) and replaced
+
+
+def _workers(client: MlflowClient, run_id: str) -> dict[int, int]:
+    """Each logged epoch's world size (the metric ``workers``)."""
+    return {m.step: int(m.value) for m in client.get_metric_history(run_id, "workers")}
+
+
+def test_an_elastic_run_goes_on_with_fewer_workers_through_a_preemption_and_grows_back(cluster):
+    """A spot interruption rehearsed: an elastic run (``--num-workers 1-3``: the head's CPU and two autoscaled nodes)
+    loses a node to ``preempt-node --deadline 20`` in the middle of an epoch. The workers save a mid-epoch checkpoint
+    before the deadline and train on until the node goes; the run then goes on at once with the 2 workers left, from
+    its latest checkpoint (that mid-epoch one, or the end of an epoch trained after it), so the epoch the node was
+    lost in ends with 2 workers; it grows back to 3 when the autoscaler's replacement node has come (Ray looks for
+    room every ``NRE_RAY_ELASTIC_RESIZE_INTERVAL_S`` seconds, 15 here instead of 60), and succeeds in one MLflow run
+    with every epoch logged once."""
+    log = _log(cluster, "preempted")
+    client = MlflowClient(cluster.tracking_uri)
+    epochs = 16
+    # --patience 0: no early stop (the run must outlast the node's replacement); --model bilstm: epochs of seconds
+    job = _submit(cluster, "standin-preempted", "--num-workers", "1-3", "--epochs", str(epochs), "--patience", "0",
+                  "--model", "bilstm", "--batch-size", "8", "--no-log-model", log=log,
+                  job_env={"NRE_RAY_ELASTIC_RESIZE_INTERVAL_S": "15"})
+    # An epoch trained by 3 workers first (the run starts with those it can place, and grows to 3 when it can)
+    run = wait_for("an epoch with 3 workers",
+                   lambda: (r := _run(client, "standin-preempted")) and 3 in _workers(client, r.info.run_id).values()
+                   and r, 360, interval=0.5, proc=job, log=log)
+    before = max(_workers(client, run.info.run_id))
+    # A user's shell without the stand-in's settings (the test session's RAY_AUTH_MODE=disabled): preempt-node
+    # takes them from --dir
+    notice = subprocess.Popen([sys.executable, "-m", "nre_ray.standin", "--dir", cluster.folder, "preempt-node",
+                               "--deadline", "20"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env())
+    # The workers hear of it (Ray's preemption watcher polls every 5 s), finish their step and save a mid-epoch
+    # checkpoint, which the console names once Ray has registered it: before the node's end at the deadline.
+    wait_for("the just-in-time checkpoint", lambda: "saved a mid-epoch checkpoint" in log.read_text(errors="replace"),
+             60, interval=0.5, proc=job, log=log)
+    assert notice.poll() is None, "the node was lost before the checkpoint was registered"
+    said, _ = notice.communicate(timeout=120)
+    assert notice.returncode == 0 and "lost at its deadline" in said, said
+    assert job.wait(timeout=420) == 0, log.read_text(errors="replace")[-4000:]
+    text = "\n".join(log.read_text(errors="replace").splitlines())  # (any \r of the streamed lines dropped)
+    assert "succeeded" in text
+
+    # The just-in-time checkpoint: in an epoch after `before`, some seconds before the node went
+    saved = re.findall(r"preemption 1: a node of the worker group is being taken back; saved a mid-epoch checkpoint "
+                       r"at step (\d+) of epoch (\d+), (\d+) s before the node goes", text)
+    assert len(saved) == 1 and int(saved[0][0]) >= 1 and int(saved[0][1]) > before and int(saved[0][2]) >= 1, saved
+    # One line for the restart (a preemption, counted apart from failures), from that checkpoint or a later epoch's
+    went_on = re.findall(r"; preemption 1 \(preemptions do not count against --max-failures\); going on from "
+                         r"(?:step (\d+) of epoch (\d+)|epoch (\d+)), checkpoint "
+                         r"s3://nre-ray/nre_ray/checkpoints/standin-preempted/checkpoint_\S+$", text, re.MULTILINE)
+    assert len(went_on) == 1, text[-4000:]
+    step, in_epoch, after_epoch = went_on[0]
+    if step:
+        assert (step, in_epoch) == saved[0][:2], (went_on, saved)
+    else:
+        assert int(after_epoch) >= int(saved[0][1]), (went_on, saved)
+    lost_in = int(in_epoch) if step else int(after_epoch) + 1  # the epoch the node was lost in
+
+    # One MLflow run, every epoch once; the epoch the node was lost in ended with the 2 workers left, a later one
+    # with 3 again
+    (found,) = client.search_runs([run.info.experiment_id], "tags.`nre_ray.run_name` = 'standin-preempted'")
+    assert found.info.status == "FINISHED" and found.data.tags["preemptions"] == "1"
+    steps = sorted(m.step for m in client.get_metric_history(found.info.run_id, "epoch/train_loss"))
+    assert steps == list(range(1, epochs + 1)), steps
+    workers = _workers(client, found.info.run_id)
+    assert workers[before] == 3 and workers[lost_in] == 2, (lost_in, workers)
+    assert any(workers[e] == 3 for e in range(lost_in + 1, epochs + 1)), (lost_in, workers)
 
 
 def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path):

@@ -119,7 +119,10 @@ def test_after_a_mid_epoch_checkpoint_the_restart_goes_on_from_its_step(tmp_path
         callback.after_report(SimpleNamespace(checkpoint=SimpleNamespace(path=str(tmp_path / name))),
                               [{**metrics, NOTES_KEY: []}, {}])
     preempted = _group_error({1: RayActorError("a1", KILLED, preempted=True)})
-    callback.after_controller_state_update(RunningState(), RestartingState(training_failed_error=preempted))
+    restarting = RestartingState(training_failed_error=preempted)
+    callback.after_controller_state_update(RunningState(), restarting)
+    # The controller tells the same state again at each turn while it waits for MIN workers: one restart, one line
+    callback.after_controller_state_update(restarting, restarting)
     sent = json.loads(events.read_text())
     assert (sent["epoch"], sent["step"], sent["checkpoint"]) == (1, 7, str(tmp_path / "checkpoint_mid"))
     assert format_failure(sent) == (
