@@ -262,6 +262,19 @@ def place_and_restore(model: nn.Module, optimizer: torch.optim.Optimizer, schedu
 SELECTION_RANK = "selection_rank"
 
 
+def _load_own_copy(checkpoint: ray.train.Checkpoint) -> Any:
+    """The checkpoint a restarted worker resumes from (:func:`load_checkpoint`), read from a copy of this worker's
+    own when it is in an object store. Ray's ``Checkpoint.as_directory`` shares one download folder among the workers
+    of a node, and a worker that comes after another's download has ended downloads again into that folder, over the
+    files the other is reading (seen as ``EOFError`` in ``torch.load`` after a lost node, on the stand-in)."""
+    import pyarrow.fs
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        return load_checkpoint(Path(checkpoint.path))
+    with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("restore")) as folder:
+        return load_checkpoint(Path(checkpoint.to_directory(folder)))
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Train on this worker's shard; called by TorchTrainer on every rank.
 
@@ -302,8 +315,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     notes: list[str] = []  # lines for the driver's console (the same number on every rank: tell_console)
     resumed = ray.train.get_checkpoint()
     if resumed:
-        with resumed.as_directory() as folder:
-            loaded = load_checkpoint(Path(folder))
+        loaded = _load_own_copy(resumed)
         check_compatible(loaded, cfg.model.model, vocab, labels)
         restore = loaded.state  # loaded into the model, optimizer, schedule and scaler once the model is placed
         state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
