@@ -332,13 +332,17 @@ def finish(result: dict[str, Any], tables: str, args: argparse.Namespace, work: 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def add_run_options(parser: argparse.ArgumentParser, repeats: int, repeats_help: str, out: str) -> None:
-    """The options every side-by-side benchmark takes: repeats, scratch folder, timeout, load wait, JSON output."""
-    parser.add_argument("--repeats", type=int, default=repeats, help=f"{repeats_help} (default: {repeats})")
+def add_run_options(parser: argparse.ArgumentParser, repeats: int | None, repeats_help: str, out: str,
+                    timeout: float = 1200, kept: str = "logs, MLflow stores") -> None:
+    """The options every side-by-side benchmark takes: repeats (none when ``repeats`` is None), scratch folder
+    (``kept``: what it holds), timeout per run, load wait, JSON output."""
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=repeats, help=f"{repeats_help} (default: {repeats})")
     parser.add_argument("--work-dir", type=Path, default=None, help="scratch folder (default: a new temp folder, "
                         "removed at the end unless --keep)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, MLflow stores)")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed per run")
+    parser.add_argument("--keep", action="store_true", help=f"keep the scratch folder ({kept})")
+    parser.add_argument("--timeout", type=float, default=timeout,
+                        help="seconds allowed per run" + (f" (default {timeout:g})" if timeout != 1200 else ""))
     parser.add_argument("--max-load", type=float, default=None, help="before each run, wait up to 2 minutes for "
                         "the 1-minute load average to drop to this (for shared machines; default: no wait)")
     parser.add_argument("--out", type=Path, default=Path(out), help="JSON results")

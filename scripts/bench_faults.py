@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_common import BENCH_ENV, REPO, finish, machine, table, wait_for_quiet
+from bench_common import BENCH_ENV, REPO, add_run_options, finish, machine, table, wait_for_quiet
 
 SAMPLE = REPO / "nre_ray" / "data" / "sample"
 #: The runs, in the order they are made: name, --num-workers, the baseline it is compared with (None: a baseline).
@@ -101,13 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7, help="--seed of the runs (default 7)")
     parser.add_argument("--modes", default=",".join(name for name, _, _ in RUNS),
                         help="the runs to make, comma-separated (default: all five)")
-    parser.add_argument("--work-dir", type=Path, default=None, help="scratch folder (default: a new temp folder, "
-                        "removed at the end unless --keep)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, the stand-in's logs)")
-    parser.add_argument("--timeout", type=float, default=420, help="seconds allowed per run (default 420)")
-    parser.add_argument("--max-load", type=float, default=None, help="before each run, wait up to 2 minutes for "
-                        "the 1-minute load average to drop to this (for shared machines; default: no wait)")
-    parser.add_argument("--out", type=Path, default=Path("results_faults.json"), help="JSON results")
+    add_run_options(parser, None, "", "results_faults.json", timeout=420, kept="logs, the stand-in's logs")
     args = parser.parse_args(argv)
     unknown = set(args.modes.split(",")) - {name for name, _, _ in RUNS}
     if unknown:
