@@ -431,7 +431,7 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
                          "ingress is the cluster's (set where its nodes start: docs/cluster.md)")
     identity, tracking_uri = named_model(options)
     signal.signal(signal.SIGTERM, _stop)
-    scratch = None
+    scratch, runtime_env = None, None
     if ahead is not None:  # Serve's proxy and the replicas are the job: normal priority, not Ray's nice 15
         os.environ.setdefault("RAY_worker_niceness", "0")
         found = haproxy_available()
@@ -444,8 +444,9 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
                   "several times slower per request", flush=True)
         scratch = scratch_folder()
         os.environ.update(ingress_env(ingress, str(scratch)))
+        runtime_env = ingress_runtime_env(ingress)
     try:
-        where = start_ray(options.address, log_to_driver=False)
+        where = start_ray(options.address, log_to_driver=False, runtime_env=runtime_env)
         _serve(options, identity, tracking_uri, own_ray=where.kind == "local" and ahead is not None)
     finally:
         if scratch is not None:
@@ -511,6 +512,16 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
     }
     return {key: os.environ.get(key, value) for key, value in wanted.items()}
+
+
+def ingress_runtime_env(ingress: str) -> dict[str, str] | None:
+    """The job's runtime environment on a local Ray for ``ingress``. ``haproxy``: every worker of the job (Serve's
+    controller and proxies among them) runs :func:`~nre_ray.cluster.ray_private.haproxy_safe_reuse` as it starts,
+    so that a replica that dies under a request answers its client with a clean 500, not a closed connection.
+    ``proxy``: none."""
+    if ingress == "proxy":
+        return None
+    return {"worker_process_setup_hook": "nre_ray.cluster.ray_private.haproxy_safe_reuse"}
 
 
 def haproxy_available() -> bool:
