@@ -388,8 +388,11 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
     ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on ``num_cpus``."""
     import ray
 
+    from nre_ray.cluster import watchdog
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     node = local_node()
+    watchdog.start()  # what a SIGKILL of this process would leave of its Ray is stopped
     try:
         ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
                  logging_level=logging.WARNING,
