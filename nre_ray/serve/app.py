@@ -464,9 +464,12 @@ def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, ow
     try:
         resources = replica_resources(cluster(), options)
         config = served_config(options, identity, tracking_uri, resources)
-        serve.start(http_options={"host": options.host, "port": options.port})
-        deployed = True
-        serve.run(application(options, config, resources), name=options.name, route_prefix="/", blocking=False)
+        try:
+            serve.start(http_options={"host": options.host, "port": options.port})
+            deployed = True
+            serve.run(application(options, config, resources), name=options.name, route_prefix="/", blocking=False)
+        except Exception as err:
+            raise _ingress_failure(err, options) from None
         model = config["model"]
         host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
         url = f"http://{host}:{options.port}"
@@ -556,6 +559,18 @@ def _free_port() -> int:
 def _stop(signum: int, frame: Any) -> None:
     """SIGTERM stops the command as Ctrl-C does."""
     raise KeyboardInterrupt
+
+
+def _ingress_failure(err: Exception, options: ServeOptions) -> Exception:
+    """What to raise for ``err``, from Serve's start or its application's: a UsageError of one line when Serve's
+    HAProxy could not listen on the port (taken after :func:`_check_port` looked: Ray's own processes take free
+    ports as they start); ``err`` itself otherwise. HAProxy's reason is its ``[ALERT]`` line: Serve passes the binary's
+    output on inside a RuntimeError's text (ray 2.60), with no error type of its own to tell it by."""
+    alerts = [line.split(":", 1)[-1].strip() for line in str(err).splitlines() if line.startswith("[ALERT]")]
+    if not any("cannot bind socket" in line for line in alerts):
+        return err
+    return UsageError(f"--port {options.port}: Serve's HAProxy could not listen on {options.host}:{options.port} "
+                      f"({alerts[0]}); pass a free --port")
 
 
 def _check_port(host: str, port: int) -> None:

@@ -104,3 +104,25 @@ def test_the_haproxy_ingress_opens_a_replica_connection_per_client_connection(wh
     assert ingress_runtime_env("haproxy") == {"worker_process_setup_hook": "nre_ray.cluster.ray_private."
                                               "haproxy_safe_reuse"}
     assert ingress_runtime_env("proxy") is None
+
+
+def test_haproxy_that_cannot_listen_is_one_line_naming_the_port():
+    """The text Serve raised when a Ray process had taken the port between the command's check and HAProxy's bind
+    (seen once, on an ephemeral port): one line saying what to do; anything else is raised as it was."""
+    from types import SimpleNamespace
+
+    from nre_ray.cluster.session import UsageError
+    from nre_ray.serve.app import _ingress_failure
+
+    seen = RuntimeError(
+        "HAProxy crashed during startup: [NOTICE]   (12664) : haproxy version is 2.8.25-5cf5d0683\n"
+        "[ALERT]    (12664) : Binding [/tmp/nre_hap12108/a1/haproxy.cfg:50] for frontend http_frontend: cannot bind "
+        "socket (Address already in use) for [127.0.0.1:38971]\n"
+        "[ALERT]    (12664) : [haproxy.main()] Some protocols failed to start their listeners! Exiting.")
+    options = SimpleNamespace(host="127.0.0.1", port=38971)
+    error = _ingress_failure(seen, options)
+    assert isinstance(error, UsageError) and "\n" not in str(error)
+    assert str(error).startswith("--port 38971: Serve's HAProxy could not listen on 127.0.0.1:38971 (")
+    assert "cannot bind socket (Address already in use)" in str(error) and str(error).endswith("pass a free --port")
+    other = RuntimeError("the controller died")
+    assert _ingress_failure(other, options) is other
