@@ -5,13 +5,14 @@ A local Ray shares its fate with the command that started it, but not all of it:
 runtime-env agents stay (they try to tell the dead GCS, for ever), and so does the HAProxy of Serve's ingress, which
 keeps the command's port. :func:`start` runs ``python -m nre_ray.cluster.watchdog PID`` beside the command: it notes
 every process below the command, once a second, and when the command has ended it gives Ray a few seconds to stop its
-own, then stops what is left of them (SIGTERM, then SIGKILL). It touches nothing but processes it saw below the
-command, each known by its start time as well as its id (:mod:`nre_ray.cluster.processes`).
+own, then stops what is left of them and of what they started meanwhile (:func:`stop_all`). It touches nothing but
+processes it saw below the command, each known by its start time as well as its id (:mod:`nre_ray.cluster.processes`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -67,12 +68,32 @@ def watch(command: processes.Process, interval: float = INTERVAL_S,
     return seen
 
 
+def stop_all(seen: dict[tuple[int, int], processes.Process]) -> list[processes.Process]:
+    """Stop what still runs of ``seen`` and of what they have started since: freeze them (SIGSTOP), look below them
+    again until nothing new turns up (a frozen process starts nothing more; Serve's HAProxy manager restarts HAProxy
+    when the replicas it knew of are gone, and one restarted while the others were being stopped outlived them
+    before), then SIGKILL them all. Returns those killed. (The command is gone, SIGKILLed: what is left of its Ray has
+    no one to report to; a SIGTERM would reach a frozen process only once it is let go again.)"""
+    while True:
+        running = still_running(seen)
+        for process in running:
+            process.signal(signal.SIGSTOP)
+        known = len(seen)
+        look([p.pid for p in running], seen)
+        if len(seen) == known:
+            break
+    running = still_running(seen)
+    for process in running:
+        process.signal(signal.SIGKILL)
+    return running
+
+
 def main(argv: list[str]) -> int:
     """``python -m nre_ray.cluster.watchdog PID``: watch PID's processes; stop what is left of them once it ends."""
     command = processes.identify(int(argv[0]))
     if command is None:
         return 0
-    processes.stop(still_running(watch(command)), grace=5.0)
+    stop_all(watch(command))
     return 0
 
 

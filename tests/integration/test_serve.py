@@ -225,7 +225,7 @@ def test_through_haproxy_a_killed_replica_is_replaced_and_every_request_is_answe
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=10) == -signal.SIGKILL
         deadline = time.monotonic() + 30
-        while (left := [cmdline(p) for p in started if procs.alive(p)]) and time.monotonic() < deadline:
+        while (left := leftovers(started, proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not left, left
         with socket.socket() as sock:  # nothing listens on the port any more (as a server binds: SO_REUSEADDR,
@@ -234,6 +234,14 @@ def test_through_haproxy_a_killed_replica_is_replaced_and_every_request_is_answe
             sock.listen()
     finally:
         procs.stop_tree(proc)
+
+
+def leftovers(started: list[int], command: int) -> list[str]:
+    """What still runs of ``started``, and any HAProxy of ``command``'s (one Serve restarted after ``started`` was
+    taken: its files are in the command's /tmp/nre_hap<pid>)."""
+    mine = f"/tmp/nre_hap{command}/"
+    haproxies = [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if mine in cmdline(p)]
+    return [cmdline(p)[:120] for p in sorted({*started, *haproxies}) if procs.alive(p)]
 
 
 def test_command_prints_its_url_and_ctrl_c_shuts_everything_down(model, tmp_path):
@@ -253,7 +261,7 @@ def test_command_prints_its_url_and_ctrl_c_shuts_everything_down(model, tmp_path
         assert any("haproxy" in cmdline(p).split(" ")[0] for p in started)  # the default ingress: Serve's HAProxy
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 130, log.read_text()
-        procs.wait_for("no process left", lambda: not [p for p in started if procs.alive(p)], timeout=30)
+        procs.wait_for("no process left", lambda: not leftovers(started, proc.pid), timeout=30)
         assert log.read_text().rstrip().endswith("interrupted: the application was shut down"), log.read_text()
         assert not Path(f"/tmp/nre_hap{proc.pid}").exists()  # HAProxy's files
     finally:
