@@ -426,15 +426,19 @@ def elastic_trainer(trainer_cls: type) -> type:
 
 
 #: How Ray Serve 2.60's HAProxy reuses connections to replicas, and what the ingress of ``python -m nre_ray.serve``
-#: puts in its place (:func:`haproxy_safe_reuse`).
-HAPROXY_REUSE = ("http-reuse always", "http-reuse safe")
+#: puts in its place (:func:`haproxy_safe_reuse`): "safe" reuse, and a replica's answer held until its body is
+#: whole (at most 10 s), so that a replica killed between its headers and its body gives HAProxy's clean 500, not a
+#: 200's headers with no body after them.
+HAPROXY_REUSE = ("http-reuse always", "http-reuse safe\n    http-response wait-for-body time 10s")
 _HAPROXY_TEMPLATES = "ray.serve._private.haproxy_templates"
 
 
 def haproxy_safe_reuse() -> None:
     """Make the HAProxy of Ray Serve's ingress open a connection of its own to a replica for the first request of
     each client connection (``http-reuse safe``), so that a replica that dies under a request gives that client a
-    clean HTTP 500 (HAProxy's 502, which Serve rewrites) instead of a connection closed without an answer. A worker
+    clean HTTP 500 (HAProxy's 502, which Serve rewrites) instead of a connection closed without an answer, and
+    forward a replica's answer only once its body has come (``http-response wait-for-body``: a replica killed
+    between the two writes of its answer gave a client the headers of an 84-byte answer and no body). A worker
     process setup hook (``runtime_env={"worker_process_setup_hook": ...}``): it runs in every worker of the job,
     Serve's controller and proxies included, and costs nothing there until Serve loads its HAProxy templates.
 

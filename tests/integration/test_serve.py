@@ -151,7 +151,7 @@ def replica_pids(url: str, want: int, timeout: float = 60) -> set[int]:
     return seen
 
 
-#: What :func:`kill_one_under_load` records for a connection closed without an answer.
+#: What :func:`kill_one_under_load` records for a connection closed without an answer, or an answer cut short.
 CLOSED = 0
 
 
@@ -167,7 +167,7 @@ def kill_one_under_load(url: str, victim: int) -> tuple[list[int], list[int]]:
         for _ in range(10):  # bounded retries: a clean 5xx is fixed by sending again
             try:
                 status = post(url, payload).status_code
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):  # no answer, or cut short
                 status = CLOSED
             if status == 200:
                 return 200

@@ -87,7 +87,7 @@ if sys.argv[1] == "before":
 import ray.serve._private.haproxy as haproxy
 if sys.argv[1] == "after":
     haproxy_safe_reuse()
-print(haproxy.HAPROXY_CONFIG_TEMPLATE.count("{0}"), haproxy.HAPROXY_CONFIG_TEMPLATE.count("{1}"))
+print(haproxy.HAPROXY_CONFIG_TEMPLATE.count({0!r}), haproxy.HAPROXY_CONFIG_TEMPLATE.count({1!r}))
 """
 
 
