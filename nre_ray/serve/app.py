@@ -567,10 +567,11 @@ def _ingress_failure(err: Exception, options: ServeOptions) -> Exception:
     ports as they start); ``err`` itself otherwise. HAProxy's reason is its ``[ALERT]`` line: Serve passes the binary's
     output on inside a RuntimeError's text (ray 2.60), with no error type of its own to tell it by."""
     alerts = [line.split(":", 1)[-1].strip() for line in str(err).splitlines() if line.startswith("[ALERT]")]
-    if not any("cannot bind socket" in line for line in alerts):
+    bind = next((line for line in alerts if "cannot bind socket" in line), None)
+    if bind is None:
         return err
     return UsageError(f"--port {options.port}: Serve's HAProxy could not listen on {options.host}:{options.port} "
-                      f"({alerts[0]}); pass a free --port")
+                      f"({bind}); pass a free --port")
 
 
 def _check_port(host: str, port: int) -> None:

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import requests
 
+from nre_ray.cluster import processes
 from nre_ray.cluster.processes import cmdline
 from nre_ray.predict import main as predict_main
 from nre_ray.serve.__main__ import main as serve_main
@@ -240,7 +241,7 @@ def leftovers(started: list[int], command: int) -> list[str]:
     """What still runs of ``started``, and any HAProxy of ``command``'s (one Serve restarted after ``started`` was
     taken: its files are in the command's /tmp/nre_hap<pid>)."""
     mine = f"/tmp/nre_hap{command}/"
-    haproxies = [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if mine in cmdline(p)]
+    haproxies = [p for p in processes.parents() if mine in cmdline(p)]
     return [cmdline(p)[:120] for p in sorted({*started, *haproxies}) if procs.alive(p)]
 
 
