@@ -174,6 +174,18 @@ def keep_worker_pool_warning_off_console() -> None:
     ray_worker.print_to_stdstream = show_but_the_warning
 
 
+def keep_autoscaler_tip_off_console() -> None:
+    """Keep Ray's "Tip: use `ray status` to view detailed cluster status. To disable these messages, set
+    RAY_SCHEDULER_EVENTS=0." off this driver's console (and so out of a job's log); the autoscaler's events (nodes
+    added or removed) still show."""
+    # Private: the driver prints the tip before the first autoscaler event it forwards, once per process, unless
+    # ray._private.worker.autoscaler_log_fyi_printed says it has (filter_autoscaler_events). The setting the tip names,
+    # RAY_SCHEDULER_EVENTS=0, drops the events themselves, which the console keeps on purpose.
+    import ray._private.worker as ray_worker
+
+    ray_worker.autoscaler_log_fyi_printed = True
+
+
 def worker_death(error: Exception) -> Exception:
     """The error of a Ray Train worker's own death (a ``RayActorError``: the process or its node gone) inside the
     error Ray Train reports for that worker; ``error`` itself when it wraps none."""

@@ -230,3 +230,18 @@ def test_what_ray_forwards_goes_to_the_run_log(tmp_path, capsys):
         "(RayTrainWorker pid=4242, ip=10.0.0.2) Traceback (most recent call last):",
         "(RayTrainWorker pid=4242, ip=10.0.0.2) RuntimeError: Connection reset by peer",
         "(raylet) A worker died or was killed"]
+
+
+def test_the_autoscaler_tip_stays_off_the_console_and_its_events_stay_on(ray_cluster, monkeypatch):
+    """A command that starts or joins Ray prints the autoscaler's events (``Adding 1 node(s) ...``) as Ray formats
+    them, without Ray's once-per-process "Tip: use `ray status` ..." before the first one (it went into every job's
+    log)."""
+    import ray._private.worker as ray_worker
+
+    from nre_ray.cluster.session import start_ray
+
+    monkeypatch.setattr(ray_worker, "autoscaler_log_fyi_printed", False)  # as in a new driver process
+    start_ray(None)
+    event = "2026-12-03 12:00:00,000 INFO monitor.py:1 -- :event_summary:Adding 1 node(s) of type cpu_worker."
+    shown = list(ray_worker.filter_autoscaler_events([event]))
+    assert shown == ["Adding 1 node(s) of type cpu_worker."], shown
