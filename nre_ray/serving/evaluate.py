@@ -10,10 +10,12 @@ through a small actor. The numbers therefore do not depend on the number of work
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +239,8 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
         )
         with out.phase("evaluate", f"scoring {rows} rows on {num_workers} worker(s)") as step:
             try:
-                trainer.fit()
+                with _no_preemption_watcher():
+                    trainer.fit()
             except ray.train.TrainingFailedError as err:
                 if placement_failed(err):
                     raise UsageError(f"the {num_workers} evaluation worker(s) ({resources.per_worker} each) could "
@@ -250,6 +253,28 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
     if result is None:
         raise UsageError("evaluation failed: rank 0 reported no result")
     return result
+
+
+#: Ray Train's switch of its preemption watcher, an actor per worker group that polls the GCS for drained nodes
+#: (ray.train.get_preemption_info). The controller reads it from the driver's environment when ``fit`` starts it.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
+@contextlib.contextmanager
+def _no_preemption_watcher() -> Iterator[None]:
+    """While the block runs, Ray Train starts no preemption watcher: scoring never asks for preemption notices (a
+    drained node is a worker failure like any other), and killing the watcher when the worker group stops made its
+    process log a ``core_worker.cc`` error (``PreemptionWatcher ... max_restarts``) into a successful evaluation's
+    output. Training keeps its watcher (:mod:`nre_ray.elastic` reads the notices)."""
+    before = os.environ.get(PREEMPTION_WATCHER_ENV)
+    os.environ[PREEMPTION_WATCHER_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PREEMPTION_WATCHER_ENV, None)
+        else:
+            os.environ[PREEMPTION_WATCHER_ENV] = before
 
 
 def _ship(split: EncodedSplit, folder: Path, info: Any) -> Any:

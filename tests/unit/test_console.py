@@ -39,6 +39,25 @@ def test_a_phase_in_a_file_is_a_start_and_an_end_line_with_times_and_no_control_
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
 
 
+def test_in_a_file_a_count_without_total_says_so_far_and_the_final_count_follows(monkeypatch):
+    """preprocess printed ``500 rows read`` (the first block's rows, ~10 s in) for a 3,000-row and a 12,000-row file
+    alike, and nothing after: a count shown before the end says "so far", and the true total follows."""
+    out = io.StringIO()
+    con = Console(out, tty=False, started=0.0)
+    with con.phase("preprocess", "reading") as step:
+        read = step.progress(unit="rows read")
+        monkeypatch.setattr(console, "FILE_PROGRESS_EVERY_S", 0.0)
+        read.update(500)
+        monkeypatch.setattr(console, "FILE_PROGRESS_EVERY_S", 3600.0)
+        read.update(11_500)
+        encoded = step.progress(total=12_000, unit="rows encoded")  # the next counter: the read one is finished
+        encoded.update(12_000)
+        step.done("train 12000 rows")
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines == ["preprocess: reading", "preprocess: 500 rows read so far", "preprocess: 12000 rows read",
+                     lines[-1]] and lines[-1].startswith("preprocess: train 12000 rows (")
+
+
 def test_a_failing_phase_says_it_stopped_and_the_error_goes_on():
     out = io.StringIO()
     con = Console(out, tty=False)
