@@ -130,13 +130,16 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
 
 def evaluate_split(model: str, prepared: Any, split: str = "test", num_workers: int = 1,
                    negative_label: str | None = None, address: str | None = None,
-                   cpus_per_worker: float | None = None) -> dict[str, Any]:
+                   cpus_per_worker: float | None = None, name: str | None = None) -> dict[str, Any]:
     """Evaluate the checkpoint folder ``model`` on the split ``split`` of the preprocessing result ``prepared``
     (:class:`nre_ray.data.pipeline.Prepared`) that it was trained on: the rows as training encoded them, read by the
     workers from the cache as training reads them (:func:`nre_ray.loop.open_splits`), not from the input file
-    again (a sweep's final test). Returns what :func:`evaluate_file` returns, ``data`` naming the split's file."""
+    again (a sweep's final test). Returns what :func:`evaluate_file` returns, ``data`` naming the split's file.
+    ``name``: what the console and the report call the checkpoint (a sweep's ``s3://`` checkpoint, of which
+    ``model`` is a local copy); default ``model``."""
     _check_options(num_workers, "error", cpus_per_worker)
-    loaded = _load_model(model, None)
+    loaded = _load_model(model, None, name)
+    model = name or model
     if loaded.labels != prepared.labels or loaded.vocab.tokens != prepared.vocab.tokens:
         raise UsageError(f"{model}: this checkpoint was not trained on the preprocessed data in {prepared.cache_dir} "
                          "(other labels or vocabulary); evaluate it on a file instead")
@@ -156,9 +159,10 @@ def _check_options(num_workers: int, on_bad_rows: str, cpus_per_worker: float | 
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
 
 
-def _load_model(model: str, tracking_uri: str | None) -> Any:
-    """The checkpoint ``model`` (a folder or an MLflow model URI), loaded in a ``model`` phase."""
-    with console.get().phase("model", f"loading {model}") as step:
+def _load_model(model: str, tracking_uri: str | None, name: str | None = None) -> Any:
+    """The checkpoint ``model`` (a folder or an MLflow model URI), loaded in a ``model`` phase that names it ``name``
+    (default: ``model``)."""
+    with console.get().phase("model", f"loading {name or model}") as step:
         resolved = resolve_checkpoint(model, tracking_uri)
         try:
             loaded = load_checkpoint(resolved.checkpoint)
