@@ -264,3 +264,24 @@ def test_the_autoscaler_tip_stays_off_the_console_and_its_events_stay_on(ray_clu
     event = "2026-12-03 12:00:00,000 INFO monitor.py:1 -- :event_summary:Adding 1 node(s) of type cpu_worker."
     shown = list(ray_worker.filter_autoscaler_events([event]))
     assert shown == ["Adding 1 node(s) of type cpu_worker."], shown
+
+
+def test_the_raylets_known_notices_stay_off_the_console_and_the_others_show(monkeypatch, capsys):
+    """The raylet's messages a driver prints whatever log_to_driver says: Serve's shutdown retry (``(raylet) Task
+    ServeController.graceful_shutdown failed ...`` on every Ctrl-C of serve) and the worker-pool warning are dropped;
+    anything else still shows."""
+    import ray._private.worker as ray_worker
+
+    from nre_ray.cluster.ray_private import keep_ray_notices_off_console
+
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # unwrapped afterwards
+    keep_ray_notices_off_console()
+    lines = ["Task ServeController.graceful_shutdown failed. There are infinite retries remaining, so the task will "
+             "be retried. Error: The actor is dead because it was killed by `ray.kill`.",
+             "WARNING: 8 PYTHON worker processes have been started on node: 1a2b with address: 127.0.0.1.",
+             "A worker died or was killed while executing a task by an unexpected system error."]
+    ray_worker.print_to_stdstream({"lines": lines, "pid": "raylet", "ip": "127.0.0.1", "localhost": "127.0.0.1",
+                                   "is_err": True, "job": "01000000", "actor_name": None, "task_name": None}, False)
+    printed = capsys.readouterr()
+    assert "graceful_shutdown" not in printed.err and "worker processes have been started" not in printed.err
+    assert "A worker died or was killed" in printed.err, printed
