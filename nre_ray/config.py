@@ -94,7 +94,8 @@ class DataConfig:
     negative_label: str | None = _f(None, "The 'no relation' label (e.g. Other, no_relation, NA); adds the "
                                           "positive-class scores and makes them the default selection metric.")
     cache_dir: str | None = _f(None, "Folder for the preprocessing cache (default: .nre_ray_cache in the working "
-                                     "directory; under the storage path with --allow-local-storage).")
+                                     "directory; under the storage path with --allow-local-storage; with an "
+                                     "s3://... storage path, a copy in the temporary folder of the cache under it).")
     no_cache: bool = _f(False, "Rebuild the preprocessed data even when a cached copy exists.")
     entity_markers: bool = _f(True, "Wrap the head and the tail in marker tokens ([E1] ... [/E1], [E2] ... [/E2]) "
                                     "that the encoders trained from scratch read as words (--model bert always "

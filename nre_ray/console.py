@@ -63,6 +63,7 @@ class Progress:
         self._console, self._name, self.total, self.unit, self._bar = console, name, total, unit, bar
         self.count: float = 0
         self._printed = time.monotonic()
+        self._shown: float | None = None  # the count of the last progress line printed (in a file)
 
     def update(self, n: float = 1) -> None:
         """Count ``n`` more units done."""
@@ -72,6 +73,14 @@ class Progress:
                 self._bar.update(n)
         elif time.monotonic() - self._printed >= FILE_PROGRESS_EVERY_S:
             self._printed = time.monotonic()
+            self._shown = self.count
+            self._console.line(f"{self._name}: {self.describe()}" + ("" if self.total else " so far"))
+
+    def finish(self) -> None:
+        """In a file, the final count once a progress line has shown a count short of it (a phase that printed
+        ``500 rows read so far`` ends with ``15917 rows read``); nothing on a terminal, where the bar showed it."""
+        if self._bar is None and self._shown is not None and self._shown != self.count:
+            self._shown = self.count
             self._console.line(f"{self._name}: {self.describe()}")
 
     def set_total(self, total: float | None) -> None:
@@ -111,6 +120,8 @@ class Phase:
 
     def progress(self, total: float | None = None, unit: str = "it") -> Progress:
         """A progress counter for this phase (one at a time: a second call replaces the first)."""
+        if self._progress is not None:
+            self._progress.finish()
         if self.console.tty:
             self.console.close_bar(self._bar)
             self._bar = self.console.make_bar(self.name, total, unit)
@@ -134,6 +145,8 @@ class Phase:
             self.console.running.remove(self)
         self.console.close_bar(self._bar)
         self._bar = None
+        if self._progress is not None and not failed:
+            self._progress.finish()
         if failed:
             self.console.line(f"{self.name}: stopped after {self.seconds:.1f} s")
         else:

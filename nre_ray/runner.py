@@ -280,12 +280,13 @@ def resolve_target(cfg: Config) -> Target:
     Refuses to overwrite an existing run's checkpoints and an address Ray cannot join. Makes local input paths
     absolute (workers change directory); URIs stay as they are."""
     from nre_ray import storage as fs
+    from nre_ray.data.pipeline import DEFAULT_STORAGE, cache_places
     from nre_ray.tracking import store as tracking
 
     resolve_address(cfg.run.address)
     check_inputs(cfg)
     run_name = cfg.run.run_name or default_run_name(cfg.model.model)
-    storage = fs.absolute(cfg.run.storage_path or "ray_results")
+    storage = fs.absolute(cfg.run.storage_path or DEFAULT_STORAGE)
     existing = _existing_checkpoints(storage, run_name)
     if existing and not cfg.run.resume:
         raise UsageError(f"run {run_name!r} already has checkpoints in {fs.join(storage, run_name)} "
@@ -304,13 +305,9 @@ def resolve_target(cfg: Config) -> Target:
     if cfg.model.model == "bert" and cfg.model.pretrained and (fs.is_uri(cfg.model.pretrained)
                                                                or Path(cfg.model.pretrained).expanduser().exists()):
         cfg.model.pretrained = fs.absolute(cfg.model.pretrained)  # a folder (not a hub name)
-    if cfg.data.cache_dir is None and fs.is_uri(storage):
-        # The cache is published under the storage path; the local copy stays out of the job's working directory.
-        cfg.data.cache_dir = str(Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "cache")
-    elif cfg.data.cache_dir is None and cfg.run.allow_local_storage:
-        # A folder mounted at the same path on every node: the cache goes there too, so that every node reads it
-        # (the working directory of a job is a folder of the head node) and preprocessing can run on any node.
-        cfg.data.cache_dir = str(Path(storage) / ".nre_ray_cache")
+    # The one rule of every command that preprocesses (data inspect too): under an s3:// storage path, published
+    # there; under a local one mounted on every node, there itself (every node reads it, any node can build it).
+    cfg.data.cache_dir, _ = cache_places(cfg.data.cache_dir, storage, cfg.run.allow_local_storage)
     return Target(run_name, storage, tracking_uri, resumed)
 
 
@@ -382,12 +379,11 @@ def cache_on_every_node(cfg: Config, storage: str) -> bool:
 def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None) -> Any:
     """Preprocess with Ray Data (cached; under the storage path too when that is remote) and say what came out
     (``step``: the console phase that says so). Checks that ``--select-metric`` exists for these labels."""
-    from nre_ray import storage as fs
-    from nre_ray.data.pipeline import prepare
+    from nre_ray.data.pipeline import cache_places, prepare
 
     step = step or console.Phase(console.get(), "preprocess", "preprocessing")
     pretrained = cfg.model.pretrained if cfg.model.model == "bert" else None
-    shared = fs.join(target.storage, ".nre_ray_cache") if fs.is_uri(target.storage) else None
+    _, shared = cache_places(cfg.data.cache_dir, target.storage, cfg.run.allow_local_storage)
     # several nodes, or an autoscaler that may add some (tasks may land there): with a shared cache in an object
     # store the preprocessing tasks run on any node and build in the store, else on the driver's node
     prepared = prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared,

@@ -151,10 +151,24 @@ def worker_places(worker_group: Any) -> dict[int, tuple[str, str, int]]:
 #: startup concurrency"). A sweep's trial drivers and Train controllers are many small actors by design, so it comes
 #: with every sweep; it stays in Ray's log of that raylet (``logs/raylet.out`` in Ray's session folder).
 WORKER_POOL_WARNING = "worker processes have been started on node"
+#: What ``serve.shutdown()`` makes Ray report to its caller (``(raylet) Task ServeController.graceful_shutdown failed.
+#: There are infinite retries remaining, so the task will be retried. Error: The actor is dead because it was killed
+#: by `ray.kill`.``): Serve's graceful_shutdown waits until its controller is killed, by design, and Serve then
+#: takes the controller's death as the end of the shutdown (ray.serve._private.client.ServeControllerClient.shutdown).
+#: ``python -m nre_ray.serve`` printed it on every Ctrl-C.
+SERVE_SHUTDOWN_RETRY = "Task ServeController.graceful_shutdown failed"
+#: The raylets' messages kept off a driver's console (:func:`keep_ray_notices_off_console`).
+OFF_CONSOLE = (WORKER_POOL_WARNING, SERVE_SHUTDOWN_RETRY)
 
 
-def keep_worker_pool_warning_off_console() -> None:
-    """Keep the raylet's :data:`WORKER_POOL_WARNING` off this driver's console; its other messages still show."""
+def keep_ray_notices_off_console() -> None:
+    """Keep the raylets' :data:`OFF_CONSOLE` messages and Ray's autoscaler tip off this driver's console (and so out
+    of a job's log); the raylets' other messages and the autoscaler's events still show."""
+    _drop_raylet_messages()
+    _skip_autoscaler_tip()
+
+
+def _drop_raylet_messages() -> None:
     # Private: the driver prints what the raylets report to it (GCS error messages) from the thread of
     # ray._private.worker.listen_error_messages, through that module's print_to_stdstream, whatever log_to_driver
     # says, and Ray has no setting to leave one message out (ray-project/ray#63800). The workers' own output goes
@@ -162,16 +176,26 @@ def keep_worker_pool_warning_off_console() -> None:
     import ray._private.worker as ray_worker
 
     show = ray_worker.print_to_stdstream
-    if getattr(show, "drops", None) == WORKER_POOL_WARNING:
+    if getattr(show, "drops", None) == OFF_CONSOLE:
         return
 
-    def show_but_the_warning(data: dict, ignore_prefix: bool) -> None:
-        lines = [line for line in data.get("lines", []) if WORKER_POOL_WARNING not in line]
+    def show_but_these(data: dict, ignore_prefix: bool) -> None:
+        lines = [line for line in data.get("lines", []) if not any(known in line for known in OFF_CONSOLE)]
         if lines:
             show({**data, "lines": lines}, ignore_prefix)
 
-    show_but_the_warning.drops = WORKER_POOL_WARNING  # type: ignore[attr-defined]
-    ray_worker.print_to_stdstream = show_but_the_warning
+    show_but_these.drops = OFF_CONSOLE  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = show_but_these
+
+
+def _skip_autoscaler_tip() -> None:
+    # Private: the driver prints "Tip: use `ray status` to view detailed cluster status. To disable these messages,
+    # set RAY_SCHEDULER_EVENTS=0." before the first autoscaler event it forwards, once per process, unless
+    # ray._private.worker.autoscaler_log_fyi_printed says it has (filter_autoscaler_events). The setting the tip
+    # names drops the events themselves, which the console keeps on purpose.
+    import ray._private.worker as ray_worker
+
+    ray_worker.autoscaler_log_fyi_printed = True
 
 
 def worker_death(error: Exception) -> Exception:

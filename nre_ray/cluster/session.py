@@ -309,14 +309,14 @@ def start_ray(address: str | None, log_to_driver: bool = True,
     address."""
     import ray
 
-    from nre_ray.cluster.ray_private import keep_worker_pool_warning_off_console
+    from nre_ray.cluster.ray_private import keep_ray_notices_off_console
 
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")     # in a log file
     where = resolve_address(address)
-    keep_worker_pool_warning_off_console()
+    keep_ray_notices_off_console()
     if ray.is_initialized():
         return where
     if where.source == "--address":

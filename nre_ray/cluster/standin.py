@@ -82,6 +82,9 @@ SECRETS_DIR, TOKEN_FILE, PASSWORD_FILE = "secrets", "ray_auth_token", "mlflow_pa
 MLFLOW_USER = "admin"
 #: The MLflow server's basic-auth settings and user store (the password is in neither).
 AUTH_CONFIG, AUTH_DB = "mlflow_auth.ini", "mlflow_auth.db"
+#: ``ray job submit --working-dir .``: the repository's .rayignore leaves out .git, .venv and the rest; Ray's own
+#: default excludes (the same folders) would warn about each one on every submit.
+JOB_SUBMIT_ENV = {"RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES": ""}
 
 
 @dataclass
@@ -129,7 +132,7 @@ class Standin:
         endpoint and keys, the dashboard (``ray job`` reads ``RAY_API_SERVER_ADDRESS`` before ``RAY_ADDRESS``) and
         the credentials (:meth:`credentials`)."""
         return {"AWS_ENDPOINT_URL": self.endpoint, **STORE_CREDENTIALS, "RAY_ADDRESS": self.dashboard,
-                "RAY_API_SERVER_ADDRESS": self.dashboard, **self.credentials()}
+                "RAY_API_SERVER_ADDRESS": self.dashboard, **self.credentials(), **JOB_SUBMIT_ENV}
 
     def credentials(self) -> dict[str, str]:
         """Ray's token settings and MLflow's user and password (read from its file), in their standard variables;

@@ -33,6 +33,13 @@ log = logging.getLogger("nre_ray")
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
                   ".pq": "parquet"}
 CONVERT_ROWS_PER_CHUNK = 10_000
+#: inspect's flags that mean less than train's: they say where train's cache is, nothing more.
+INSPECT_HELPS = {
+    "run.storage_path": "The training run's --storage-path, whose cache inspect reads and fills as that run would: "
+                        "with an s3://... path, <storage-path>/.nre_ray_cache (default: ./ray_results, whose cache "
+                        "is ./.nre_ray_cache).",
+    "run.allow_local_storage": "As for the training run: the cache is then <storage-path>/.nre_ray_cache.",
+}
 CONVERT_HINT = "Fix these rows, or pass --on-bad-rows skip to convert the good rows only."
 
 
@@ -46,12 +53,15 @@ def inspect(args: argparse.Namespace) -> int:
     from nre_ray.data import pipeline
 
     cfg = config_from_args(args)
-    if not pipeline.is_cached(cfg.data, cfg.train.seed):
+    # train's cache: the same --cache-dir, --storage-path and --allow-local-storage find the same folders
+    cfg.data.cache_dir, shared = pipeline.cache_places(cfg.data.cache_dir, cfg.run.storage_path,
+                                                       cfg.run.allow_local_storage)
+    if not pipeline.is_cached(cfg.data, cfg.train.seed, shared_cache=shared):
         pipeline.check_inputs(cfg.data)  # bad files, headers and columns fail here, before Ray starts
         from nre_ray.cluster.session import start_ray
 
         start_ray(cfg.run.address, log_to_driver=False)
-    prepared = pipeline.prepare(cfg.data, cfg.train.seed)
+    prepared = pipeline.prepare(cfg.data, cfg.train.seed, shared_cache=shared)
     sys.stdout.write(data_audit.to_markdown(prepared.audit))
     if prepared.rejected_count:
         where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""
@@ -211,8 +221,11 @@ def build_cli() -> argparse.ArgumentParser:
                "  python -m nre_ray.data inspect --data-dir DATA --json audit.json --report audit.md\n"
                "  python -m nre_ray.data inspect --train train.tsv --format tsv --columns "
                "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'\n"
-               "  python -m nre_ray.data inspect --data-dir DATA --on-bad-rows skip --tokenizer jieba\n")
-    build_parser(only={"data": None, "train": ("seed",), "run": ("address",)}, parser=inspect_parser)
+               "  python -m nre_ray.data inspect --data-dir DATA --on-bad-rows skip --tokenizer jieba\n"
+               "  python -m nre_ray.data inspect --data-dir s3://BUCKET/data --storage-path s3://BUCKET/checkpoints"
+               "   # that run's cache\n")
+    build_parser(only={"data": None, "train": ("seed",), "run": ("address", "storage_path", "allow_local_storage")},
+                 parser=inspect_parser, helps=INSPECT_HELPS)
     inspect_parser.add_argument("--json", metavar="FILE", help="Also write the audit as JSON.")
     inspect_parser.add_argument("--report", metavar="FILE.md", help="Also write the audit as Markdown.")
     convert_parser = commands.add_parser(

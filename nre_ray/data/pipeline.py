@@ -80,6 +80,39 @@ REJECTED_COLUMNS = stages.REJECTED_COLUMNS
 ROWS_HINT = "Fix these rows, or pass --on-bad-rows skip to train on the good rows only."
 
 
+CACHE_FOLDER = ".nre_ray_cache"
+"""The cache's folder name: in the working directory, under a storage path."""
+DEFAULT_STORAGE = "ray_results"
+"""``--storage-path`` when none is given (train, tune; data inspect reads the cache of that path)."""
+
+
+def cache_places(cache_dir: str | None, storage_path: str | None,
+                 allow_local_storage: bool = False) -> tuple[str, str | None]:
+    """Where every command that preprocesses (train, tune, ``data inspect``) caches, from its ``--cache-dir``,
+    ``--storage-path`` and ``--allow-local-storage``: ``(local folder, shared folder or None)``.
+
+    * The shared cache is ``<storage-path>/.nre_ray_cache`` when the storage path is a URI (``s3://...``): jobs on
+      any machine find what another built. The local folder is then a private copy in the temporary folder, out of a
+      job's working directory.
+    * With ``--allow-local-storage`` (a storage path mounted on every node), the local folder is
+      ``<storage-path>/.nre_ray_cache`` itself.
+    * Otherwise ``./.nre_ray_cache``. ``--cache-dir`` replaces the local folder in every case.
+    """
+    import tempfile
+
+    where = storage.absolute(storage_path or DEFAULT_STORAGE)
+    shared = storage.join(where, CACHE_FOLDER) if storage.is_uri(where) else None
+    if cache_dir:
+        local = cache_dir
+    elif shared:
+        local = str(Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "cache")
+    elif allow_local_storage:
+        local = str(Path(where) / CACHE_FOLDER)
+    else:
+        local = CACHE_FOLDER
+    return str(Path(local).absolute()), shared
+
+
 def sample_dir() -> Path:
     """The sample dataset shipped inside the package."""
     return Path(str(resources.files("nre_ray.data") / "sample"))
@@ -192,7 +225,7 @@ def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Source] | None = N
             raise DataError([Problem(str(path), None, None, "is a directory (expected a data file)" if path.is_dir()
                                      else "file not found")],
                             hint="Check the path (it is read relative to the current directory).")
-    return Path(cfg.cache_dir or ".nre_ray_cache").absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
+    return Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
 
 
 MARKER = "meta.json"

@@ -15,11 +15,11 @@ examples:
   python -m nre_ray.serve --model ray_results/RUN/checkpoint_DIR --max-batch-size 64 --batch-wait-timeout-s 0.01
   python -m nre_ray.serve --model models:/NAME/3 --address HEAD_IP:6379 --host 0.0.0.0 --use-gpu
 
-then, from another shell:
+then, from another shell (send the entity types when the training data had them, as the bundled sample does):
   curl -s http://127.0.0.1:8000/health
   curl -s http://127.0.0.1:8000/invocations -H 'Content-Type: application/json' -d '{"dataframe_records":
     [{"sentence": "Acme was founded by Ann .", "head": "Acme", "head_offset": 0, "tail": "Ann",
-      "tail_offset": 20}], "params": {"top_k": 2}}'
+      "tail_offset": 20, "head_type": "org", "tail_type": "person"}], "params": {"top_k": 2}}'
 """
 
 

@@ -10,10 +10,12 @@ through a small actor. The numbers therefore do not depend on the number of work
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,13 +130,16 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
 
 def evaluate_split(model: str, prepared: Any, split: str = "test", num_workers: int = 1,
                    negative_label: str | None = None, address: str | None = None,
-                   cpus_per_worker: float | None = None) -> dict[str, Any]:
+                   cpus_per_worker: float | None = None, name: str | None = None) -> dict[str, Any]:
     """Evaluate the checkpoint folder ``model`` on the split ``split`` of the preprocessing result ``prepared``
     (:class:`nre_ray.data.pipeline.Prepared`) that it was trained on: the rows as training encoded them, read by the
     workers from the cache as training reads them (:func:`nre_ray.loop.open_splits`), not from the input file
-    again (a sweep's final test). Returns what :func:`evaluate_file` returns, ``data`` naming the split's file."""
+    again (a sweep's final test). Returns what :func:`evaluate_file` returns, ``data`` naming the split's file.
+    ``name``: what the console and the report call the checkpoint (a sweep's ``s3://`` checkpoint, of which
+    ``model`` is a local copy); default ``model``."""
     _check_options(num_workers, "error", cpus_per_worker)
-    loaded = _load_model(model, None)
+    loaded = _load_model(model, None, name)
+    model = name or model
     if loaded.labels != prepared.labels or loaded.vocab.tokens != prepared.vocab.tokens:
         raise UsageError(f"{model}: this checkpoint was not trained on the preprocessed data in {prepared.cache_dir} "
                          "(other labels or vocabulary); evaluate it on a file instead")
@@ -154,9 +159,10 @@ def _check_options(num_workers: int, on_bad_rows: str, cpus_per_worker: float | 
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
 
 
-def _load_model(model: str, tracking_uri: str | None) -> Any:
-    """The checkpoint ``model`` (a folder or an MLflow model URI), loaded in a ``model`` phase."""
-    with console.get().phase("model", f"loading {model}") as step:
+def _load_model(model: str, tracking_uri: str | None, name: str | None = None) -> Any:
+    """The checkpoint ``model`` (a folder or an MLflow model URI), loaded in a ``model`` phase that names it ``name``
+    (default: ``model``)."""
+    with console.get().phase("model", f"loading {name or model}") as step:
         resolved = resolve_checkpoint(model, tracking_uri)
         try:
             loaded = load_checkpoint(resolved.checkpoint)
@@ -237,7 +243,8 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
         )
         with out.phase("evaluate", f"scoring {rows} rows on {num_workers} worker(s)") as step:
             try:
-                trainer.fit()
+                with _no_preemption_watcher():
+                    trainer.fit()
             except ray.train.TrainingFailedError as err:
                 if placement_failed(err):
                     raise UsageError(f"the {num_workers} evaluation worker(s) ({resources.per_worker} each) could "
@@ -250,6 +257,28 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
     if result is None:
         raise UsageError("evaluation failed: rank 0 reported no result")
     return result
+
+
+#: Ray Train's switch of its preemption watcher, an actor per worker group that polls the GCS for drained nodes
+#: (ray.train.get_preemption_info). The controller reads it from the driver's environment when ``fit`` starts it.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
+@contextlib.contextmanager
+def _no_preemption_watcher() -> Iterator[None]:
+    """While the block runs, Ray Train starts no preemption watcher: scoring never asks for preemption notices (a
+    drained node is a worker failure like any other), and killing the watcher when the worker group stops made its
+    process log a ``core_worker.cc`` error (``PreemptionWatcher ... max_restarts``) into a successful evaluation's
+    output. Training keeps its watcher (:mod:`nre_ray.elastic` reads the notices)."""
+    before = os.environ.get(PREEMPTION_WATCHER_ENV)
+    os.environ[PREEMPTION_WATCHER_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PREEMPTION_WATCHER_ENV, None)
+        else:
+            os.environ[PREEMPTION_WATCHER_ENV] = before
 
 
 def _ship(split: EncodedSplit, folder: Path, info: Any) -> Any:

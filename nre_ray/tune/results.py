@@ -151,7 +151,7 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
         if "test" in prepared.splits:
             report = evaluate_split(folder, prepared, "test", num_workers=cfg.train.num_workers,
                                     negative_label=cfg.data.negative_label, address=cfg.run.address,
-                                    cpus_per_worker=cfg.train.cpus_per_worker)
+                                    cpus_per_worker=cfg.train.cpus_per_worker, name=checkpoint.path)
             test = {k: float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
             tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=0)
             with tempfile.TemporaryDirectory() as out:

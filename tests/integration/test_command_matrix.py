@@ -356,6 +356,8 @@ def check_works(matrix: Matrix, cell: Cell, ran: Ran) -> None:
             children = client.search_runs([run.info.experiment_id],
                                           f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
             assert [r.info.status for r in children] == ["FINISHED"], said
+            # the final test names the checkpoint the sweep chose (s3://...), not the local copy it scores
+            assert f"model: loading {summary['best_checkpoint']}\n" in ran.stdout, said
     elif cell.command == "evaluate":
         scores = json.loads(matrix.read(ran.files["scores"]))
         assert scores["rows"] == ROWS["test"] and 0 <= scores["metrics"]["accuracy"] <= 1, scores

@@ -264,6 +264,7 @@ def test_command_prints_its_url_and_ctrl_c_shuts_everything_down(model, tmp_path
         assert proc.wait(timeout=60) == 130, log.read_text()
         procs.wait_for("no process left", lambda: not leftovers(started, proc.pid), timeout=30)
         assert log.read_text().rstrip().endswith("interrupted: the application was shut down"), log.read_text()
+        assert "graceful_shutdown" not in log.read_text(), log.read_text()  # Ray's "(raylet) Task ... failed"
         assert not Path(f"/tmp/nre_hap{proc.pid}").exists()  # HAProxy's files
     finally:
         procs.stop_tree(proc)

@@ -39,6 +39,25 @@ def test_a_phase_in_a_file_is_a_start_and_an_end_line_with_times_and_no_control_
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
 
 
+def test_in_a_file_a_count_without_total_says_so_far_and_the_final_count_follows(monkeypatch):
+    """preprocess printed ``500 rows read`` (the first block's rows, ~10 s in) for a 3,000-row and a 12,000-row file
+    alike, and nothing after: a count shown before the end says "so far", and the true total follows."""
+    out = io.StringIO()
+    con = Console(out, tty=False, started=0.0)
+    with con.phase("preprocess", "reading") as step:
+        read = step.progress(unit="rows read")
+        monkeypatch.setattr(console, "FILE_PROGRESS_EVERY_S", 0.0)
+        read.update(500)
+        monkeypatch.setattr(console, "FILE_PROGRESS_EVERY_S", 3600.0)
+        read.update(11_500)
+        encoded = step.progress(total=12_000, unit="rows encoded")  # the next counter: the read one is finished
+        encoded.update(12_000)
+        step.done("train 12000 rows")
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines == ["preprocess: reading", "preprocess: 500 rows read so far", "preprocess: 12000 rows read",
+                     lines[-1]] and lines[-1].startswith("preprocess: train 12000 rows (")
+
+
 def test_a_failing_phase_says_it_stopped_and_the_error_goes_on():
     out = io.StringIO()
     con = Console(out, tty=False)
@@ -230,3 +249,39 @@ def test_what_ray_forwards_goes_to_the_run_log(tmp_path, capsys):
         "(RayTrainWorker pid=4242, ip=10.0.0.2) Traceback (most recent call last):",
         "(RayTrainWorker pid=4242, ip=10.0.0.2) RuntimeError: Connection reset by peer",
         "(raylet) A worker died or was killed"]
+
+
+def test_the_autoscaler_tip_stays_off_the_console_and_its_events_stay_on(ray_cluster, monkeypatch):
+    """A command that starts or joins Ray prints the autoscaler's events (``Adding 1 node(s) ...``) as Ray formats
+    them, without Ray's once-per-process "Tip: use `ray status` ..." before the first one (it went into every job's
+    log)."""
+    import ray._private.worker as ray_worker
+
+    from nre_ray.cluster.session import start_ray
+
+    monkeypatch.setattr(ray_worker, "autoscaler_log_fyi_printed", False)  # as in a new driver process
+    start_ray(None)
+    event = "2026-12-03 12:00:00,000 INFO monitor.py:1 -- :event_summary:Adding 1 node(s) of type cpu_worker."
+    shown = list(ray_worker.filter_autoscaler_events([event]))
+    assert shown == ["Adding 1 node(s) of type cpu_worker."], shown
+
+
+def test_the_raylets_known_notices_stay_off_the_console_and_the_others_show(monkeypatch, capsys):
+    """The raylet's messages a driver prints whatever log_to_driver says: Serve's shutdown retry (``(raylet) Task
+    ServeController.graceful_shutdown failed ...`` on every Ctrl-C of serve) and the worker-pool warning are dropped;
+    anything else still shows."""
+    import ray._private.worker as ray_worker
+
+    from nre_ray.cluster.ray_private import keep_ray_notices_off_console
+
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # unwrapped afterwards
+    keep_ray_notices_off_console()
+    lines = ["Task ServeController.graceful_shutdown failed. There are infinite retries remaining, so the task will "
+             "be retried. Error: The actor is dead because it was killed by `ray.kill`.",
+             "WARNING: 8 PYTHON worker processes have been started on node: 1a2b with address: 127.0.0.1.",
+             "A worker died or was killed while executing a task by an unexpected system error."]
+    ray_worker.print_to_stdstream({"lines": lines, "pid": "raylet", "ip": "127.0.0.1", "localhost": "127.0.0.1",
+                                   "is_err": True, "job": "01000000", "actor_name": None, "task_name": None}, False)
+    printed = capsys.readouterr()
+    assert "graceful_shutdown" not in printed.err and "worker processes have been started" not in printed.err
+    assert "A worker died or was killed" in printed.err, printed

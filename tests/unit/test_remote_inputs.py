@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from nre_ray import buildonce, storage
 from nre_ray.config import ConfigError, DataConfig
 from nre_ray.data import pipeline, subword
+from nre_ray.data.__main__ import main as data_main
 from nre_ray.data.errors import DataError
 from nre_ray.data.read import detect_format, find_data_files, read_chunks, read_labels, read_table
 from nre_ray.models.pretrained import check_dim, load_word_vectors, vector_dim
@@ -86,6 +88,19 @@ def test_files_of_a_remote_folder_and_their_problems_without_ray(data: tuple[Pat
     assert str(err.value).splitlines()[0] == f"{labels}:3: duplicate label 'a' (first on line 1)"
 
 
+def test_every_command_finds_its_cache_by_one_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache_places: train, tune and data inspect share it (runner.resolve_target, data.__main__.inspect)."""
+    import tempfile
+
+    monkeypatch.chdir(tmp_path)
+    private = str(Path(tempfile.gettempdir()).absolute() / f"nre_ray-{os.getuid()}" / "cache")
+    assert pipeline.cache_places(None, None) == (str(tmp_path / ".nre_ray_cache"), None)
+    assert pipeline.cache_places(None, "s3://b/runs") == (private, "s3://b/runs/.nre_ray_cache")
+    assert pipeline.cache_places("c", "s3://b/runs") == (str(tmp_path / "c"), "s3://b/runs/.nre_ray_cache")
+    assert pipeline.cache_places(None, "/nfs/runs", allow_local_storage=True) == ("/nfs/runs/.nre_ray_cache", None)
+    assert pipeline.cache_places(None, "/nfs/runs") == (str(tmp_path / ".nre_ray_cache"), None)
+
+
 def test_the_cache_key_of_an_object_comes_from_its_metadata_not_its_bytes(object_store: str, tmp_path: Path) -> None:
     """No GET of an object's content: the key is its URI and version (ETag, size) from one metadata request; it
     changes when the object changes (even to bytes of the same size), and the same bytes under another URI get a
@@ -145,6 +160,16 @@ def test_remote_folder_prepares_to_the_local_result_and_the_shared_cache_is_reus
     assert second.cache_dir == str(empty / key) and (empty / key / "meta.json").is_file()
     assert second.shared_cache_dir == f"{shared}/{key}"
     assert_same(second, local)
+
+    # data inspect given the run's --storage-path finds that cache (it said "nothing cached yet" and built
+    # ./.nre_ray_cache); the rule is train's (cache_places)
+    assert pipeline.cache_places(None, storage.join(object_store, "runs"))[1] == shared
+    third = tmp_path / "third"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="nre_ray"):
+        assert data_main(["inspect", "--data-dir", uri, "--storage-path", storage.join(object_store, "runs"),
+                          "--cache-dir", str(third)]) == 0
+    assert "reused the shared cache" in caplog.text and (third / key / "meta.json").is_file()
 
 
 def test_on_a_cluster_the_tasks_build_in_the_object_store_and_give_the_same_result(

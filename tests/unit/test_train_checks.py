@@ -61,7 +61,7 @@ def test_allow_local_storage_puts_the_cache_under_the_storage_path_where_every_n
     assert own.data.cache_dir == str(tmp_path / "local_cache") and not cache_on_every_node(own, str(storage))
     plain = Config.from_dict({"run": {"storage_path": str(storage), "run_name": "r"}})
     resolve_target(plain)
-    assert plain.data.cache_dir is None and not cache_on_every_node(plain, str(storage))
+    assert plain.data.cache_dir == str(tmp_path / ".nre_ray_cache") and not cache_on_every_node(plain, str(storage))
 
 
 def test_a_run_name_in_use_by_another_command_is_refused_before_anything_starts(in_tmp, capsys):
