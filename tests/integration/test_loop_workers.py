@@ -11,22 +11,10 @@ from ray.train.torch import TorchTrainer
 from nre_ray.checkpoint import load_checkpoint
 from nre_ray.config import Config
 from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
-from tests.helpers import tiny_data
+from tests.helpers import fit_tiny_cnn, tiny_data
 from tests.unit.test_elastic import CFG
 
 pytestmark = pytest.mark.integration
-
-
-def _fit_cnn(tmp_path, name: str, epochs: int, lr: float, num_workers: int, **run: object) -> ray.train.Result:
-    """Train the tiny data with a tiny CNN; ``run``: more RunConfig arguments."""
-    cfg = Config.from_dict({"train": {"epochs": epochs, "batch_size": 8, "lr": lr, "seed": 3},
-                            "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16}})
-    return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "data": tiny_data(), "tracking_uri": None, "run_id": None},
-        scaling_config=ray.train.ScalingConfig(num_workers=num_workers),
-        run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path), **run),
-    ).fit()
 
 
 def test_a_tie_on_validation_keeps_the_first_best_epoch_as_the_best_checkpoint(ray_cluster, tmp_path):
@@ -36,7 +24,7 @@ def test_a_tie_on_validation_keeps_the_first_best_epoch_as_the_best_checkpoint(r
     checkpoint ranking."""
     keep = ray.train.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute=SELECTION_RANK,
                                       checkpoint_score_order="max")
-    result = _fit_cnn(tmp_path, "ties", epochs=5, lr=0.02, num_workers=1, checkpoint_config=keep)
+    result = fit_tiny_cnn(tmp_path, "ties", epochs=5, lr=0.02, num_workers=1, checkpoint_config=keep)
     last = result.metrics
     best_epoch = int(last["best_epoch"])
     assert best_epoch < last["epoch"] and last["valid_macro_f1"] == 1.0  # the later epochs tie the best (1.0)
