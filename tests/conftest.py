@@ -55,3 +55,19 @@ def shared_datasets() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} is not here")
     return SHARED
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Folders and markers agree: every test under tests/integration is marked ``integration`` (so that
+    ``make test-fast``, ``-m "not integration"``, runs exactly tests/unit), and a test under tests/unit that needs the
+    marker (a real Ray worker group, a server) is a collection error: it belongs in tests/integration."""
+    integration = REPO / "tests" / "integration"
+    misplaced = []
+    for item in items:
+        if Path(item.path).is_relative_to(integration):
+            item.add_marker(pytest.mark.integration)
+        elif item.get_closest_marker("integration") is not None:
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError("tests marked integration outside tests/integration (move them there): "
+                                + ", ".join(misplaced))

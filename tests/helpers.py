@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import ray.train
 
 from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts, tokenize_batch
 from nre_ray.data.vocab import Vocab
@@ -39,3 +40,21 @@ def tiny_data(max_length: int = 32, window: int = 10) -> dict:
               "test": EncodedSplit.from_frame(encoded.iloc[1::3])}
     return {"splits": {k: v.arrays for k, v in splits.items()}, "vocab": vocab.tokens, "labels": labels,
             "num_positions": 2 * window + 2}
+
+
+def fit_tiny_cnn(tmp_path, name: str, epochs: int, lr: float, num_workers: int, **run: object) -> ray.train.Result:
+    """Train :func:`tiny_data` with a tiny CNN under Ray Train (``num_workers=0``: local mode, in this process);
+    ``run``: more RunConfig arguments."""
+    from ray.train.torch import TorchTrainer
+
+    from nre_ray.config import Config
+    from nre_ray.loop import train_loop_per_worker
+
+    cfg = Config.from_dict({"train": {"epochs": epochs, "batch_size": 8, "lr": lr, "seed": 3},
+                            "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16}})
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": cfg.to_dict(), "data": tiny_data(), "tracking_uri": None, "run_id": None},
+        scaling_config=ray.train.ScalingConfig(num_workers=num_workers),
+        run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path), **run),
+    ).fit()

@@ -51,7 +51,7 @@ def test_bert_two_workers_then_predict_in_a_fresh_process(ray_cluster, tmp_path,
     loaded = load_checkpoint(checkpoint)
     assert loaded.vocab.subword and "<e1:person>" in loaded.vocab.tokens
     assert loaded.config.model.pretrained == str(base)
-    assert summary["test"]["macro_f1"] > 0.2  # 9 classes, one epoch of a tiny random model: chance is about 0.11
+    assert summary["test"]["macro_f1"] >= 0.75, summary["test"]  # one epoch reaches 0.82 here; chance is about 0.11
 
     # The same data and settings again: the encoded splits and the tokenizer come from the cache, with no Ray work.
     cached = prepare(DataConfig(typed_markers=True, max_length=64), 1, str(base))

@@ -360,7 +360,11 @@ def check_works(matrix: Matrix, cell: Cell, ran: Ran) -> None:
             assert f"model: loading {summary['best_checkpoint']}\n" in ran.stdout, said
     elif cell.command == "evaluate":
         scores = json.loads(matrix.read(ran.files["scores"]))
-        assert scores["rows"] == ROWS["test"] and 0 <= scores["metrics"]["accuracy"] <= 1, scores
+        # The same checkpoint on the same test file: exactly what its training run reported for test.
+        trained = json.loads(matrix.summary(MODEL_FROM[cell.path]).read_text())["test"]
+        assert scores["rows"] == ROWS["test"], scores
+        assert {k: scores["metrics"][k] for k in ("accuracy", "macro_f1")} == \
+            pytest.approx({k: trained[k] for k in ("accuracy", "macro_f1")}, abs=1e-9), (scores, trained)
         assert "accuracy" in ran.stdout, said
     elif cell.command == "predict":
         labelled = pd.read_csv(io.BytesIO(matrix.read(ran.files["labelled"])))

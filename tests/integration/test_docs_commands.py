@@ -32,122 +32,17 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
 
-from nre_ray.cluster.spot_watch import build_parser as spot_watch_parser
-from nre_ray.data.__main__ import build_cli as data_parser
 from nre_ray.data.pipeline import sample_dir
-from nre_ray.evaluate import build_parser as evaluate_parser
-from nre_ray.predict import build_parser as predict_parser
-from nre_ray.serve.__main__ import build_parser as serve_parser
-from nre_ray.standin import build_parser as standin_parser
-from nre_ray.train import cli_parser as train_parser
-from nre_ray.tune.__main__ import sweep_parser
+from tests.docs_blocks import DOC_FILES, RUNNABLE, Block, doc_blocks
 from tests.procs import env, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.executable).parent.parent
-#: Written by the benchmark scripts; their commands are the benchmarks themselves (hours).
-WRITTEN_BY_SCRIPTS = {"benchmarks.md", "results.md"}
-DOC_FILES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in WRITTEN_BY_SCRIPTS)]
-RUNNABLE = {"bash", "console", "python"}
-KINDS = {"skip", "parse", "server", "exit"}
-BLOCK = re.compile(r"(?:^<!-- docs-test: (?P<kind>\w+) ?(?P<arg>.*?) ?-->\n)?^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```$",
-                   re.M | re.S)
-PARSERS = {"nre_ray.train": train_parser, "nre_ray.predict": predict_parser, "nre_ray.evaluate": evaluate_parser,
-           "nre_ray.serve": serve_parser,
-           "nre_ray.data": data_parser, "nre_ray.standin": standin_parser, "nre_ray.tune": sweep_parser,
-           "nre_ray.cluster.spot_watch": spot_watch_parser}
-
-
-@dataclass
-class Block:
-    """One fenced block of a document."""
-
-    path: Path
-    line: int
-    lang: str
-    body: str
-    kind: str | None
-    arg: str
-
-    def __str__(self) -> str:
-        return f"{self.path.relative_to(REPO)}:{self.line}"
-
-
-def doc_blocks(path: Path) -> list[Block]:
-    """The fenced blocks of ``path``, with the docs-test marker before each."""
-    text = path.read_text(encoding="utf-8")
-    return [Block(path, text.count("\n", 0, m.start("lang")) + 1, m["lang"], m["body"], m["kind"], m["arg"] or "")
-            for m in BLOCK.finditer(text)]
-
-
-def commands(body: str) -> list[list[str]]:
-    """The ``python -m nre_ray.<cmd> ...`` commands of a block, as argv lists from the module on."""
-    found = []
-    joined = re.sub(r"\\\n", " ", body)
-    for line in joined.splitlines():
-        line = line.lstrip("$ ")
-        start = line.find("python -m nre_ray.")
-        if start < 0:
-            continue
-        try:
-            argv = shlex.split(line[start:], comments=True)
-        except ValueError:  # a quote that spans lines: not a command line of ours
-            continue
-        cut = next((i for i, word in enumerate(argv) if word in ("|", "||", "&&", ";", ">", "2>&1")), len(argv))
-        found.append(argv[2:cut])
-    return found
-
-
-def all_blocks() -> list[Block]:
-    return [block for path in DOC_FILES for block in doc_blocks(path)]
-
-
-# --- what needs no Ray: every block is run or marked, every command parses ------------------------------------------
-
-
-def test_every_command_block_is_run_or_says_why_not():
-    blocks = all_blocks()
-    assert len(blocks) > 20
-    for block in blocks:
-        if block.kind is not None:
-            assert block.kind in KINDS, f"{block}: unknown docs-test marker {block.kind!r}"
-            assert block.lang in RUNNABLE, f"{block}: a docs-test marker on a ```{block.lang} block"
-        if block.kind == "skip":
-            assert block.arg, f"{block}: say why the block is skipped"
-        if block.lang not in RUNNABLE:  # an output or a file's content: it must not hide commands
-            assert not re.search(r"^\$ |^python -m |^make ", block.body, re.M), \
-                f"{block}: commands in a ```{block.lang or '(plain)'} block; use ```bash or ```console"
-
-
-def test_every_documented_command_parses():
-    checked = 0
-    for block in all_blocks():
-        if block.lang not in RUNNABLE:
-            continue
-        for argv in commands(block.body):
-            parser = PARSERS.get(argv[0])
-            assert parser is not None, f"{block}: unknown command python -m {argv[0]}"
-            try:
-                parser().parse_args(argv[1:])
-            except SystemExit as err:
-                assert err.code == 0, f"{block}: python -m {' '.join(argv)} does not parse"
-            checked += 1
-    assert checked > 15
-
-
-def test_readme_is_a_front_page_with_a_map_of_the_docs():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert len(readme.splitlines()) < 150
-    for doc in sorted((REPO / "docs").glob("*.md")):
-        assert f"(docs/{doc.name})" in readme, f"README.md does not link docs/{doc.name}"
-    image = re.search(r"!\[[^]]*\]\((docs/[^)]+\.png)\)", readme)
-    assert image and (REPO / image[1]).stat().st_size < 400_000
 
 
 # --- the run: every block against the sample, in one temporary folder ---------------------------------------------

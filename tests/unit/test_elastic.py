@@ -79,38 +79,6 @@ def test_one_update_is_the_same_at_every_world_size(step):
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-7)
 
 
-def _fit(tmp_path, name: str, epochs: int, world: int) -> ray.train.Result:
-    """An elastic run (1-3) of the tiny data up to ``epochs``, at ``world`` workers; it resumes the run ``name``."""
-    cfg = Config.from_dict({**CFG, "train": {**CFG["train"], "epochs": epochs}})
-    return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "data": tiny_data(), "tracking_uri": None, "run_id": None},
-        scaling_config=ray.train.ScalingConfig(num_workers=world, resources_per_worker={"CPU": 0.5}),
-        run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path)),
-    ).fit()
-
-
-def _losses(tmp_path, name: str) -> list[tuple[int, float, float, int]]:
-    result = ray.train.Result.from_path(str(tmp_path / name))
-    return [(int(m["epoch"]), m["train_loss"], m["valid_loss"], int(m["workers"]))
-            for _, m in result.best_checkpoints if "epoch" in m]
-
-
-@pytest.mark.integration
-def test_a_run_resized_3_2_3_learns_as_one_fixed_at_3(ray_cluster, tmp_path):
-    """The resizes are made by resuming the run's epoch checkpoint at another world size (Ray decides when an
-    elastic run resizes, from the cluster's resources; one machine cannot make it resize at a chosen epoch). Every
-    epoch matches the fixed run to float tolerance, the resized ones too: only the summation order differs (dropout,
-    whose masks are drawn per rank, is off)."""
-    _fit(tmp_path, "fixed", 3, 3)
-    for epochs, world in ((1, 3), (2, 2), (3, 3)):
-        _fit(tmp_path, "resized", epochs, world)
-    fixed, resized = _losses(tmp_path, "fixed"), _losses(tmp_path, "resized")
-    assert [e for e, *_ in resized] == [1, 2, 3] and [w for *_, w in resized] == [3, 2, 3]
-    for (_, *mine, _), (_, *theirs, _) in zip(resized, fixed, strict=True):
-        assert mine == pytest.approx(theirs, rel=1e-4)
-
-
 class NodeGone(Exception):
     """The preempted node going away: the worker's training function ends where it is."""
 

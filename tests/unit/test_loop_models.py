@@ -1,6 +1,7 @@
 """The loop with the BiLSTM and Transformer encoders, with pretrained vectors, and its mixed-precision helpers."""
 
 import contextlib
+import math
 
 import numpy as np
 import pytest
@@ -32,8 +33,9 @@ def _fit(tmp_path, model: dict, data: dict | None = None, name: str = "local"):
 def test_local_mode_trains_two_epochs(tmp_path, name):
     result = _fit(tmp_path, {"model": name})
     assert result.metrics["epoch"] == 2
-    assert result.metrics["train_loss"] == pytest.approx(result.metrics["train_loss"])  # finite, not NaN
-    assert 0.0 <= result.metrics["valid_macro_f1"] <= 1.0
+    assert math.isfinite(result.metrics["train_loss"]), result.metrics  # neither NaN nor infinite
+    # The tiny set (3 templates) is learnable in 2 epochs: both encoders reach 1.0 here (chance: about 0.33).
+    assert result.metrics["valid_macro_f1"] >= 0.9, result.metrics
     loaded = load_checkpoint(result.checkpoint.to_directory(str(tmp_path / "ckpt")))
     assert loaded.meta["model"] == name
     assert loaded.state["epoch"] == 2

@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import pytest
 from matplotlib.image import imread
 
 from nre_ray.metrics import per_class_table
@@ -84,7 +85,20 @@ def test_plot_uses_cjk_font_when_available(tmp_path, monkeypatch):
     assert not [w for w in caught if "missing" in str(w.message).lower()]
 
 
-def test_find_cjk_font_returns_name_or_none():
+@pytest.mark.parametrize(("installed", "found"), [
+    (["DejaVu Sans", "Noto Sans CJK JP", "WenQuanYi Zen Hei"], "Noto Sans CJK JP"),  # a known family, by preference
+    (["DejaVu Sans", "Sarasa Mono CJK SC"], "Sarasa Mono CJK SC"),                   # one that says CJK in its name
+    (["DejaVu Sans", "Liberation Serif"], None),                                     # none with CJK glyphs
+])
+def test_find_cjk_font_picks_an_installed_cjk_family(monkeypatch, installed, found):
+    from matplotlib import font_manager
+
     from nre_ray.tracking.reports import find_cjk_font
 
-    assert find_cjk_font() is None or isinstance(find_cjk_font(), str)
+    entries = [font_manager.FontEntry(fname=f"/fonts/{i}.ttf", name=name) for i, name in enumerate(installed)]
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", entries)
+    find_cjk_font.cache_clear()  # it looks once per process
+    try:
+        assert find_cjk_font() == found
+    finally:
+        find_cjk_font.cache_clear()
