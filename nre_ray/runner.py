@@ -31,6 +31,7 @@ from nre_ray import console, tempfiles
 from nre_ray.cluster.session import (
     Resources,
     UsageError,
+    check_address,
     check_shared_paths,
     cluster,
     local_cluster,
@@ -282,7 +283,7 @@ def resolve_target(cfg: Config) -> Target:
     from nre_ray import storage as fs
     from nre_ray.tracking import store as tracking
 
-    resolve_address(cfg.run.address)
+    check_address(cfg.run.address)  # before anything is created: the run's log, its folder, the MLflow run
     check_inputs(cfg)
     run_name = cfg.run.run_name or default_run_name(cfg.model.model)
     storage = fs.absolute(cfg.run.storage_path or "ray_results")
