@@ -287,6 +287,10 @@ def resolve_target(cfg: Config) -> Target:
     check_inputs(cfg)
     run_name = cfg.run.run_name or default_run_name(cfg.model.model)
     storage = fs.absolute(cfg.run.storage_path or "ray_results")
+    try:
+        fs.check_bucket(storage)  # before any MLflow run or Ray: else the workers' first checkpoint fails on it
+    except fs.StorageError as err:
+        raise UsageError(f"--storage-path {err}") from None
     existing = _existing_checkpoints(storage, run_name)
     if existing and not cfg.run.resume:
         raise UsageError(f"run {run_name!r} already has checkpoints in {fs.join(storage, run_name)} "
