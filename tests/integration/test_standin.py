@@ -334,7 +334,7 @@ def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path
              "not Ray's GCS. Give the head's GCS port (6379 by default), or submit the command with ray job submit")):
         began = time.monotonic()
         done = subprocess.run([*stranger, "--address", address], cwd=stranger_dir, capture_output=True, text=True,
-                              env=env(**variables, **cluster.mlflow_login()), timeout=120)
+                              env=env(**{**variables, **cluster.mlflow_login()}), timeout=120)
         took = time.monotonic() - began
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and wanted in errors[0], done.stdout + done.stderr
