@@ -368,7 +368,7 @@ def refused(where: RayAddress, reason: str) -> str:
 #: How long :func:`start_ray` waits for a TCP connection to the address it is about to join.
 CONNECT_TIMEOUT_S = 5.0
 #: How long it then waits for the GCS (or Ray Client server) there to answer one call (:func:`_check_answers`).
-ANSWER_TIMEOUT_S = 4.0
+ANSWER_TIMEOUT_S = 5.0
 #: How long a port that does not speak gRPC has to answer an HTTP request (to tell a dashboard from other things).
 HTTP_TIMEOUT_S = 2.0
 
