@@ -39,6 +39,26 @@ class ConfigError(ValueError):
     """A configuration value or key that cannot be used; the message says which and what to do."""
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every ``python -m nre_ray...`` command: a usage error is one line, ``error: MESSAGE; did you
+    mean ...? See PROG --help``, exit status 2, not argparse's whole usage before it (train's runs to 52 lines
+    and hides the line that matters). Subcommands' parsers are of this class too (``add_subparsers``)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        guess = _did_you_mean(message)
+        self.exit(2, f"error: {message}{guess}{' ' if guess else '. '}See {self.prog} --help\n")
+
+
+def _did_you_mean(message: str) -> str:
+    """``; did you mean 'cnn'?`` for argparse's ``invalid choice: 'cnnn' (choose from 'cnn', ...)``; else ""."""
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not found:
+        return ""
+    offered = re.findall(r"'([^']*)'", found[2]) or [c.strip() for c in found[2].split(",")]
+    close = difflib.get_close_matches(found[1], offered, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 #: The help of every command's --address (how nre_ray.cluster.session.resolve_address reads it).
 ADDRESS_HELP = ("Ray cluster to join: HOST:PORT (the head's GCS, port 6379 by default), ray://HOST:PORT (Ray Client) "
                 "or auto (the Ray `ray start` runs on this machine); default: RAY_ADDRESS if set, else a local Ray "
@@ -422,7 +442,7 @@ def build_parser(
     command, by ``section.field`` (``argparse.SUPPRESS``: left out of the help).
     """
     if parser is None:
-        parser = argparse.ArgumentParser(prog=prog, description=description)
+        parser = CommandParser(prog=prog, description=description)
         parser.add_argument("--version", action="version", version=f"nre_ray {_version()}")
     parser.add_argument("--config", metavar="FILE.toml",
                         help="TOML file (a local path or a URI) with [data], [model], [train], [run] tables; "

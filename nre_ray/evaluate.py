@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, choices
+from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, CommandParser, choices
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -29,7 +29,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.evaluate`` options."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m nre_ray.evaluate",
         description="Evaluate a trained checkpoint on a labelled file with the evaluation code of training "
                     "(every row counted once, whatever the number of workers).",

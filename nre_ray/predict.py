@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, choices
+from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, CommandParser, choices
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 
 EXAMPLES = """\
@@ -19,7 +19,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.predict`` options."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m nre_ray.predict",
         description="Label the rows of a file with a trained relation classifier. The output keeps the input's "
                     "columns, in order, and adds predicted_relation and score. A small file is labelled in this "

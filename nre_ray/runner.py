@@ -31,6 +31,7 @@ from nre_ray import console, tempfiles
 from nre_ray.cluster.session import (
     Resources,
     UsageError,
+    check_address,
     check_shared_paths,
     cluster,
     local_cluster,
@@ -283,10 +284,14 @@ def resolve_target(cfg: Config) -> Target:
     from nre_ray.data.pipeline import DEFAULT_STORAGE, cache_places
     from nre_ray.tracking import store as tracking
 
-    resolve_address(cfg.run.address)
+    check_address(cfg.run.address)  # before anything is created: the run's log, its folder, the MLflow run
     check_inputs(cfg)
     run_name = cfg.run.run_name or default_run_name(cfg.model.model)
     storage = fs.absolute(cfg.run.storage_path or DEFAULT_STORAGE)
+    try:
+        fs.check_bucket(storage)  # before any MLflow run or Ray: else the workers' first checkpoint fails on it
+    except fs.StorageError as err:
+        raise UsageError(f"--storage-path {err}") from None
     existing = _existing_checkpoints(storage, run_name)
     if existing and not cfg.run.resume:
         raise UsageError(f"run {run_name!r} already has checkpoints in {fs.join(storage, run_name)} "

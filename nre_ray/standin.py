@@ -10,6 +10,7 @@ from typing import Any
 
 from nre_ray.cluster.session import UsageError
 from nre_ray.cluster.standin import Standin, down, kill_node, preempt_node, status, up, upload
+from nre_ray.config import CommandParser
 
 #: The commands and what each does.
 COMMANDS = {
@@ -54,7 +55,7 @@ OPTIONS: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
 
 def build_parser() -> argparse.ArgumentParser:
     """``COMMAND`` and its options; each option is taken after the command and, as before, also before it."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m nre_ray.standin",
         description="A local stand-in for the AWS cluster of cluster.yaml, to rehearse on before paying for it: a Ray "
                     "head whose autoscaler adds worker nodes (processes on this machine) when a run asks, an "

@@ -417,6 +417,19 @@ def stamp(path: PathLike) -> list[Any]:
     return [[rel, info.size, info.mtime_ns] for rel, info in _files(_where(path))]
 
 
+def check_bucket(path: PathLike) -> None:
+    """Raise :class:`StorageError` unless the store of ``path``, a folder that will be written (created where
+    missing), can take it: for an ``s3://`` or ``gs://`` URI, the bucket exists, and the store answers and accepts the
+    credentials (reasons: ``the bucket does not exist``, ``could not reach the store``, ``access refused``). One
+    request; nothing is written. A local path and other stores' URIs pass (a local folder is made as needed)."""
+    if scheme(path) not in ("s3", "s3a", "gs", "gcs"):
+        return
+    where = _where(path)
+    bucket = _Where(where.fs, where.path.split("/", 1)[0], os.fspath(path))
+    if _info(bucket).type == _pafs().FileType.NotFound:
+        raise StorageError(os.fspath(path), "the bucket does not exist", credentials_hint(os.fspath(path)), NO_BUCKET)
+
+
 def object_version(uri: str) -> list[Any]:
     """What identifies the content of the file ``uri`` in an object store, from its metadata alone (one request, a
     HEAD for S3; no byte of the object is read): ``[size, "etag:<ETag>"]`` where the store gives an ETag (S3 and the

@@ -508,3 +508,32 @@ def haproxy_safe_reuse() -> None:
             return spec
 
     sys.meta_path.insert(0, PatchOnLoad())
+
+
+def ask_gcs(host: str, port: int, timeout: float) -> tuple[str, str]:
+    """Ask the Ray GCS at ``host``:``port`` for its cluster id: one gRPC call with a deadline of ``timeout`` seconds,
+    carrying this process's Ray token as ``ray.init`` would send it (none in ``RAY_AUTH_MODE=disabled``). Returns the
+    gRPC status code's name and the server's details: ``("OK", "")``; ``("UNAUTHENTICATED", "InvalidAuthToken:
+    ...")`` where the GCS refuses this client's token; ``("UNAVAILABLE", "... Failed parsing HTTP/2 ...")`` where an
+    HTTP/1 server answers; ``("DEADLINE_EXCEEDED", ...)`` where something accepts the connection but never answers;
+    ``("UNIMPLEMENTED", ...)`` from a gRPC server that is not a GCS (a Ray Client server). Raises Ray's
+    ``AuthenticationError`` when this process is in token mode and has no token to send."""
+    # Private: ray.init asks the same (NodeInfoGcsService.GetClusterId, from ray.core.generated) through its C++ GCS
+    # client, which retries for about 20 s and logs every failure from C++ to the console (gcs_client.cc: "Failed to
+    # get cluster ID", InvalidAuthToken), and waits for minutes where the port is not a GCS. No public API asks a GCS
+    # with a deadline. The token header is what Ray's own gRPC clients send (its client interceptor's metadata).
+    import grpc
+    from ray._private.authentication.grpc_authentication_client_interceptor import (
+        _get_authentication_metadata_tuple,
+    )
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    metadata = _get_authentication_metadata_tuple()
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    with grpc.insecure_channel(target) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout, metadata=metadata or None)
+        except grpc.RpcError as err:
+            return err.code().name, err.details() or ""
+    return "OK", ""

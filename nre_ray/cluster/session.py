@@ -367,19 +367,101 @@ def refused(where: RayAddress, reason: str) -> str:
 
 #: How long :func:`start_ray` waits for a TCP connection to the address it is about to join.
 CONNECT_TIMEOUT_S = 5.0
+#: How long it then waits for the GCS (or Ray Client server) there to answer one call (:func:`_check_answers`).
+ANSWER_TIMEOUT_S = 5.0
+#: How long a port that does not speak gRPC has to answer an HTTP request (to tell a dashboard from other things).
+HTTP_TIMEOUT_S = 2.0
+
+
+def check_address(address: str | None) -> RayAddress:
+    """:func:`resolve_address`, and for a cluster to join (``HOST:PORT``, ``ray://HOST:PORT``) the checks
+    :func:`start_ray` makes before ``ray.init`` (:func:`_check_answers`): a command calls it before it creates
+    anything (a run's folder, its log, an MLflow run), so that an address Ray cannot join, or a cluster that does not
+    admit this client, stops it first. Nothing is asked when this process has joined a Ray already."""
+    where = resolve_address(address)
+    ray = sys.modules.get("ray")
+    if where.host is not None and not (ray is not None and ray.is_initialized()):
+        _check_answers(where)
+    return where
 
 
 def _check_answers(where: RayAddress) -> None:
-    """UsageError unless something accepts a TCP connection at ``where``'s host and port. (``ray.init`` retries an
-    address where nothing answers for minutes, and a Ray Client for 30 s.)"""
+    """UsageError unless Ray's GCS (a Ray Client server for ``ray://``) answers at ``where`` and admits this client,
+    found within seconds: nothing accepts a TCP connection there (``ray.init`` retries such an address for minutes,
+    a Ray Client for 30 s); the GCS refuses this client's token (``ray.init`` says so only after about 20 s of C++
+    warnings on the console); the port answers HTTP (the dashboard's port, 8265: ``ray.init`` waits there forever,
+    repeating warnings), or accepts connections and answers nothing, or answers another protocol."""
+    from nre_ray.cluster.ray_private import ask_gcs
+
+    port_name = "Ray Client server port (10001 by default)" if where.kind == "client" else "GCS port (6379 by default)"
+    host, port = where.host or "", where.port or 0
     try:
-        with socket.create_connection((where.host, where.port), timeout=CONNECT_TIMEOUT_S):
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as err:
         why = err.strerror or str(err) or type(err).__name__
-        port = "Ray Client server port (10001 by default)" if where.kind == "client" else "GCS port (6379 by default)"
         raise UsageError(f"{where.source} {where.given}: nothing answers there ({why}). Check that the cluster is up "
-                         f"and that this is its head's {port}.") from None
+                         f"and that this is its head's {port_name}.") from None
+    from ray.exceptions import AuthenticationError
+
+    try:
+        code, details = ask_gcs(host, port, ANSWER_TIMEOUT_S)
+    except AuthenticationError as err:  # token mode here, and no token (RAY_AUTH_TOKEN_PATH names no file, ...)
+        raise UsageError(refused(where, str(getattr(err, "message", "") or err).strip().splitlines()[0])) from None
+    if code == "OK" or (code == "UNIMPLEMENTED" and where.kind == "client"):  # a Ray Client server: not a GCS
+        return
+    if code == "UNAUTHENTICATED":
+        found = re.search(r"InvalidAuthToken: ([^.\n]+)", details)
+        raise UsageError(refused(where, found[1] if found else details or "refused (UNAUTHENTICATED)"))
+    is_ray = "a Ray Client server" if where.kind == "client" else "Ray's GCS"
+    if code == "UNIMPLEMENTED":  # gRPC, but not the GCS: a Ray Client server's port given as HOST:PORT
+        raise UsageError(f"{where.source} {where.given}: a gRPC server answers there, but not {is_ray} (a Ray Client "
+                         "server's port, 10001 by default, is given as ray://HOST:PORT). Give the head's GCS port "
+                         "(6379 by default).")
+    web = _web_server(host, port) if code == "UNAVAILABLE" else None  # (an HTTP server fails gRPC at once)
+    if web is not None:
+        submit = f"submit the command with ray job submit --address http://{_host_port(where)}"
+        raise UsageError(f"{where.source} {where.given}: {web}, not {is_ray}. Give the head's {port_name}, "
+                         f"or {submit}")
+    if code == "DEADLINE_EXCEEDED":
+        raise UsageError(f"{where.source} {where.given}: something accepts connections there but does not answer as "
+                         f"{is_ray} within {ANSWER_TIMEOUT_S:g} s. Check that this is the head's {port_name}, "
+                         "and that the cluster is not overloaded.")
+    if code == "UNAVAILABLE":
+        first = details.strip().splitlines()[0] if details.strip() else code
+        raise UsageError(f"{where.source} {where.given}: does not answer as {is_ray} ({first}). Check that this is "
+                         f"the head's {port_name}.")
+    # any other answer is the GCS's own (it answered gRPC): ray.init says the rest
+
+
+def _host_port(where: RayAddress) -> str:
+    """``HOST:PORT`` of ``where`` (an IPv6 host in brackets)."""
+    host = f"[{where.host}]" if where.host and ":" in where.host else where.host
+    return f"{host}:{where.port}"
+
+
+def _web_server(host: str, port: int) -> str | None:
+    """What answers HTTP at ``host``:``port``, in words (``the Ray dashboard's port`` where ``/api/version`` names a
+    Ray version, else ``a web server (HTTP)``), or None where nothing answers HTTP within :data:`HTTP_TIMEOUT_S`."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    bracketed = f"[{host}]" if ":" in host else host
+    try:
+        with urllib.request.urlopen(f"http://{bracketed}:{port}/api/version", timeout=HTTP_TIMEOUT_S) as answer:
+            body = answer.read(4096)
+    except urllib.error.HTTPError:  # it answers HTTP (a dashboard with token auth says 401)
+        return "that port answers HTTP (a web server, such as the Ray dashboard: port 8265 by default)"
+    except (OSError, ValueError):  # no HTTP answer (urllib's URLError is an OSError)
+        return None
+    try:
+        ray_version = json.loads(body).get("ray_version")
+    except (ValueError, AttributeError):
+        ray_version = None
+    if ray_version:
+        return f"that port is the Ray dashboard's (Ray {ray_version}; for ray job submit)"
+    return "that port answers HTTP (a web server, such as the Ray dashboard: port 8265 by default)"
 
 
 def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None) -> None:

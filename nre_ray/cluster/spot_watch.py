@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from nre_ray.cluster import ray_private
+from nre_ray.config import CommandParser
 
 log = logging.getLogger("nre_ray.spot_watch")
 
@@ -152,7 +153,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m nre_ray.cluster.spot_watch",
         description="Watch the EC2 instance metadata for a spot interruption notice and drain this machine's Ray "
                     "node for preemption (reason DRAIN_NODE_REASON_PREEMPTION, the notice's time as deadline), so "

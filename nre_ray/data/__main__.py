@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from nre_ray import storage as fs
 from nre_ray.cluster.session import UsageError
-from nre_ray.config import ConfigError, build_parser, choices, config_from_args
+from nre_ray.config import CommandParser, ConfigError, build_parser, choices, config_from_args
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 
 if TYPE_CHECKING:  # pandas and the readers are imported by the commands, not by --help
@@ -201,7 +201,7 @@ def convert(args: argparse.Namespace) -> int:
 
 def build_cli() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.data`` parser."""
-    parser = argparse.ArgumentParser(prog="python -m nre_ray.data",
+    parser = CommandParser(prog="python -m nre_ray.data",
                                      description="Inspect a relation-classification dataset, or convert it.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="examples:\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nre_ray.config import ADDRESS_HELP
+from nre_ray.config import ADDRESS_HELP, CommandParser
 
 EXAMPLES = """\
 examples:
@@ -25,7 +25,7 @@ then, from another shell (send the entity types when the training data had them,
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.serve`` options (also the arguments of :func:`nre_ray.serve.app.build`)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m nre_ray.serve",
         description="Serve a trained relation classifier over HTTP on Ray Serve, with the API of `mlflow models "
                     "serve` (POST /invocations with dataframe_split, dataframe_records or instances; GET /ping, "

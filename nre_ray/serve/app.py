@@ -111,10 +111,11 @@ def replica_resources(info: Cluster, options: ServeOptions) -> Resources:
 def named_model(options: ServeOptions) -> tuple[ModelIdentity, str]:
     """The model ``options`` name, pinned (an alias to its version) and checked (CheckpointError when it cannot be
     loaded: said here, not by a replica that fails to start), and the tracking URI."""
-    from nre_ray.serving.inference import identify_model, resolve_checkpoint
-    from nre_ray.tracking.store import resolve_tracking_uri
+    from nre_ray.serving.inference import identify_model, is_mlflow_model, resolve_checkpoint
+    from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
-    tracking_uri = resolve_tracking_uri(options.tracking_uri)
+    tracking_uri = (model_store(options.model, options.tracking_uri) if is_mlflow_model(options.model)
+                    else resolve_tracking_uri(options.tracking_uri))
     identity = identify_model(options.model, tracking_uri)
     resolve_checkpoint(identity.uri if identity.version else options.model, tracking_uri).cleanup()
     return identity, tracking_uri

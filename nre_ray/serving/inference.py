@@ -252,6 +252,11 @@ _MLFLOW_URIS = ("runs:/", "models:/")
 _STAGES = {"latest", "production", "staging", "archived", "none"}
 
 
+def is_mlflow_model(model: str) -> bool:
+    """Whether ``model`` names an MLflow model (``runs:/...``, ``models:/...``), read from a tracking store."""
+    return model.startswith(_MLFLOW_URIS)
+
+
 @dataclass
 class ResolvedModel:
     """A local checkpoint folder and where it came from."""
@@ -327,11 +332,11 @@ def identify_model(model: str, tracking_uri: str | None = None) -> ModelIdentity
         return ModelIdentity(model, model)  # a stage name: MLflow resolves it when the model is loaded
     from mlflow.exceptions import MlflowException
 
-    from nre_ray.tracking.store import registered_version, resolve_tracking_uri
+    from nre_ray.tracking.store import model_store, registered_version
 
     name = match.group(1)
     try:
-        version, run_id = registered_version(name, match.group(2) or match.group(3), resolve_tracking_uri(tracking_uri))
+        version, run_id = registered_version(name, match.group(2) or match.group(3), model_store(model, tracking_uri))
     except MlflowException as err:
         raise _not_in_mlflow(model, err) from None
     return ModelIdentity(model, f"models:/{name}/{version}", run_id, name, version)

@@ -230,6 +230,31 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return resolved
 
 
+def model_store(model: str, tracking_uri: str | None) -> str:
+    """The tracking URI to read the MLflow model ``model`` (``runs:/...``, ``models:/...``) from: as
+    :func:`resolve_tracking_uri` resolves ``tracking_uri`` (``--tracking-uri``), and a store that exists. A sqlite
+    file that is missing (or empty, or without MLflow's tables) holds no run and no registered model, and opening it
+    would create it, with MLflow's migrations on the console, only to say the run is not found: UsageError naming
+    the store looked in and how to name another; nothing is created. Other stores (a server, a database) are
+    MLflow's to answer."""
+    uri = resolve_tracking_uri(tracking_uri)
+    if not uri.startswith("sqlite:///") or uri == "sqlite:///:memory:":
+        return uri
+    db = Path(uri[len("sqlite:///"):])
+    if sqlite_store.schema_version(db) is not None:
+        return uri
+    if tracking_uri:
+        origin = "given by --tracking-uri"
+    elif os.environ.get(TRACKING_ENV):
+        origin = f"{TRACKING_ENV}"
+    else:
+        origin = f"the default: no --tracking-uri, and {TRACKING_ENV} is not set"
+    what = "does not exist" if not db.exists() else "holds no MLflow store"
+    raise UsageError(f"--model {model}: the MLflow tracking store {uri} ({origin}) {what}, so it has no run or "
+                     f"registered model to load; pass --tracking-uri with the store the model was logged to (e.g. "
+                     f"http://HOST:5000 or sqlite:///PATH/mlflow.db), or set {TRACKING_ENV}")
+
+
 def tracking_uri_problem(uri: str) -> str | None:
     """What is wrong with the tracking URI ``uri`` (None: nothing found), without creating or changing anything:
 
@@ -396,11 +421,11 @@ def mlflow_settings(tracking_uri: str) -> Iterator[None]:
 
 def download_model(model_uri: str, tracking_uri: str | None, folder: str) -> str:
     """Download the MLflow model ``model_uri`` (``runs:/...``, ``models:/...``) from the store of ``tracking_uri``
-    (resolved and checked: :func:`resolve_tracking_uri`) into ``folder``; returns the local path. MLflow's errors
+    (resolved and checked: :func:`model_store`) into ``folder``; returns the local path. MLflow's errors
     about the model (it is not there) are left to the caller."""
     import mlflow.artifacts
 
-    uri = resolve_tracking_uri(tracking_uri)
+    uri = model_store(model_uri, tracking_uri)  # a store that exists: never one made here
     # MLflow 3.17 resolves runs:/ through the logged model with the *global* tracking URI (the tracking_uri argument
     # does not reach that lookup), so the global one is set for the download.
     with mlflow_settings(uri):

@@ -18,6 +18,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -320,6 +321,27 @@ def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path
     assert no_login.returncode == 2 and no_login.stderr.startswith("error: --tracking-uri"), no_login.stderr
     assert "asks for a user and password (401)" in no_login.stderr and "Traceback" not in no_login.stderr
 
+    # A stranger's train (no token, RAY_AUTH_MODE=disabled, default storage in its folder) is refused in seconds, in
+    # one line, before it creates anything; so is the dashboard's port given as the GCS's.
+    stranger_dir = tmp_path / "stranger"
+    stranger_dir.mkdir()
+    stranger = [sys.executable, "-m", "nre_ray.train", "--tracking-uri", cluster.tracking_uri, "--data-dir",
+                str(SAMPLE), "--epochs", "1"]
+    for address, variables, wanted in (
+            (cluster.gcs_address, no_token, "the Ray cluster did not admit this client: Authentication token is "
+                                            "missing or incorrect. It runs with token authentication"),
+            (f"127.0.0.1:{cluster.dashboard_port}", {**cluster.credentials(), **store},
+             "not Ray's GCS. Give the head's GCS port (6379 by default), or submit the command with ray job submit")):
+        began = time.monotonic()
+        done = subprocess.run([*stranger, "--address", address], cwd=stranger_dir, capture_output=True, text=True,
+                              env=env(**{**variables, **cluster.mlflow_login()}), timeout=120)
+        took = time.monotonic() - began
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode == 2 and len(errors) == 1 and wanted in errors[0], done.stdout + done.stderr
+        assert "gcs_client.cc" not in done.stdout + done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert took < 10, (took, done.stderr)
+        assert not list(stranger_dir.iterdir()), list(stranger_dir.iterdir())  # no ray_results/, no mlflow.db
+
     said = {name: proc.communicate(timeout=180) for name, proc in started.items()}
     assert started["ray.init"].returncode != 0
     assert "Authentication token is missing or incorrect" in said["ray.init"][0], said["ray.init"][0][-2000:]
@@ -327,6 +349,7 @@ def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path
     assert started["train"].returncode == 2 and "Traceback" not in out + err, (out + err)[-3000:]
     assert err.strip().splitlines()[-1:] == [line for line in err.splitlines() if line.startswith("error:")], err
     assert "the Ray cluster did not admit this client: Authentication token is missing or incorrect" in err, err
+    assert not _run(MlflowClient(cluster.tracking_uri), "stranger"), "a refused stranger created an MLflow run"
 
 
 def test_no_secret_is_recorded_in_the_bucket_the_mlflow_store_the_runs_or_the_logs(cluster):

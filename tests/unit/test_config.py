@@ -122,3 +122,40 @@ def test_why_training_stopped():
                                                    "still improving: more --epochs may help")
     assert stop_reason(5, 3, 5, 0, "macro_f1") == "the epoch budget ran out (--epochs 5)"
     assert stop_reason(4, 3, 5, 0, "macro_f1") == "stopped after epoch 4 of 5"
+
+
+def _parsers() -> dict[str, object]:
+    """Every command's parser builder, by the command line it answers."""
+    from nre_ray import evaluate, predict, standin, train
+    from nre_ray.cluster import spot_watch
+    from nre_ray.data.__main__ import build_cli
+    from nre_ray.serve.__main__ import build_parser as serve_parser
+    from nre_ray.tune.__main__ import sweep_parser
+
+    return {"nre_ray.train": train.cli_parser, "nre_ray.tune": sweep_parser, "nre_ray.evaluate": evaluate.build_parser,
+            "nre_ray.predict": predict.build_parser, "nre_ray.serve": serve_parser, "nre_ray.data": build_cli,
+            "nre_ray.standin": standin.build_parser, "nre_ray.cluster.spot_watch": spot_watch.build_parser}
+
+
+@pytest.mark.parametrize(("command", "argv", "says"), [
+    ("nre_ray.train", ["--model", "cnnn"], "argument --model: invalid choice: 'cnnn' (choose from 'cnn', 'pcnn', "
+                                           "'bilstm', 'transformer', 'bert'); did you mean 'cnn'?"),
+    ("nre_ray.tune", ["--searcher", "optuan"], "argument --searcher: invalid choice: 'optuan'"),
+    ("nre_ray.evaluate", ["--model", "m"], "the following arguments are required: --data."),
+    ("nre_ray.predict", ["--model", "m", "--input", "i", "--output", "o", "--top-k", "x"],
+     "argument --top-k: invalid int value: 'x'."),
+    ("nre_ray.serve", ["--model", "m", "--bogus"], "unrecognized arguments: --bogus."),
+    ("nre_ray.data", ["inspect", "--format", "csvv"], "argument --format: invalid choice: 'csvv'"),
+    ("nre_ray.standin", ["upp"], "did you mean 'up'?"),
+    ("nre_ray.cluster.spot_watch", [], "the following arguments are required: --address."),
+])
+def test_a_usage_error_is_one_line_for_every_command(command, argv, says, capsys):
+    """argparse prints the whole usage before its error (52 lines for train); every command prints the one line
+    that matters, with where to read the options."""
+    with pytest.raises(SystemExit) as stopped:
+        _parsers()[command]().parse_args(argv)
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
+    prog = f"python -m {command}" + (" inspect" if command == "nre_ray.data" else "")
+    assert lines[0].endswith(f" See {prog} --help"), lines

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nre_ray.checkpoint import CheckpointError, save_checkpoint
+from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
 from nre_ray.data.batches import token_counts, tokenize_batch
 from nre_ray.data.errors import DataError
@@ -17,6 +18,7 @@ from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
 from nre_ray.serving.inference import Predictor, _alias_uri, encode_rows, resolve_checkpoint
+from nre_ray.tracking import sqlite_store
 from tests.helpers import TEMPLATES, tiny_frame
 
 WINDOW = 10
@@ -126,8 +128,13 @@ def test_resolve_checkpoint_folder_mlmodel_folder_and_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="holds no nre_ray checkpoint"):
         resolve_checkpoint(str(tmp_path / "empty"))
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(UsageError, match=r"the MLflow tracking store .* does not exist"):  # and is not made
+        resolve_checkpoint("runs:/0123456789abcdef/model", store)
+    assert not (tmp_path / "mlflow.db").exists()
+    sqlite_store.ready(store)
     with pytest.raises(CheckpointError, match="MLflow cannot give this model"):
-        resolve_checkpoint("runs:/0123456789abcdef/model", f"sqlite:///{tmp_path / 'mlflow.db'}")
+        resolve_checkpoint("runs:/0123456789abcdef/model", store)
 
 
 def test_alias_uris():

@@ -3,13 +3,24 @@ traceback) for a dashboard's http:// address or an address where nothing answers
 
 from __future__ import annotations
 
+import http.server
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from nre_ray.cluster.session import RayAddress, UsageError, resolve_address, start_ray
+from nre_ray.cluster.session import (
+    ANSWER_TIMEOUT_S,
+    RayAddress,
+    UsageError,
+    check_address,
+    resolve_address,
+    start_ray,
+)
 from tests.procs import env, free_port
 
 SAMPLE = Path(__file__).resolve().parents[2] / "nre_ray" / "data" / "sample"
@@ -67,6 +78,51 @@ def test_an_address_where_nothing_answers_is_one_clear_error_at_once(monkeypatch
         with pytest.raises(UsageError, match=rf"^--address {address}: nothing answers there \(.*\)\. Check that the "
                                              r"cluster is up"):
             start_ray(address)
+
+
+@pytest.fixture
+def web_server():
+    """An HTTP server on a free loopback port (Python's own, as a dashboard's port would answer): its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_port_that_answers_http_is_named_at_once(monkeypatch, web_server):
+    """The dashboard's port (8265) given as the GCS's: ``ray.init`` waits there forever, repeating warnings."""
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    for address, what in ((f"127.0.0.1:{web_server}", "Ray's GCS. Give the head's GCS port (6379 by default)"),
+                          (f"ray://127.0.0.1:{web_server}", "a Ray Client server. Give the head's Ray Client server "
+                                                              "port (10001 by default)")):
+        began = time.monotonic()
+        with pytest.raises(UsageError) as caught:
+            start_ray(address)
+        assert str(caught.value) == (
+            f"--address {address}: that port answers HTTP (a web server, such as the Ray dashboard: port 8265 by "
+            f"default), not {what}, or submit the command with ray job submit --address http://127.0.0.1:{web_server}")
+        assert time.monotonic() - began < 3
+
+
+def test_a_port_that_accepts_and_never_answers_is_refused_within_seconds(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        began = time.monotonic()
+        with pytest.raises(UsageError, match=rf"^--address {address}: something accepts connections there but does "
+                                             rf"not answer as Ray's GCS within {ANSWER_TIMEOUT_S:g} s\. Check that "):
+            check_address(address)
+        assert time.monotonic() - began < ANSWER_TIMEOUT_S + 2
 
 
 def _run(*args: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:

@@ -200,3 +200,32 @@ def test_every_command_refuses_a_tracking_uri_it_cannot_use_before_ray(case, tmp
     assert done.returncode == 2 and len(errors) == 1 and said in errors[0], done.stdout + done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "ray:" not in done.stdout, done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == []  # no cache, checkpoints, store or output: nothing started
+
+
+def test_a_model_uri_never_creates_a_store(in_tmp, monkeypatch, capsys):
+    """evaluate, predict and serve with ``runs:/`` or ``models:/`` and no store where they look (env.sh's
+    TRACKING_URI is not MLflow's variable): one line naming the store and what to pass; no ./mlflow.db made, with
+    MLflow's migrations, only to say the run is not found."""
+    from nre_ray.evaluate import main as evaluate
+    from nre_ray.predict import main as predict
+    from nre_ray.serve.__main__ import main as serve
+
+    default = f"sqlite:///{in_tmp / 'mlflow.db'}"
+    fix = ("pass --tracking-uri with the store the model was logged to (e.g. http://HOST:5000 or "
+           "sqlite:///PATH/mlflow.db), or set MLFLOW_TRACKING_URI")
+    for run, model, args in (
+            (evaluate, "runs:/0123456789abcdef/model", ["--data", str(SAMPLE_TEST)]),
+            (predict, "models:/nre-model/1", ["--input", str(SAMPLE_TEST), "--output", "out.csv"]),
+            (predict, "models:/nre-model@champion", ["--input", str(SAMPLE_TEST), "--output", "out.csv"]),
+            (serve, "runs:/0123456789abcdef/model", ["--port", str(free_port())])):
+        assert run(["--model", model, *args]) == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert errors == [f"error: --model {model}: the MLflow tracking store {default} (the default: no "
+                          f"--tracking-uri, and MLFLOW_TRACKING_URI is not set) does not exist, so it has no run or "
+                          f"registered model to load; {fix}"], errors
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///runs.db")
+    (in_tmp / "runs.db").write_bytes(b"")  # empty: no MLflow store either
+    assert evaluate(["--model", "runs:/0123456789abcdef/model", "--data", str(SAMPLE_TEST)]) == 2
+    assert (f"store sqlite:///{in_tmp / 'runs.db'} (MLFLOW_TRACKING_URI) holds no MLflow store"
+            in capsys.readouterr().err)
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["runs.db"] and (in_tmp / "runs.db").stat().st_size == 0
