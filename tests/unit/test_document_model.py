@@ -161,6 +161,9 @@ def test_a_document_shorter_than_the_window_gives_the_same_result() -> None:
         encoder.window = 24  # now every document is read in windows of 24 tokens
         long = windowed(batch)
     assert batch["input_ids"].shape[1] > 24 and long.shape == direct.shape and torch.isfinite(long).all()
+    windowed.train().loss(batch).backward()  # gradients flow through the stitched windows
+    assert all(torch.isfinite(p.grad).all() for p in windowed.parameters() if p.grad is not None)
+    assert encoder.embedding.weight.grad.abs().sum() > 0
 
 
 def test_a_hugging_face_encoder_with_attention(tmp_path: Path) -> None:
