@@ -105,6 +105,26 @@ def test_re_docred_file(shared_datasets: Path) -> None:
     assert document_from_dict(doc.to_dict()) == dataclasses.replace(doc, source="", index=0)
 
 
+def test_broken_copies_of_the_real_files(shared_datasets: Path, tmp_path: Path) -> None:
+    lines = (shared_datasets / "cdr" / "CDR_TestSet.PubTator.txt").read_text(encoding="utf-8").split("\n")
+    k = next(i for i, line in enumerate(lines) if line.count("\t") >= 5)  # the first mention line
+    fields = lines[k].split("\t")
+    lines[k] = "\t".join([fields[0], fields[1], str(int(fields[2]) + 1), *fields[3:]])  # its end one too far
+    path = write(tmp_path, "CDR_TestSet.PubTator.txt", "\n".join(lines))
+    with pytest.raises(DataError, match=rf"CDR_TestSet\.PubTator\.txt:{k + 1}: document 0 \(id '{fields[0]}'\): "
+                                        rf"mention '{fields[3]}' at {fields[1]}-{int(fields[2]) + 1} does not match"):
+        read_documents(path)
+    got = read_documents(path, on_bad="skip")
+    assert len(got.documents) == 499 and got.skipped == 1 and got.documents[0].id != fields[0]
+
+    docs = json.loads((shared_datasets / "re-docred" / "dev_revised.json").read_text(encoding="utf-8"))
+    docs[3]["vertexSet"] = docs[3]["vertexSet"][:1]  # its labels now name entities it does not have
+    path = write(tmp_path, "dev.json", json.dumps(docs))
+    got = read_documents(path, on_bad="skip")
+    assert len(got.documents) == 499 and got.skipped == 1 and {p.message.split(":")[0] for p in got.problems} == {
+        f"document 3 ({docs[3]['title']!r})"}
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # PubTator, built here
 
