@@ -10,7 +10,9 @@ Each document tells a few made-up facts about fictional people (``PER``), organi
   facts are inter-sentence; people are mentioned again by surname (entities with several mentions);
 * distractor sentences relate nothing ("X visited Y.").
 
-Deterministic: the same ``seed`` and sizes give byte-identical files. About 1 KB per document.
+Deterministic: the same ``seed`` and sizes give byte-identical files (about 1.5 KB per document, 0.5 MB in all).
+Learnable: a 2-layer from-scratch encoder (d_model 64) reaches validation F1 of about 0.56 after 15 epochs on 300
+training documents (a few seconds an epoch on one CPU thread); more data or a pretrained encoder does better.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from nre_ray import storage
 
 RELATIONS = ("based_in", "born_in", "founded", "works_for")
-SIZES = {"train": 48, "valid": 12, "test": 12}
+SIZES = {"train": 240, "valid": 40, "test": 40}
 _FIRST = ("Alice", "Bruno", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaito", "Lena",
           "Marek", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Sven", "Tala")
 _LAST = ("Arden", "Bellamy", "Castell", "Dorsey", "Ekberg", "Falk", "Garrow", "Holt", "Ivers", "Jansky", "Kolar",
