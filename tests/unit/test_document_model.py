@@ -212,4 +212,4 @@ def test_a_tiny_model_overfits_a_tiny_sample() -> None:
         doc = docs[k]
         predictions[doc.id] |= {(doc.entities[h].id, doc.entities[t].id, names[c]) for c in range(1, 5) if labels[c]}
     scores = score_documents(docs, predictions)
-    assert float(loss) < first / 4 and scores.all.f1 == 1.0
+    assert loss.item() < first / 4 and scores.all.f1 == 1.0
