@@ -1,0 +1,27 @@
+"""Document-level relation extraction (DocRED / Re-DocRED, BioCreative V CDR): the task's building blocks.
+
+What is here (pure, typed, unit-tested; tests/unit/test_document_*.py):
+
+* :mod:`.records`: :class:`~.records.Document`, :class:`~.records.Entity`, :class:`~.records.Mention`,
+  :class:`~.records.Fact`; ``Document.to_dict()`` / :func:`~.records.document_from_dict` (JSON values for rows).
+* :mod:`.read`: DocRED JSON and PubTator readers from local paths or URIs (through :mod:`nre_ray.storage`),
+  :func:`~.read.detect_document_format` (from content), :func:`~.read.split_of_name` (CDR's file names ->
+  train/valid/test), problems naming the file, the document and what is wrong, ``on_bad="skip"``.
+  :mod:`.text`: the deterministic sentence splitter and tokenizer for PubTator text.
+* :mod:`.checks`: relations unknown to training (validation/test files), error or skip.
+* :mod:`.pairs`: candidate pairs (every ordered pair, or the training facts' entity type pairs).
+* :mod:`.encode`: ATLOP's ``*`` mention markers, token ids, mention start positions, the label matrix (TH at 0),
+  a word vocabulary for from-scratch encoders.
+* :mod:`.batching`: length-bucketed batches, padding share, token-balanced shards, padding into arrays.
+* :mod:`.model`: ATLOP (entity logsumexp pooling, localized context pooling, grouped bilinear), the
+  adaptive-threshold loss, inference, overlapping windows for long documents. :mod:`.encoder`: a from-scratch
+  transformer that returns attention, and any Hugging Face encoder (``output_attentions=True``).
+* :mod:`.metrics`: micro P/R/F1, DocRED's Ign F1, intra/inter-sentence (CDR), per relation; additive counts, so
+  exact on any number of workers.
+* :mod:`.sample`: a small synthetic DocRED-format dataset the project writes itself.
+
+What is NOT wired yet: nothing in train / tune / evaluate / predict / serve, the Ray Data pipeline, the cache,
+``python -m nre_ray.data inspect``, ``--on-bad-rows`` or the format detection of :mod:`nre_ray.data.formats`
+reaches this package; the encoders are to move beside the others in ``nre_ray/models/``; the generated sample is
+not committed (call :func:`.sample.write_sample`). That is the task layer's work (issues 36 and 37).
+"""
