@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from nre_ray.tasks.document.batching import pad_batch
-from nre_ray.tasks.document.encode import build_vocab, encode_document, relation_index
 from nre_ray.tasks.document.encoder import TransformerDocumentEncoder, load_huggingface_encoder
-from nre_ray.tasks.document.metrics import score_documents
+from nre_ray.tasks.document.encoding import build_vocab, encode_document, relation_index
 from nre_ray.tasks.document.model import (
     DocumentModel,
     adaptive_threshold_loss,
@@ -28,6 +27,7 @@ from nre_ray.tasks.document.model import (
 from nre_ray.tasks.document.pairs import candidate_pairs, type_pairs
 from nre_ray.tasks.document.records import document_from_dict
 from nre_ray.tasks.document.sample import RELATIONS, sample_documents
+from nre_ray.tasks.document.scoring import score_documents
 
 
 @pytest.fixture(autouse=True)

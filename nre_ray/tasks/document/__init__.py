@@ -4,19 +4,19 @@ What is here (pure, typed, unit-tested; tests/unit/test_document_*.py):
 
 * :mod:`.records`: :class:`~.records.Document`, :class:`~.records.Entity`, :class:`~.records.Mention`,
   :class:`~.records.Fact`; ``Document.to_dict()`` / :func:`~.records.document_from_dict` (JSON values for rows).
-* :mod:`.read`: DocRED JSON and PubTator readers from local paths or URIs (through :mod:`nre_ray.storage`),
-  :func:`~.read.detect_document_format` (from content), :func:`~.read.split_of_name` (CDR's file names ->
+* :mod:`.readers`: DocRED JSON and PubTator readers from local paths or URIs (through :mod:`nre_ray.storage`),
+  :func:`~.readers.detect_document_format` (from content), :func:`~.readers.split_of_name` (CDR's file names ->
   train/valid/test), problems naming the file, the document and what is wrong, ``on_bad="skip"``.
   :mod:`.text`: the deterministic sentence splitter and tokenizer for PubTator text.
-* :mod:`.checks`: relations unknown to training (validation/test files), error or skip.
+* :mod:`.validation`: relations unknown to training (validation/test files), error or skip.
 * :mod:`.pairs`: candidate pairs (every ordered pair, or the training facts' entity type pairs).
-* :mod:`.encode`: ATLOP's ``*`` mention markers, token ids, mention start positions, the label matrix (TH at 0),
+* :mod:`.encoding`: ATLOP's ``*`` mention markers, token ids, mention start positions, the label matrix (TH at 0),
   a word vocabulary for from-scratch encoders.
 * :mod:`.batching`: length-bucketed batches, padding share, token-balanced shards, padding into arrays.
 * :mod:`.model`: ATLOP (entity logsumexp pooling, localized context pooling, grouped bilinear), the
   adaptive-threshold loss, inference, overlapping windows for long documents. :mod:`.encoder`: a from-scratch
   transformer that returns attention, and any Hugging Face encoder (``output_attentions=True``).
-* :mod:`.metrics`: micro P/R/F1, DocRED's Ign F1, intra/inter-sentence (CDR), per relation; additive counts, so
+* :mod:`.scoring`: micro P/R/F1, DocRED's Ign F1, intra/inter-sentence (CDR), per relation; additive counts, so
   exact on any number of workers.
 * :mod:`.sample`: a small synthetic DocRED-format dataset the project writes itself.
 

@@ -7,7 +7,7 @@ All pure and deterministic (ties broken by position), on lengths in tokens:
 * :func:`padding_share` says which part of the padded tensors is padding;
 * :func:`shard_by_tokens` gives each worker about the same number of tokens (greedy: the longest document first, to
   the shard with the fewest tokens so far), rather than the same number of documents;
-* :func:`pad_batch` stacks :class:`~.encode.EncodedDocument` objects into the model's padded arrays.
+* :func:`pad_batch` stacks :class:`~.encoding.EncodedDocument` objects into the model's padded arrays.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nre_ray.tasks.document.encode import EncodedDocument
+from nre_ray.tasks.document.encoding import EncodedDocument
 
 
 def length_batches(lengths: Sequence[int], max_tokens: int, max_size: int | None = None,

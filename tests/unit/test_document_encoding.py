@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nre_ray.tasks.document.batching import length_batches, pad_batch, padding_share, shard_by_tokens
-from nre_ray.tasks.document.encode import (
+from nre_ray.tasks.document.encoding import (
     MARKER,
     build_vocab,
     encode_document,
@@ -21,7 +21,7 @@ from nre_ray.tasks.document.encode import (
     uncovered_facts,
 )
 from nre_ray.tasks.document.pairs import candidate_pairs, type_pairs
-from nre_ray.tasks.document.read import read_documents
+from nre_ray.tasks.document.readers import read_documents
 from nre_ray.tasks.document.records import Document, Entity, Fact, Mention
 from nre_ray.tasks.document.sample import RELATIONS, sample_documents, write_sample
 

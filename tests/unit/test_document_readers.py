@@ -1,4 +1,4 @@
-"""Document readers (nre_ray.tasks.document.read / checks / text): the real CDR and Re-DocRED files, broken copies
+"""Document readers (nre_ray.tasks.document.readers / checks / text): the real CDR and Re-DocRED files, broken copies
 (offsets, composite and missing ids, missing entities, unknown relations), detection, skip mode, URIs."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import pytest
 
 from nre_ray import storage
 from nre_ray.data.errors import DataError
-from nre_ray.tasks.document.checks import check_relations
-from nre_ray.tasks.document.read import (
+from nre_ray.tasks.document.readers import (
     detect_document_format,
     format_of_head,
     read_documents,
@@ -21,6 +20,7 @@ from nre_ray.tasks.document.read import (
 from nre_ray.tasks.document.records import Document, document_from_dict
 from nre_ray.tasks.document.sample import write_sample
 from nre_ray.tasks.document.text import split_sentences, tokenize
+from nre_ray.tasks.document.validation import check_relations
 
 CDR = {"CDR_TrainingSet.PubTator.txt": ("train", 1038), "CDR_DevelopmentSet.PubTator.txt": ("valid", 1012),
        "CDR_TestSet.PubTator.txt": ("test", 1066)}

@@ -2,7 +2,7 @@
 
 The readers (:mod:`.read`) already check each document on its own (mentions inside the text and matching it, labels
 on entities that exist). What needs the training data is here: :func:`check_relations` finds facts whose relation
-training never saw (an unknown relation in a validation or test file), and, as :func:`~.read.read_documents` does,
+training never saw (an unknown relation in a validation or test file), and, as :func:`~.readers.read_documents` does,
 raises :class:`~nre_ray.data.errors.DataError` or, with ``on_bad="skip"``, keeps the good documents and lists the
 others.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.tasks.document.read import DOCUMENT_HINT, DocumentFile, OnBad
+from nre_ray.tasks.document.readers import DOCUMENT_HINT, DocumentFile, OnBad
 
 
 def relation_problems(file: DocumentFile, known: Collection[str]) -> dict[int, list[Problem]]:

@@ -1,4 +1,4 @@
-"""Document-level metrics (nre_ray.tasks.document.metrics) against hand-computed cases: micro P/R/F1 with
+"""Document-level metrics (nre_ray.tasks.document.scoring) against hand-computed cases: micro P/R/F1 with
 multi-label pairs, DocRED's Ign F1, intra/inter-sentence pairs, per relation, exact on any split of the documents."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nre_ray.tasks.document.metrics import (
+from nre_ray.tasks.document.readers import read_documents
+from nre_ray.tasks.document.records import Document, Entity, Fact, Mention
+from nre_ray.tasks.document.scoring import (
     Counts,
     Scores,
     gold_triples,
@@ -17,8 +19,6 @@ from nre_ray.tasks.document.metrics import (
     score_documents,
     train_triples,
 )
-from nre_ray.tasks.document.read import read_documents
-from nre_ray.tasks.document.records import Document, Entity, Fact, Mention
 
 
 def entity(id_: str, *mentions: tuple[str, int]) -> Entity:
