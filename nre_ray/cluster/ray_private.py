@@ -30,6 +30,27 @@ def autoscaler_node_groups() -> list[tuple[str, dict[str, float], int]] | None:
             for g in config.node_group_configs]
 
 
+@contextlib.contextmanager
+def loopback_node() -> Iterator[dict[str, str]]:
+    """While the block runs, a Ray that ``ray.init`` starts on this machine is a node on the loopback address: the
+    ``ray.init`` arguments to pass are yielded. Its GCS, raylet, object manager, workers, dashboard and agents
+    then listen on 127.0.0.1 only (Ray 2.60 binds a node's servers to 127.0.0.1 when that is its node IP, and to
+    every interface otherwise), so nothing of it can be reached from the network."""
+    # Private: ray.init(_node_ip_address="127.0.0.1") alone is not enough: ray.init (and `ray start`) turn a loopback
+    # node IP into this machine's network address (ray._private.services.resolve_ip_for_localhost) unless Ray runs
+    # without multi-node clusters, as on macOS and Windows: ray._private.ray_constants.ENABLE_RAY_CLUSTER, read once
+    # from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when Ray is imported (before this runs), so the constant is set for the
+    # call. The node's processes get the node IP on their command lines and bind to it; nothing else reads it.
+    import ray._private.ray_constants as constants
+
+    before = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield {"_node_ip_address": "127.0.0.1", "dashboard_host": "127.0.0.1"}
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
+
+
 def local_gpus() -> int:
     """How many GPUs a Ray started on this machine would have: those Ray detects, at most those
     CUDA_VISIBLE_DEVICES (or the like) shows this process."""

@@ -383,20 +383,26 @@ def _check_answers(where: RayAddress) -> None:
 
 
 def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None) -> None:
-    """A private local Ray of :func:`local_node`'s resources, reachable from this host only. ``address="local"``:
-    a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded (RAY_TMPDIR's
-    ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on ``num_cpus``."""
+    """A private local Ray of :func:`local_node`'s resources. Every process of it (GCS, raylet, object manager,
+    workers, dashboard and its agents) listens on the loopback address only (:func:`ray_private.loopback_node`), so
+    it can be reached from this machine alone; it runs without token authentication (``RAY_AUTH_MODE=disabled``
+    unless the user set the mode), so other users of this machine could reach it while the command runs.
+    ``address="local"``: a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded
+    (RAY_TMPDIR's ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on
+    ``num_cpus``."""
     import ray
 
     from nre_ray.cluster import watchdog
+    from nre_ray.cluster.ray_private import loopback_node
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     node = local_node()
     watchdog.start()  # what a SIGKILL of this process would leave of its Ray is stopped
     try:
-        ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
-                 logging_level=logging.WARNING,
-                 log_to_driver=log_to_driver, runtime_env=runtime_env, **pin_state_api())
+        with loopback_node() as on_loopback:
+            ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
+                     logging_level=logging.WARNING, log_to_driver=log_to_driver, runtime_env=runtime_env,
+                     **on_loopback, **pin_state_api())
     except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
         if "timed out during startup" not in str(err):
             raise
