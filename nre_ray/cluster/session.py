@@ -23,6 +23,11 @@ from nre_ray.config import MIN_CPUS_PER_WORKER
 
 log = logging.getLogger("nre_ray")
 
+#: MLflow's switch for its telemetry (:data:`QUIET_ENV` turns it off).
+TELEMETRY_ENV = "MLFLOW_DISABLE_TELEMETRY"
+
+#: The settings every command gives itself, and the processes it starts, before Ray and MLflow are imported, where the
+#: user has not set them (:func:`quiet_environ`).
 QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
@@ -34,6 +39,10 @@ QUIET_ENV = {
     # Tune's legacy output engine, which verbose=0 silences; the new one prints its configuration table and
     # "View detailed results here" whatever the verbosity (ray.tune.experimental.output)
     "RAY_AIR_NEW_OUTPUT": "0",
+    # MLflow's telemetry: without it, MLflow 3.17 writes an installation id to ~/.config/mlflow/telemetry.json when
+    # it is first imported and sends usage events to MLflow's servers (mlflow.telemetry). A user's own setting wins
+    # (MLFLOW_DISABLE_TELEMETRY=false turns it back on); DO_NOT_TRACK=true turns it off as well.
+    TELEMETRY_ENV: "true",
 }
 
 #: Ray Train's wait for a worker group to be placed: its controller reads it from this variable only
@@ -311,8 +320,7 @@ def start_ray(address: str | None, log_to_driver: bool = True,
 
     from nre_ray.cluster.ray_private import keep_worker_pool_warning_off_console
 
-    for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
+    quiet_environ()
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")     # in a log file
     where = resolve_address(address)
@@ -614,6 +622,14 @@ def check_shared_paths(info: Cluster, storage_path: str, tracking_uri: str, allo
     return problems
 
 
+def quiet_environ(keys: tuple[str, ...] | None = None) -> None:
+    """Give this process, and so the processes it starts, the settings of :data:`QUIET_ENV` (``keys``: those alone)
+    that the user has not set. Call it before Ray and MLflow are imported: both read them then."""
+    for key, value in QUIET_ENV.items():
+        if keys is None or key in keys:
+            os.environ.setdefault(key, value)
+
+
 def quiet_env_for_workers() -> dict[str, str]:
     """The Ray part of :data:`QUIET_ENV` plus normal priority, for the training workers' runtime env."""
     # Ray starts workers at nice 15; the training workers are the job, so they run at normal priority (as Ray's
@@ -622,8 +638,11 @@ def quiet_env_for_workers() -> dict[str, str]:
 
 
 def ray_quiet_env() -> dict[str, str]:
-    """The Ray part of :data:`QUIET_ENV` (for a runtime env: Ray's own processes read these)."""
-    return {k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}
+    """The Ray part of :data:`QUIET_ENV` (for a runtime env: Ray's own processes read these), and MLflow's telemetry
+    switch as this driver has it: the workers import MLflow, and on a cluster they do not inherit the driver's
+    environment."""
+    return {**{k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")},
+            TELEMETRY_ENV: os.environ.get(TELEMETRY_ENV, QUIET_ENV[TELEMETRY_ENV])}
 
 
 def root_cause(err: BaseException) -> str:
