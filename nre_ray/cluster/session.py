@@ -396,7 +396,7 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
     (:func:`ray_private.loopback_node`), so it can be reached from this machine alone; it runs without token
     authentication (``RAY_AUTH_MODE=disabled`` unless the user set the mode), so other users of this machine could
     reach it while the command runs. (PyTorch's rendezvous store, which rank 0 of a multi-worker run opens, listens
-    on every interface: torch binds it so.)
+    on every interface: PyTorch binds its TCPStore there.)
     ``address="local"``: a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded
     (RAY_TMPDIR's ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on
     ``num_cpus``."""
