@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage)."""
     args = build_parser().parse_args(argv)
     # torch, pandas and Ray only now: --help and a usage error answer at once
+    from nre_ray.cluster.session import UsageError, quiet_environ
+
+    quiet_environ()  # before Ray and MLflow are imported
     from nre_ray.checkpoint import CheckpointError
-    from nre_ray.cluster.session import UsageError
     from nre_ray.data.errors import DataError
     from nre_ray.serving.evaluate import evaluate_file
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nre_ray import console
-from nre_ray.cluster.session import QUIET_ENV, UsageError
+from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ConfigError
 
 UI_ADDRESS = "http://127.0.0.1:5000"
@@ -40,8 +39,7 @@ def run_command(work: Work, show: Callable[[dict[str, Any]], None], interrupted:
     line; 130 when interrupted, with the line ``interrupted``). ``show`` prints the summary; ``quiet`` raises the
     level of other loggers (name -> level) beyond Ray Data's and MLflow's warnings."""
     started = time.time() if started is None else started
-    for key, value in QUIET_ENV.items():  # before Ray and MLflow are imported (a user's own setting wins)
-        os.environ.setdefault(key, value)
+    quiet_environ()  # before Ray and MLflow are imported (a user's own setting wins)
     console.use(console.Console(started=started))
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("nre_ray").setLevel(logging.INFO)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nre_ray.cluster.session import UsageError
+from nre_ray.cluster.session import TELEMETRY_ENV, UsageError, quiet_environ
 from nre_ray.cluster.standin import Standin, down, kill_node, preempt_node, status, up, upload
 from nre_ray.config import CommandParser
 
@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The stand-in's processes inherit this environment: its MLflow server and Ray nodes (whose workers import
+    # MLflow) keep MLflow's telemetry off unless the user chose otherwise.
+    quiet_environ((TELEMETRY_ENV,))
     try:
         run(args)
     except UsageError as err:

@@ -16,6 +16,9 @@ SHARED = REPO.parent / "shared" / "datasets"
 for key, value in {"RAY_USAGE_STATS_ENABLED": "0",
                    "RAY_AUTH_MODE": "disabled", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
                    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+                   # MLflow's telemetry is off in a test only once the test runs (PYTEST_CURRENT_TEST); modules that
+                   # import MLflow at collection would write ~/.config/mlflow/telemetry.json.
+                   "MLFLOW_DISABLE_TELEMETRY": "true",
                    # Keeps Train's placement-group cleaner from asking another cluster's dashboard (stack.md).
                    "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}.items():
     os.environ.setdefault(key, value)

@@ -7,6 +7,7 @@ their descendants: never ``ray stop``, ``pkill`` or anything matched by name acr
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import random
 import signal
@@ -137,6 +138,44 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def listening(pids: Iterable[int]) -> list[tuple[int, str, str, int]]:
+    """The TCP sockets that the processes ``pids`` listen on: ``(pid, command line, address, port)``, from
+    /proc/net/tcp and tcp6 and each process's open files (``ss -ltnp`` without ``ss``). ``::`` and ``0.0.0.0`` are
+    every interface; an IPv4 address in a tcp6 socket shows as ``::ffff:A.B.C.D``."""
+    sockets = {}  # inode -> (address, port)
+    for table in ("tcp", "tcp6"):
+        lines = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        for fields in (line.split() for line in lines):
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)  # each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.IPv4Address(words) if table == "tcp" else ipaddress.IPv6Address(words)
+            sockets[int(fields[9])] = (str(ip), int(port, 16))
+    found = []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in sockets:
+                found.append((pid, cmdline(pid)[:100], *sockets[int(target[8:-1])]))
+    return found
+
+
+def loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and an IPv4 loopback address in IPv6 form (``::ffff:127.0.0.1``)."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 def free_port() -> int:

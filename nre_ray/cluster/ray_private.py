@@ -30,6 +30,27 @@ def autoscaler_node_groups() -> list[tuple[str, dict[str, float], int]] | None:
             for g in config.node_group_configs]
 
 
+@contextlib.contextmanager
+def loopback_node() -> Iterator[dict[str, str]]:
+    """While the block runs, a Ray that ``ray.init`` starts on this machine is a node on the loopback address: the
+    ``ray.init`` arguments to pass are yielded. Its GCS, raylet, object manager, workers, dashboard and agents
+    then listen on 127.0.0.1 only (Ray 2.60 binds a node's servers to 127.0.0.1 when that is its node IP, and to
+    every interface otherwise), so nothing of it can be reached from the network."""
+    # Private: ray.init(_node_ip_address="127.0.0.1") alone is not enough: ray.init (and `ray start`) turn a loopback
+    # node IP into this machine's network address (ray._private.services.resolve_ip_for_localhost) unless Ray runs
+    # without multi-node clusters, as on macOS and Windows: ray._private.ray_constants.ENABLE_RAY_CLUSTER, read once
+    # from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when Ray is imported (before this runs), so the constant is set for the
+    # call. The node's processes get the node IP on their command lines and bind to it; nothing else reads it.
+    import ray._private.ray_constants as constants
+
+    before = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield {"_node_ip_address": "127.0.0.1", "dashboard_host": "127.0.0.1"}
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
+
+
 def local_gpus() -> int:
     """How many GPUs a Ray started on this machine would have: those Ray detects, at most those
     CUDA_VISIBLE_DEVICES (or the like) shows this process."""
@@ -450,53 +471,98 @@ def elastic_trainer(trainer_cls: type) -> type:
 
 
 #: How Ray Serve 2.60's HAProxy reuses connections to replicas, and what the ingress of ``python -m nre_ray.serve``
-#: puts in its place (:func:`haproxy_safe_reuse`): "safe" reuse, and a replica's answer held until its body is
-#: whole (at most 10 s), so that a replica killed between its headers and its body gives HAProxy's clean 500, not a
-#: 200's headers with no body after them.
+#: puts in its place (:func:`serve_setup`): "safe" reuse, and a replica's answer held until its body is whole (at
+#: most 10 s), so that a replica killed between its headers and its body gives HAProxy's clean 500, not a 200's
+#: headers with no body after them (a client got the headers of an 84-byte answer and no body).
+#:
+#: Why: with Serve's ``http-reuse always`` a client's first request may go out on a connection another client left
+#: idle, and when the server fails on a reused connection HAProxy closes the client's connection silently, as a
+#: keep-alive server does, leaving the retry to the client (measured: 2 of 160 one-request connections closed
+#: without an answer when a replica of two was SIGKILLed under 4 clients, in each of 9 runs; with ``safe``, 2 clean
+#: 500s and no close in each of 2 runs). ``retry-on empty-response`` (``RAY_SERVE_HAPROXY_RETRY_ON``) did not change
+#: that, and Serve has no setting for the reuse mode (ray 2.60).
 HAPROXY_REUSE = ("http-reuse always", "http-reuse safe\n    http-response wait-for-body time 10s")
+#: Where Ray Serve 2.60's HAProxy serves its Prometheus metrics and its statistics page (every interface), and where
+#: :func:`serve_setup` puts them: on the address of Serve's HTTP frontend, the ``--host`` the user chose.
+HAPROXY_BINDS = (("bind :{{ config.metrics_port }}", "bind {{ config.frontend_host }}:{{ config.metrics_port }}"),
+                 ("bind *:{{ config.stats_port }}", "bind {{ config.frontend_host }}:{{ config.stats_port }}"))
 _HAPROXY_TEMPLATES = "ray.serve._private.haproxy_templates"
+_REPLICA = "ray.serve._private.replica"
 
 
-def haproxy_safe_reuse() -> None:
-    """Make the HAProxy of Ray Serve's ingress open a connection of its own to a replica for the first request of
-    each client connection (``http-reuse safe``), so that a replica that dies under a request gives that client a
-    clean HTTP 500 (HAProxy's 502, which Serve rewrites) instead of a connection closed without an answer, and
-    forward a replica's answer only once its body has come (``http-response wait-for-body``: a replica killed
-    between the two writes of its answer gave a client the headers of an 84-byte answer and no body). A worker
-    process setup hook (``runtime_env={"worker_process_setup_hook": ...}``): it runs in every worker of the job,
-    Serve's controller and proxies included, and costs nothing there until Serve loads its HAProxy templates.
+def serve_setup() -> None:
+    """The worker process setup hook (``runtime_env={"worker_process_setup_hook": ...}``) of ``python -m
+    nre_ray.serve`` on a local Ray it starts: it runs in every worker of the job, Serve's controller, proxies and
+    replicas included, and costs nothing there until Serve loads the modules it changes.
 
-    Why: Serve writes ``http-reuse always`` into every backend of the HAProxy configuration it generates. With it,
-    a client's first request may go out on a connection another client left idle, and when the server fails on a
-    reused connection HAProxy closes the client's connection silently, as a keep-alive server does, leaving the
-    retry to the client (measured: 2 of 160 one-request connections closed without an answer when a replica of two
-    was SIGKILLed under 4 clients, in each of 9 runs; with ``safe``, 2 clean 500s and no close in each of 2 runs).
-    ``retry-on empty-response`` (``RAY_SERVE_HAPROXY_RETRY_ON``) did not change that, and Serve has no setting for
-    the reuse mode (ray 2.60). Private: the template is a module constant of ``ray.serve._private``; when it no
-    longer holds the directive (another Ray), nothing is changed."""
+    - HAProxy's statistics page and Prometheus metrics listen on the address the user chose (``--host``, Serve's
+      HTTP frontend), not on every interface (:data:`HAPROXY_BINDS`);
+    - each replica's gRPC server for calls between deployments listens on the node's address (127.0.0.1 on a local
+      Ray: :func:`loopback_node`), not on every interface;
+    - HAProxy opens a connection of its own to a replica for the first request of each client connection
+      (``http-reuse safe``), so that a replica that dies under a request gives that client a clean HTTP 500, not a
+      connection closed without an answer, and forwards a replica's answer only once its body has come
+      (:data:`HAPROXY_REUSE`).
+
+    Private: the HAProxy configuration comes from a module constant of ``ray.serve._private`` (a Jinja template),
+    and the replica binds ``[::]:0`` in its code (``ray.serve._private.replica``, through the module's name
+    ``add_port_to_grpc_server``); Serve 2.60 has no setting for any of these. When another Ray no longer has what is
+    replaced, nothing is changed."""
+    _when_loaded(_HAPROXY_TEMPLATES, _patch_haproxy_templates)
+    _when_loaded(_REPLICA, _bind_replica_grpc_to_node)
+
+
+def _patch_haproxy_templates(module: Any) -> None:
+    """Rewrite the HAProxy template of ``module`` (the templates module, and Serve's HAProxy module, which copied
+    it when imported): :data:`HAPROXY_REUSE` and :data:`HAPROXY_BINDS`."""
+    import sys
+
+    for target in (module, sys.modules.get("ray.serve._private.haproxy")):
+        template = getattr(target, "HAPROXY_CONFIG_TEMPLATE", None)
+        if isinstance(template, str):
+            for old, new in (HAPROXY_REUSE, *HAPROXY_BINDS):
+                template = template.replace(old, new)
+            target.HAPROXY_CONFIG_TEMPLATE = template
+
+
+def _bind_replica_grpc_to_node(module: Any) -> None:
+    """Make the replica module bind its gRPC server for calls between deployments to the node's address instead of
+    every interface (``[::]:0``)."""
+    original = getattr(module, "add_port_to_grpc_server", None)
+    if original is None or getattr(original, "on_node_address", False):
+        return
+
+    def add_port_on_node_address(server: Any, address: str) -> int:
+        if address.startswith("[::]:"):
+            import ray
+            from ray._common.network_utils import build_address
+
+            address = build_address(ray.util.get_node_ip_address(), int(address[len("[::]:"):]))
+        return original(server, address)
+
+    add_port_on_node_address.on_node_address = True  # type: ignore[attr-defined]
+    module.add_port_to_grpc_server = add_port_on_node_address
+
+
+def _when_loaded(name: str, patch: Callable[[Any], None]) -> None:
+    """Run ``patch(module)`` on the module ``name`` now if it is loaded, else as soon as it is: an import hook that
+    finds nothing itself and wraps the module's loader once."""
     import importlib.abc
     import importlib.util
     import sys
 
-    def patch(module: Any) -> None:
-        template = getattr(module, "HAPROXY_CONFIG_TEMPLATE", None)
-        if isinstance(template, str):
-            module.HAPROXY_CONFIG_TEMPLATE = template.replace(*HAPROXY_REUSE)
-
-    if _HAPROXY_TEMPLATES in sys.modules:  # loaded already: patch it and the module that copied its constant
-        patch(sys.modules[_HAPROXY_TEMPLATES])
-        if "ray.serve._private.haproxy" in sys.modules:
-            patch(sys.modules["ray.serve._private.haproxy"])
+    if name in sys.modules:
+        patch(sys.modules[name])
         return
 
     class PatchOnLoad(importlib.abc.MetaPathFinder):
-        """Finds nothing itself; wraps the loader of the templates module so that it is patched once loaded."""
+        """Finds nothing itself; wraps the loader of the module ``name`` so that it is patched once loaded."""
 
-        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-            if name != _HAPROXY_TEMPLATES:
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
                 return None
             sys.meta_path.remove(self)  # once, and not for the lookup below
-            spec = importlib.util.find_spec(name)
+            spec = importlib.util.find_spec(fullname)
             if spec is not None and spec.loader is not None:
                 run = spec.loader.exec_module
 

@@ -23,6 +23,11 @@ from nre_ray.config import MIN_CPUS_PER_WORKER
 
 log = logging.getLogger("nre_ray")
 
+#: MLflow's switch for its telemetry (:data:`QUIET_ENV` turns it off).
+TELEMETRY_ENV = "MLFLOW_DISABLE_TELEMETRY"
+
+#: The settings every command gives itself, and the processes it starts, before Ray and MLflow are imported, where the
+#: user has not set them (:func:`quiet_environ`).
 QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
@@ -34,6 +39,10 @@ QUIET_ENV = {
     # Tune's legacy output engine, which verbose=0 silences; the new one prints its configuration table and
     # "View detailed results here" whatever the verbosity (ray.tune.experimental.output)
     "RAY_AIR_NEW_OUTPUT": "0",
+    # MLflow's telemetry: without it, MLflow 3.17 writes an installation id to ~/.config/mlflow/telemetry.json when
+    # it is first imported and sends usage events to MLflow's servers (mlflow.telemetry). A user's own setting wins
+    # (MLFLOW_DISABLE_TELEMETRY=false turns it back on); DO_NOT_TRACK=true turns it off as well.
+    TELEMETRY_ENV: "true",
 }
 
 #: Ray Train's wait for a worker group to be placed: its controller reads it from this variable only
@@ -311,8 +320,7 @@ def start_ray(address: str | None, log_to_driver: bool = True,
 
     from nre_ray.cluster.ray_private import keep_ray_notices_off_console
 
-    for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
+    quiet_environ()
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")     # in a log file
     where = resolve_address(address)
@@ -465,20 +473,28 @@ def _web_server(host: str, port: int) -> str | None:
 
 
 def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None) -> None:
-    """A private local Ray of :func:`local_node`'s resources, reachable from this host only. ``address="local"``:
-    a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded (RAY_TMPDIR's
-    ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on ``num_cpus``."""
+    """A private local Ray of :func:`local_node`'s resources. Every server of Ray's in it (GCS, raylet, object
+    manager, workers, dashboard and its agents) listens on the loopback address only
+    (:func:`ray_private.loopback_node`), so it can be reached from this machine alone; it runs without token
+    authentication (``RAY_AUTH_MODE=disabled`` unless the user set the mode), so other users of this machine could
+    reach it while the command runs. (PyTorch's rendezvous store, which rank 0 of a multi-worker run opens, listens
+    on every interface: PyTorch binds its TCPStore there.)
+    ``address="local"``: a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded
+    (RAY_TMPDIR's ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on
+    ``num_cpus``."""
     import ray
 
     from nre_ray.cluster import watchdog
+    from nre_ray.cluster.ray_private import loopback_node
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     node = local_node()
     watchdog.start()  # what a SIGKILL of this process would leave of its Ray is stopped
     try:
-        ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
-                 logging_level=logging.WARNING,
-                 log_to_driver=log_to_driver, runtime_env=runtime_env, **pin_state_api())
+        with loopback_node() as on_loopback:
+            ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
+                     logging_level=logging.WARNING, log_to_driver=log_to_driver, runtime_env=runtime_env,
+                     **on_loopback, **pin_state_api())
     except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
         if "timed out during startup" not in str(err):
             raise
@@ -690,6 +706,14 @@ def check_shared_paths(info: Cluster, storage_path: str, tracking_uri: str, allo
     return problems
 
 
+def quiet_environ(keys: tuple[str, ...] | None = None) -> None:
+    """Give this process, and so the processes it starts, the settings of :data:`QUIET_ENV` (``keys``: those alone)
+    that the user has not set. Call it before Ray and MLflow are imported: both read them then."""
+    for key, value in QUIET_ENV.items():
+        if keys is None or key in keys:
+            os.environ.setdefault(key, value)
+
+
 def quiet_env_for_workers() -> dict[str, str]:
     """The Ray part of :data:`QUIET_ENV` plus normal priority, for the training workers' runtime env."""
     # Ray starts workers at nice 15; the training workers are the job, so they run at normal priority (as Ray's
@@ -698,8 +722,11 @@ def quiet_env_for_workers() -> dict[str, str]:
 
 
 def ray_quiet_env() -> dict[str, str]:
-    """The Ray part of :data:`QUIET_ENV` (for a runtime env: Ray's own processes read these)."""
-    return {k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")}
+    """The Ray part of :data:`QUIET_ENV` (for a runtime env: Ray's own processes read these), and MLflow's telemetry
+    switch as this driver has it: the workers import MLflow, and on a cluster they do not inherit the driver's
+    environment."""
+    return {**{k: v for k, v in QUIET_ENV.items() if k.startswith("RAY_")},
+            TELEMETRY_ENV: os.environ.get(TELEMETRY_ENV, QUIET_ENV[TELEMETRY_ENV])}
 
 
 def root_cause(err: BaseException) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nre_ray import storage as fs
-from nre_ray.cluster.session import UsageError
+from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import CommandParser, ConfigError, build_parser, choices, config_from_args
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 
@@ -255,6 +255,7 @@ def build_cli() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 fine, 2 bad input or usage)."""
     args = build_cli().parse_args(argv)
+    quiet_environ()  # before Ray and MLflow are imported
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("nre_ray").setLevel(logging.INFO)
     for noisy in ("ray", "ray.data"):

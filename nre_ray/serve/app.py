@@ -445,7 +445,7 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
                   "several times slower per request", flush=True)
         scratch = scratch_folder()
         os.environ.update(ingress_env(ingress, str(scratch)))
-        runtime_env = ingress_runtime_env(ingress)
+        runtime_env = serve_runtime_env()
     try:
         where = start_ray(options.address, log_to_driver=False, runtime_env=runtime_env)
         _serve(options, identity, tracking_uri, own_ray=where.kind == "local" and ahead is not None)
@@ -518,14 +518,13 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in wanted.items()}
 
 
-def ingress_runtime_env(ingress: str) -> dict[str, str] | None:
-    """The job's runtime environment on a local Ray for ``ingress``. ``haproxy``: every worker of the job (Serve's
-    controller and proxies among them) runs :func:`~nre_ray.cluster.ray_private.haproxy_safe_reuse` as it starts,
-    so that a replica that dies under a request answers its client with a clean 500, not a closed connection.
-    ``proxy``: none."""
-    if ingress == "proxy":
-        return None
-    return {"worker_process_setup_hook": "nre_ray.cluster.ray_private.haproxy_safe_reuse"}
+def serve_runtime_env() -> dict[str, str]:
+    """The job's runtime environment on a local Ray (either ingress): every worker of the job (Serve's
+    controller, proxies and replicas among them) runs :func:`~nre_ray.cluster.ray_private.serve_setup` as it
+    starts, so that nothing of Serve listens beyond the address the user chose (HAProxy's statistics and metrics
+    on ``--host``, the replicas' gRPC servers on the loopback node's address) and, through HAProxy, a replica that
+    dies under a request answers its client with a clean 500, not a closed connection."""
+    return {"worker_process_setup_hook": "nre_ray.cluster.ray_private.serve_setup"}
 
 
 def haproxy_available() -> bool:

@@ -8,6 +8,7 @@ instances", a traceback in the middle of a good run) or asks the wrong one. The 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import env, free_port, start, stop_tree, wait_for
+from tests.procs import env, free_port, loopback, start, stop_tree, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -34,18 +37,28 @@ nodes, address = ray.get(ask.remote())
 assert nodes == [ray.get_runtime_context().get_node_id()], (nodes, address)
 assert address == os.environ["RAY_API_SERVER_ADDRESS"] and address.startswith("http://127.0.0.1:")
 print("pinned", address)
+import json, sys
+sys.path.insert(0, {repo!r})
+from tests.procs import descendants, listening
+print("listening", json.dumps(listening([os.getpid(), *descendants(os.getpid())])))
 ray.shutdown()
 """
 
 
 def test_the_state_api_answers_from_this_runs_own_cluster(ray_cluster, tmp_path):
+    """And every process of that Ray (GCS, raylet, workers, dashboard, agents, the driver) listens on the loopback
+    address only: nothing of a command's local Ray can be reached from the network."""
     assert ray_cluster.is_initialized()  # another Ray instance on this machine
     child_env = {k: v for k, v in env().items() if k != "RAY_API_SERVER_ADDRESS"}  # as a user's shell has it
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=child_env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run([sys.executable, "-c", SCRIPT.replace("{repo!r}", repr(str(REPO)))], env=child_env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "pinned http://127.0.0.1:" in done.stdout
     assert "multiple active Ray instances" not in done.stdout + done.stderr
+    sockets = json.loads(done.stdout.split("listening ", 1)[1].splitlines()[0])
+    assert any("gcs_server" in command for _, command, _, _ in sockets), sockets
+    assert any("raylet" in command for _, command, _, _ in sockets), sockets
+    assert [s for s in sockets if not loopback(s[2])] == []
 
 
 OWN = """

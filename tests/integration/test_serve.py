@@ -199,7 +199,8 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered(u
 
 
 def test_through_haproxy_a_killed_replica_is_replaced_and_every_request_is_answered(model, tmp_path):
-    """The same through the command's default ingress (Serve's HAProxy, on a Ray the command starts)."""
+    """The same through the command's default ingress (Serve's HAProxy, on a Ray the command starts), which listens
+    on the address the user chose (the default 127.0.0.1) and nowhere else."""
     port = procs.free_port_between(20000, 32000)  # outside the ranges Ray takes ports from
     log = tmp_path / "serve.log"
     proc = procs.start([sys.executable, "-m", "nre_ray.serve", "--model", str(model), "--port", str(port),
@@ -210,12 +211,17 @@ def test_through_haproxy_a_killed_replica_is_replaced_and_every_request_is_answe
         assert proc.poll() is None, log.read_text()
         url = f"http://127.0.0.1:{port}"
         before = replica_pids(url, 2)
+        # Nothing of it listens beyond the default --host 127.0.0.1: its Ray, Serve's proxy and replicas, and
+        # HAProxy (its frontend, statistics page and Prometheus metrics)
+        sockets = procs.listening([proc.pid, *procs.descendants(proc.pid)])
+        assert len([s for s in sockets if "haproxy" in s[1]]) >= 3, sockets
+        assert [s for s in sockets if not procs.loopback(s[2])] == []
         victim = min(before)
         assert victim in procs.descendants(proc.pid) and cmdline(victim).startswith("ray::ServeReplica")
         codes, failures = kill_one_under_load(url, victim)
         assert codes == [200] * 160
         # a clean 500 for a request the replica died under, never a connection closed without an answer (HAProxy's
-        # "http-reuse always", which Serve writes and the command makes "safe": ray_private.haproxy_safe_reuse)
+        # "http-reuse always", which Serve writes and the command makes "safe": ray_private.serve_setup)
         assert all(code >= 500 for code in failures), failures
         after = replica_pids(url, 2, timeout=90)  # the replacement answers through the same URL
         assert victim not in after and len(after - before) == 1

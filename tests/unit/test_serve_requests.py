@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from mlflow.pyfunc.scoring_server import predictions_to_json
 
-from nre_ray.cluster.ray_private import HAPROXY_REUSE
-from nre_ray.serve.app import _frame, answer_json, ingress_env, ingress_runtime_env, plain_request
+from nre_ray.cluster.ray_private import HAPROXY_BINDS, HAPROXY_REUSE
+from nre_ray.serve.app import _frame, answer_json, ingress_env, plain_request, serve_runtime_env
 
 ROW = {"sentence": "Acme was founded by Ann .", "head": "Acme", "head_offset": 0, "tail": "Ann", "tail_offset": 20}
 JSON = "application/json"
@@ -78,32 +78,39 @@ def test_haproxy_ingress_keeps_its_files_and_ports_to_itself(tmp_path, monkeypat
 
 
 #: In a fresh interpreter: Serve's HAProxy template, from the module that renders it, with or without the hook run
-#: first (as a worker of the job runs it), and with the hook run after the templates were loaded.
+#: first (as a worker of the job runs it), and with the hook run after the templates were loaded: how often each
+#: replaced text and its replacement occur; and whether the replica module binds its gRPC server on the node's address.
 TEMPLATE_SCRIPT = """
-import sys
-from nre_ray.cluster.ray_private import haproxy_safe_reuse
+import json, sys
+from nre_ray.cluster.ray_private import serve_setup
 if sys.argv[1] == "before":
-    haproxy_safe_reuse()
+    serve_setup()
 import ray.serve._private.haproxy as haproxy
+import ray.serve._private.replica as replica
 if sys.argv[1] == "after":
-    haproxy_safe_reuse()
-print(haproxy.HAPROXY_CONFIG_TEMPLATE.count({0!r}), haproxy.HAPROXY_CONFIG_TEMPLATE.count({1!r}))
+    serve_setup()
+template = haproxy.HAPROXY_CONFIG_TEMPLATE
+print(json.dumps([[template.count(old), template.count(new)] for old, new in json.loads(sys.argv[2])]))
+print(getattr(replica.add_port_to_grpc_server, "on_node_address", False))
 """
 
 
-@pytest.mark.parametrize(("when", "counts"), [("none", "3 0"), ("before", "0 3"), ("after", "0 3")])
-def test_the_haproxy_ingress_opens_a_replica_connection_per_client_connection(when, counts):
+@pytest.mark.parametrize("when", ["none", "before", "after"])
+def test_the_serve_hook_rewrites_haproxys_config_and_the_replicas_grpc_address(when):
     """Serve's generated HAProxy config reuses replica connections for first requests ("always": a replica that
-    dies under a request closes its client's connection without an answer); the job's setup hook makes it "safe",
-    whether it runs before Serve loads its templates (a new worker) or after. "none" fails when a Ray upgrade drops
-    the directive, so that the hook is looked at again."""
-    script = TEMPLATE_SCRIPT.format(*HAPROXY_REUSE)
-    done = subprocess.run([sys.executable, "-c", script, when], capture_output=True, text=True, timeout=120)
+    dies under a request closes its client's connection without an answer) and puts its statistics and metrics on
+    every interface, and each replica's gRPC server listens on every interface; the job's setup hook makes the
+    reuse "safe", binds the statistics and metrics to Serve's HTTP host and the replica's server to the node's
+    address, whether it runs before Serve loads its modules (a new worker) or after. "none" fails when a Ray upgrade
+    drops what is replaced, so that the hook is looked at again."""
+    replaced = [HAPROXY_REUSE, *HAPROXY_BINDS]
+    done = subprocess.run([sys.executable, "-c", TEMPLATE_SCRIPT, when, json.dumps(replaced)], capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-2:] == counts.split()
-    assert ingress_runtime_env("haproxy") == {"worker_process_setup_hook": "nre_ray.cluster.ray_private."
-                                              "haproxy_safe_reuse"}
-    assert ingress_runtime_env("proxy") is None
+    counts, bound = done.stdout.split("\n")[-3:-1]
+    expected = [[3, 0], [1, 0], [1, 0]] if when == "none" else [[0, 3], [0, 1], [0, 1]]
+    assert (json.loads(counts), bound) == (expected, str(when != "none"))
+    assert serve_runtime_env() == {"worker_process_setup_hook": "nre_ray.cluster.ray_private.serve_setup"}
 
 
 def test_haproxy_that_cannot_listen_is_one_line_naming_the_port():

@@ -186,20 +186,31 @@ CASES = {  # each command with one of the forms: command line, environment, what
     "evaluate": (["nre_ray.evaluate", "--model", "models:/nre/1", "--data", str(SAMPLE_TEST)],
                  {"MLFLOW_TRACKING_URI": "s3://bucket/mlruns"}, "MLflow has no tracking store for s3: URIs"),
     "predict": (["nre_ray.predict", "--model", "runs:/0123abcd/model", "--input", str(SAMPLE_TEST), "--output",
-                 "out.csv", "--tracking-uri", "sqlite:///no/such/mlflow.db"], {}, "the folder"),
+                 "out.csv", "--tracking-uri", "sqlite:///no/such/mlflow.db"],
+                {"MLFLOW_DISABLE_TELEMETRY": "false"},  # a user who turned MLflow's telemetry on
+                "the folder"),
 }
+#: Variables by which MLflow takes itself to run in a test or CI and keeps its telemetry off whatever the settings
+#: (mlflow.telemetry.utils._is_ci_env_or_testing): a user's shell has none of them.
+CI_VARIABLES = ("PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "BUILDKITE", "TF_BUILD")
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_command_refuses_a_tracking_uri_it_cannot_use_before_ray(case, tmp_path):
+def test_every_command_refuses_a_tracking_uri_it_cannot_use_before_ray(case, tmp_path, tmp_path_factory):
+    """And MLflow's telemetry stays off unless the user turned it on: evaluate and predict import MLflow before they
+    refuse, and MLflow then writes its installation id to $XDG_CONFIG_HOME/mlflow/telemetry.json."""
     args, extra_env, said = CASES[case]
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    config = tmp_path_factory.mktemp("config")  # the user's XDG_CONFIG_HOME
+    left_out = ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", *CI_VARIABLES)
+    env = {k: v for k, v in os.environ.items() if k not in left_out}
     done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**env, **extra_env, "PYTHONPATH": str(ROOT)})
+                          env={**env, **extra_env, "PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(config)})
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and len(errors) == 1 and said in errors[0], done.stdout + done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "ray:" not in done.stdout, done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == []  # no cache, checkpoints, store or output: nothing started
+    telemetry = config / "mlflow" / "telemetry.json"
+    assert telemetry.exists() == (extra_env.get("MLFLOW_DISABLE_TELEMETRY") == "false"), case
 
 
 def test_a_model_uri_never_creates_a_store(in_tmp, monkeypatch, capsys):
@@ -229,3 +240,16 @@ def test_a_model_uri_never_creates_a_store(in_tmp, monkeypatch, capsys):
     assert (f"store sqlite:///{in_tmp / 'runs.db'} (MLFLOW_TRACKING_URI) holds no MLflow store"
             in capsys.readouterr().err)
     assert sorted(p.name for p in in_tmp.iterdir()) == ["runs.db"] and (in_tmp / "runs.db").stat().st_size == 0
+
+
+def test_the_workers_get_mlflows_telemetry_switch_as_the_driver_has_it(monkeypatch):
+    """On a cluster the workers (which import MLflow) do not inherit the driver's environment: the switch goes in
+    their runtime env, off by default, the user's own choice where there is one."""
+    from nre_ray.cluster.session import quiet_env_for_workers, quiet_environ, ray_quiet_env
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    assert ray_quiet_env()["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
+    quiet_environ(("MLFLOW_DISABLE_TELEMETRY",))  # (only that one: this is the test session's own environment)
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
+    assert quiet_env_for_workers()["MLFLOW_DISABLE_TELEMETRY"] == "false"
