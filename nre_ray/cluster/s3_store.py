@@ -8,8 +8,9 @@ empties the store and ``/moto-api/data.json`` lists its contents. So this server
 behind a WSGI layer that admits a request only when it carries an AWS Signature Version 4 ``Authorization`` header
 made with the stand-in's key pair (the ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` of its environment, new
 for each stand-in), checked as S3 checks it (:func:`check_request`, botocore's ``S3SigV4Auth`` over the signed
-headers), signed within the last 15 minutes. Everything else gets S3's own 403 answer: anonymous and presigned
-requests, other keys, wrong signatures and every ``/moto-api`` path.
+headers), signed within the last 15 minutes; or a presigned URL made with that pair and not expired (MLflow's server
+hands those out for downloads of its artifacts). Everything else gets S3's own 403 answer: anonymous requests,
+other keys, wrong signatures and every ``/moto-api`` path.
 
 The body's hash is taken as the signed ``x-amz-content-sha256`` header says (S3 checks the body against it too;
 moto does not, and nothing here can change a body on its way over the loopback).
@@ -23,6 +24,7 @@ import hmac
 import os
 import signal
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 from xml.sax.saxutils import escape
@@ -48,6 +50,19 @@ def _field(authorization: str, name: str) -> str:
     return ""
 
 
+def _canonical_query(query: str, drop: str = "") -> str:
+    """``query`` as SigV4 signs it: each name and value decoded, then encoded as AWS encodes them (all but
+    ``A-Za-z0-9-_.~``), sorted; ``drop``: a parameter left out (the signature itself). Clients send a query
+    encoded their own way (``"`` raw or as ``%22``): the signature covers this form, not theirs."""
+    pairs = []
+    for part in filter(None, query.split("&")):
+        name, _, value = part.partition("=")
+        if name != drop:
+            pairs.append((urllib.parse.unquote(name), urllib.parse.unquote(value)))
+    return "&".join(f"{urllib.parse.quote(n, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+                    for n, v in sorted(pairs))
+
+
 def check_request(method: str, raw_uri: str, headers: dict[str, str], access_key: str, secret_key: str,
                   now: dt.datetime | None = None) -> tuple[str, str] | None:
     """Why S3 would refuse this request for the key pair ``access_key``/``secret_key``, as (code, message); None
@@ -59,6 +74,10 @@ def check_request(method: str, raw_uri: str, headers: dict[str, str], access_key
 
     lower = {k.lower(): v for k, v in headers.items()}
     authorization = lower.get("authorization", "")
+    path, _, query = raw_uri.partition("?")
+    params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    if not authorization and params.get("X-Amz-Algorithm") == "AWS4-HMAC-SHA256":
+        return _check_presigned(method, path, query, params, lower, access_key, secret_key, now)
     if not authorization.startswith("AWS4-HMAC-SHA256 "):
         return "AccessDenied", "Access Denied: this store takes requests signed with its key (AWS Signature V4) only"
     scope = _field(authorization, "Credential").split("/")
@@ -74,12 +93,46 @@ def check_request(method: str, raw_uri: str, headers: dict[str, str], access_key
     if abs((now or dt.datetime.now(dt.UTC)) - signed_at) > MAX_SKEW:
         return "RequestTimeTooSkewed", "The difference between the request time and the current time is too large."
     signed = _field(authorization, "SignedHeaders").split(";")
-    request = AWSRequest(method=method, url=raw_uri, data=b"",
+    request = AWSRequest(method=method, url=f"{path}?{_canonical_query(query)}" if query else path, data=b"",
                          headers={k: v for k, v in lower.items() if k in signed})
     request.context["timestamp"] = stamp
     auth = S3SigV4Auth(Credentials(access_key, secret_key), "s3", scope[2])
     expected = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
     if not hmac.compare_digest(expected.encode(), _field(authorization, "Signature").encode()):
+        return "SignatureDoesNotMatch", ("The request signature we calculated does not match the signature you "
+                                         "provided. Check your key and signing method.")
+    return None
+
+
+def _check_presigned(method: str, path: str, query: str, params: dict[str, str], headers: dict[str, str],
+                     access_key: str, secret_key: str, now: dt.datetime | None) -> tuple[str, str] | None:
+    """:func:`check_request` for a presigned URL (the signature in its query, as MLflow's server hands out for
+    downloads of its artifacts): made with the key pair, and not expired."""
+    from botocore.auth import S3SigV4QueryAuth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    scope = params.get("X-Amz-Credential", "").split("/")
+    if len(scope) != 5 or scope[3] != "s3" or scope[4] != "aws4_request":
+        return "AuthorizationQueryParametersError", "The presigned URL's credential is malformed"
+    if not hmac.compare_digest(scope[0].encode(), access_key.encode()):
+        return "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records."
+    stamp = params.get("X-Amz-Date", "")
+    try:
+        signed_at = dt.datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+        expires = int(params.get("X-Amz-Expires", ""))
+    except ValueError:
+        return "AuthorizationQueryParametersError", "X-Amz-Date and X-Amz-Expires must be given"
+    at = now or dt.datetime.now(dt.UTC)
+    if not signed_at - MAX_SKEW <= at <= signed_at + dt.timedelta(seconds=expires):
+        return "AccessDenied", "Request has expired"
+    signed = params.get("X-Amz-SignedHeaders", "").split(";")
+    request = AWSRequest(method=method, url=f"{path}?{_canonical_query(query, drop='X-Amz-Signature')}", data=b"",
+                         headers={k: v for k, v in headers.items() if k in signed})
+    request.context["timestamp"] = stamp
+    auth = S3SigV4QueryAuth(Credentials(access_key, secret_key), "s3", scope[2], expires=expires)
+    expected = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
+    if not hmac.compare_digest(expected.encode(), params.get("X-Amz-Signature", "").encode()):
         return "SignatureDoesNotMatch", ("The request signature we calculated does not match the signature you "
                                          "provided. Check your key and signing method.")
     return None

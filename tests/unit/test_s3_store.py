@@ -39,3 +39,27 @@ def test_only_the_stores_own_key_pair_is_admitted():
                      "another method than signed": "SignatureDoesNotMatch"}, codes
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=20)  # a request replayed after S3's 15 minutes
     assert check_request("GET", URI, _signed(KEY, SECRET), KEY, SECRET, now=later)[0] == "RequestTimeTooSkewed"
+
+
+def test_a_presigned_url_of_the_key_pair_is_admitted_until_it_expires():
+    """MLflow's server hands out presigned URLs for downloads of its artifacts (``runs:/`` models): those of the
+    store's key pair are admitted, however the client encodes the query (``"`` raw or ``%22``), until they expire."""
+    import boto3
+    from botocore.config import Config
+
+    def presigned(secret: str, expires: int = 300) -> str:
+        client = boto3.client("s3", endpoint_url="http://127.0.0.1:9000", aws_access_key_id=KEY,
+                              aws_secret_access_key=secret, region_name="us-east-1",
+                              config=Config(signature_version="s3v4"))
+        url = client.generate_presigned_url("get_object", ExpiresIn=expires, Params={
+            "Bucket": "nre-ray", "Key": "m/a b.json", "ResponseContentDisposition": 'attachment; filename="a b.json"'})
+        return url.removeprefix("http://127.0.0.1:9000")
+
+    host = {"Host": "127.0.0.1:9000"}
+    good = presigned(SECRET)
+    assert check_request("GET", good, host, KEY, SECRET) is None
+    assert check_request("GET", good.replace("%22", '"'), host, KEY, SECRET) is None
+    assert check_request("GET", presigned(SECRET + "x"), host, KEY, SECRET)[0] == "SignatureDoesNotMatch"
+    assert check_request("PUT", good, host, KEY, SECRET)[0] == "SignatureDoesNotMatch"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=301)
+    assert check_request("GET", good, host, KEY, SECRET, now=later)[0] == "AccessDenied"
