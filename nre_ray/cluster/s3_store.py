@@ -161,6 +161,18 @@ class SignedOnly:
         return [body]
 
 
+def _request_handler():  # -> type[MotoRequestHandler]
+    """moto's request handler, logging each request without its query: a presigned URL's query holds the key id
+    and a signature that is good for minutes."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+
+    class PathOnlyLog(MotoRequestHandler):
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            self.log("info", '"%s %s" %s %s', self.command, self.path.partition("?")[0], code, size)
+
+    return PathOnlyLog
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve moto's S3 on ``--host``/``--port`` for the key pair of this process's environment."""
     parser = argparse.ArgumentParser(prog="python -m nre_ray.cluster.s3_store", description=__doc__.split("\n")[0])
@@ -172,12 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must hold the store's key pair", file=sys.stderr)
         return 2
     os.environ.setdefault("MOTO_PORT", str(args.port))  # (as moto_server sets it: moto reads it for its own URLs)
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import run_simple
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = SignedOnly(DomainDispatcherApplication(create_backend_app), access_key, secret_key)
-    run_simple(args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler)
+    run_simple(args.host, args.port, app, threaded=True, request_handler=_request_handler())
     return 0
 
 
