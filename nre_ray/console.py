@@ -521,3 +521,21 @@ class TrainingView:
         else:
             self._phase.end()
         self._phase = None
+
+
+def exit_status(main: Callable[[], int]) -> int:
+    """Run a command's ``main`` and return its exit status; a reader that stops reading its output (``| head``)
+    ends it quietly, with the status of a process that a broken pipe ends (141), not with a ``BrokenPipeError``
+    traceback (Python ignores SIGPIPE, so a write to a closed pipe raises: and raises again when stdout is flushed
+    at exit). Every ``python -m nre_ray...`` command ends with ``sys.exit(console.exit_status(main))``."""
+    import os
+    import signal
+
+    try:
+        status = main()
+        sys.stdout.flush()  # what is still buffered, while the error can be caught here
+        return status
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit writes nowhere instead of failing again
+        return 128 + signal.SIGPIPE

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray.cluster.session import TELEMETRY_ENV, UsageError, quiet_environ
-from nre_ray.cluster.standin import Standin, down, kill_node, preempt_node, status, up, upload
+from nre_ray.cluster.standin import STATE_FILE, Standin, down, kill_node, preempt_node, status, up, upload
 from nre_ray.config import CommandParser
 
 #: The commands and what each does.
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> None:
     if args.command == "up":
         state = up(folder, args.bucket, args.max_workers, args.cpus_per_node, idle_minutes=args.idle_minutes,
                    ports={"s3": args.s3_port, "gcs": args.gcs_port, "dashboard": args.dashboard_port,
-                          "mlflow": args.mlflow_port}, auth=args.auth)
+                          "mlflow": args.mlflow_port}, auth=args.auth, say=print)
         print(status(state))
         print(f"\nnext: source {folder}/env.sh, then submit a job as docs/cluster.md says; "
               f"`python -m nre_ray.standin down --dir {args.dir}` stops it all.")
@@ -124,6 +124,8 @@ def run(args: argparse.Namespace) -> None:
             raise UsageError(f"--deadline {args.deadline:g}: the seconds from the notice to the node's end cannot be "
                              "negative; pass 0 or more (AWS gives 120)")
         preempt_node(Standin.load(folder), args.node, args.deadline, lambda line: print(line, flush=True))
+    elif not (folder / STATE_FILE).is_file() and (folder / "logs").is_dir():  # a stand-in was here, and stopped
+        print(f"the stand-in in {folder} is already down: nothing of it runs")
     else:
         done = down(folder)
         print(f"stopped {len(done.stopped)} processes of the stand-in in {folder}")
@@ -134,4 +136,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nre_ray.console import exit_status
+
+    sys.exit(exit_status(main))

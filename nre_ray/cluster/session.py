@@ -126,10 +126,31 @@ NodeGroup = tuple[dict[str, float], int]
 
 
 def node_groups(nodes: list[dict[str, float]], node_types: list[NodeType]) -> list[NodeGroup]:
-    """The alive ``nodes`` (one each) and the ``node_types`` whose resources are known (``max_count`` each): the
-    nodes the cluster has or can grow to, counted, never listed one by one (KubeRay reports 2147483647 as the
-    maximum of a worker group that sets none)."""
-    return [(n, 1) for n in nodes] + [(t.resources, t.max_count) for t in node_types if t.resources and t.max_count > 0]
+    """The nodes the cluster has or can grow to, counted, never listed one by one (KubeRay reports 2147483647 as
+    the maximum of a worker group that sets none): each node type whose resources are known ``max_count`` times,
+    and each alive node that is none of those types' nodes (the head, a node joined by hand) once. An alive node
+    of a type (:func:`of_type`) is one of its ``max_count``, not one more: what the cluster can hold does not depend
+    on which of its nodes happen to be up."""
+    known = [t for t in node_types if t.resources and t.max_count > 0]
+    left = {t.name: t.max_count for t in known}
+    others = []
+    for node in nodes:
+        kind = next((t for t in known if left[t.name] > 0 and of_type(node, t)), None)
+        if kind is None:
+            others.append((node, 1))
+        else:
+            left[kind.name] -= 1
+    return others + [(t.resources, t.max_count) for t in known]
+
+
+def of_type(node: dict[str, float], node_type: NodeType) -> bool:
+    """Whether the alive node whose resources are ``node`` is a node of ``node_type``: the same CPUs, GPUs and
+    custom resources as the type declares (Ray adds its own per node, ``node:IP``, memory, which are ignored). The
+    head is never one: Ray marks it with ``node:__internal_head__``."""
+    if "node:__internal_head__" in node:
+        return False
+    keys = {"CPU", "GPU", *(k for k in node_type.resources if k not in ("memory", "object_store_memory"))}
+    return all(math.isclose(node.get(k, 0.0), node_type.resources.get(k, 0.0)) for k in keys)
 
 
 def plan_resources(num_workers: int, use_gpu: bool, nodes: list[dict[str, float]],

@@ -4,19 +4,24 @@ machine before paying for it.
 - **Ray with a real autoscaler**: a head started with ``RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config``
   and Ray's ``fake_multinode`` node provider. Its worker node type has ``min_workers: 0``: the autoscaler starts a
   node (a raylet process on this host) when a run asks for more than the cluster has, and removes it when idle.
-- **An S3-compatible object store** on 127.0.0.1 (moto's server) standing in for S3, with one bucket.
+- **An S3-compatible object store** on 127.0.0.1 standing in for S3, with one bucket: moto's S3 behind a signature
+  check (:mod:`nre_ray.cluster.s3_store`) that admits only requests signed with the stand-in's own key pair, new at
+  each ``up``. Like moto, it keeps everything in memory: ``down`` ends the bucket, and ``up`` starts MLflow's store
+  afresh with it (so that no run points at artifacts that are gone).
 - **An MLflow tracking server** whose artifacts go to that bucket (``--artifacts-destination s3://...``).
-- **Authentication, as on the AWS cluster**: ``up`` generates a Ray token and an MLflow password into
-  ``<dir>/secrets/`` (a 0700 folder, each file 0600) and starts the head, every node the autoscaler adds
+- **Authentication, as on the AWS cluster**: ``up`` generates the store's key pair, a Ray token and an MLflow password
+  into ``<dir>/secrets/`` (a 0700 folder, each file 0600) and starts the head, every node the autoscaler adds
   (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``) and the MLflow server (``--app-name basic-auth``) with them.
   The MLflow server gets its admin password in its environment only (``MLFLOW_AUTH_ADMIN_PASSWORD``); the Ray
   processes get the MLflow credentials in MLflow's standard variables, which every worker and job driver inherits.
-  ``env.sh`` reads the password from its file when sourced, so it never holds it. ``down`` removes the secrets and
-  the MLflow user store; the next ``up`` makes new ones. ``--no-auth`` starts all without authentication.
+  ``env.sh`` reads the password and the store's keys from their files when sourced, so it never holds them. ``down``
+  removes the secrets and the MLflow user store; the next ``up`` makes new ones. ``--no-auth`` starts Ray and MLflow
+  without authentication (the store still takes its own keys only).
 
-Every process of the stand-in gets the store's endpoint and credentials in the standard variables
-(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), as an AWS node gets them from its instance profile; ``up`` writes
-them to ``<dir>/env.sh`` for your shell.
+Every process of the stand-in gets the store's endpoint and keys in the standard variables (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), as an AWS node gets them from its instance profile; ``up`` writes
+``<dir>/env.sh`` for your shell. The stand-in's folder is private (0700), and so is every file its processes create
+(they run with umask 077).
 
 ``up`` checks its ports before it starts anything, and keeps them out of the ports Ray gives its workers. Every process
 it starts carries a session mark of its own in its environment (:data:`SESSION_ENV`), which its descendants inherit
@@ -44,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -55,13 +61,12 @@ from nre_ray.cluster import processes
 from nre_ray.cluster.processes import Process
 from nre_ray.cluster.session import UsageError
 
-#: Credentials of the local object store: moto accepts any, and they are not secret (nothing leaves this host).
 #: The authentication settings a client of the stand-in holds in its environment (:meth:`Standin.credentials`):
 #: never passed on from the shell that starts a stand-in to its processes, which get their own.
 AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_USERNAME",
-                  "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
-STORE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "standin", "AWS_SECRET_ACCESS_KEY": "standin",
-                     "AWS_DEFAULT_REGION": "us-east-1"}
+                  "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+#: The object store's region (any would do: the store signs and checks with the one a request names).
+STORE_REGION = "us-east-1"
 STATE_FILE = "standin.json"
 WORKER_TYPE = "cpu_worker"
 #: Ray's fake_multinode provider with a runtime-environment folder per node (see nre_ray.cluster.provider).
@@ -76,8 +81,14 @@ SESSION_ENV = "NRE_RAY_STANDIN_SESSION"
 RAY_WORKER_PORTS = (10002, 19999)
 #: The options that set the stand-in's ports, by port name.
 PORT_OPTIONS = {"s3": "--s3-port", "gcs": "--gcs-port", "dashboard": "--dashboard-port", "mlflow": "--mlflow-port"}
-#: The folder of the stand-in's secrets (mode 0700), and its files (mode 0600): the Ray token, the MLflow password.
+#: The folder of the stand-in's secrets (mode 0700), and its files (mode 0600): the Ray token, the MLflow password,
+#: the object store's access key id and secret key.
 SECRETS_DIR, TOKEN_FILE, PASSWORD_FILE = "secrets", "ray_auth_token", "mlflow_password"
+KEY_ID_FILE, SECRET_KEY_FILE = "aws_access_key_id", "aws_secret_access_key"
+#: MLflow's store in the stand-in's folder: removed by ``up`` (its runs' artifacts were in the bucket ``down`` ended).
+MLFLOW_DB = "mlflow.db"
+#: The mode of the stand-in's folder and the umask of the processes it starts: this user's only.
+PRIVATE_DIR, PRIVATE_UMASK = 0o700, 0o077
 #: The MLflow server's user (its admin) that the stand-in's clients log in as: the name is no secret.
 MLFLOW_USER = "admin"
 #: The MLflow server's basic-auth settings and user store (the password is in neither).
@@ -127,11 +138,23 @@ class Standin:
     def password_path(self) -> Path:
         return Path(self.folder) / SECRETS_DIR / PASSWORD_FILE
 
+    @property
+    def key_paths(self) -> dict[str, Path]:
+        """The files of the object store's key pair, by the variable each goes into."""
+        secrets_dir = Path(self.folder) / SECRETS_DIR
+        return {"AWS_ACCESS_KEY_ID": secrets_dir / KEY_ID_FILE, "AWS_SECRET_ACCESS_KEY": secrets_dir / SECRET_KEY_FILE}
+
+    def store_credentials(self) -> dict[str, str]:
+        """The object store's key pair (read from its files; none where they are gone, as after ``down``) and
+        region, in AWS's standard variables."""
+        return {**{k: p.read_text(encoding="utf-8") for k, p in self.key_paths.items() if p.exists()},
+                "AWS_DEFAULT_REGION": STORE_REGION}
+
     def env(self) -> dict[str, str]:
         """The variables a shell (or a test) needs to use the stand-in like the cloud cluster: the object store's
         endpoint and keys, the dashboard (``ray job`` reads ``RAY_API_SERVER_ADDRESS`` before ``RAY_ADDRESS``) and
         the credentials (:meth:`credentials`)."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, **STORE_CREDENTIALS, "RAY_ADDRESS": self.dashboard,
+        return {"AWS_ENDPOINT_URL": self.endpoint, **self.store_credentials(), "RAY_ADDRESS": self.dashboard,
                 "RAY_API_SERVER_ADDRESS": self.dashboard, **self.credentials(), **JOB_SUBMIT_ENV}
 
     def credentials(self) -> dict[str, str]:
@@ -153,21 +176,25 @@ class Standin:
         return {"Authorization": f"Bearer {self.token_path.read_text(encoding='utf-8')}"} if self.auth else {}
 
     def shell(self) -> str:
-        """``env.sh``: :meth:`env` plus ``BUCKET`` and ``TRACKING_URI`` for the commands of docs/cluster.md. The
-        MLflow password is read from its file when the script is sourced: the script itself never holds it."""
-        shown = {**self.env(), "BUCKET": self.bucket, "TRACKING_URI": self.tracking_uri}
-        lines = [f"export {k}={shlex.quote(v)}\n" for k, v in shown.items() if k != "MLFLOW_TRACKING_PASSWORD"]
-        if self.auth:
-            lines.append(f'export MLFLOW_TRACKING_PASSWORD="$(cat {shlex.quote(str(self.password_path))})"\n')
+        """``env.sh``: :meth:`env` plus ``BUCKET``, and the MLflow server in ``TRACKING_URI`` (for the commands of
+        docs/cluster.md) and ``MLFLOW_TRACKING_URI`` (where MLflow itself looks, as for a ``runs:/`` model). The
+        store's keys and the MLflow password are read from their files when the script is sourced: the script itself
+        never holds them."""
+        from_files = {**{k: str(p) for k, p in self.key_paths.items() if p.exists()},
+                      **({"MLFLOW_TRACKING_PASSWORD": str(self.password_path)} if self.auth else {})}
+        shown = {**self.env(), "BUCKET": self.bucket, "TRACKING_URI": self.tracking_uri,
+                 "MLFLOW_TRACKING_URI": self.tracking_uri}
+        lines = [f"export {k}={shlex.quote(v)}\n" for k, v in shown.items() if k not in from_files]
+        lines += [f'export {k}="$(cat {shlex.quote(path)})"\n' for k, path in from_files.items()]
         return "".join(lines)
 
     def filesystem(self):  # -> pyarrow.fs.S3FileSystem
         """The object store as a pyarrow filesystem (paths ``bucket/key``), whatever this process's environment."""
         import pyarrow.fs
 
-        return pyarrow.fs.S3FileSystem(endpoint_override=self.endpoint, scheme="http", region="us-east-1",
-                                       access_key=STORE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                       secret_key=STORE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        keys = self.store_credentials()
+        return pyarrow.fs.S3FileSystem(endpoint_override=self.endpoint, scheme="http", region=STORE_REGION,
+                                       access_key=keys["AWS_ACCESS_KEY_ID"], secret_key=keys["AWS_SECRET_ACCESS_KEY"],
                                        allow_bucket_creation=True)
 
     def save(self) -> None:
@@ -310,6 +337,39 @@ def _http_ok(url: str, headers: dict[str, str] | None = None) -> bool:
         return reply.status < 500
 
 
+def _refuses_strangers(url: str) -> bool:
+    """True once the object store answers an unsigned request, with its refusal (403)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return False
+    except urllib.error.HTTPError as err:
+        return err.code == 403
+
+
+@contextlib.contextmanager
+def _private_files() -> Iterator[None]:
+    """This process's umask at :data:`PRIVATE_UMASK` for the block: every file and folder created in it, here and
+    by the processes started in it (and so by their descendants: Ray's head, its nodes, workers and job drivers),
+    is this user's only."""
+    before = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+def _make_private(folder: Path, say: Callable[[str], None]) -> None:
+    """Create ``folder`` with mode 0700, or make an existing one 0700 (saying so when it was open to others)."""
+    if not folder.exists():
+        folder.mkdir(mode=PRIVATE_DIR, parents=True)
+        return
+    mode = folder.stat().st_mode & 0o777
+    if mode & 0o077:
+        folder.chmod(mode & ~0o077)
+        say(f"made {folder} private (mode {mode & ~0o077:o}, was {mode:o}): it holds the stand-in's MLflow store, "
+            "logs and secrets")
+
+
 def _spawn(args: list[str], log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
@@ -317,10 +377,16 @@ def _spawn(args: list[str], log: Path, env: dict[str, str], cwd: Path) -> subpro
 
 
 def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_node: float = 1.0,
-       head_cpus: float = 1.0, idle_minutes: float = 1.0, ports: dict[str, int] | None = None,
-       heartbeat_timeout_s: int = 10, auth: bool = True) -> Standin:
+       head_cpus: float = 0.0, idle_minutes: float = 1.0, ports: dict[str, int] | None = None,
+       heartbeat_timeout_s: int = 10, auth: bool = True, say: Callable[[str], None] = lambda _: None) -> Standin:
     """Start the object store, the Ray head with its autoscaler, and the MLflow server; returns the stand-in.
     UsageError, with nothing left running, if a port is taken or a part does not start.
+
+    ``folder`` is made private (0700; ``say`` is told when an existing folder was open to others), and everything
+    the stand-in creates is private too (:func:`_private_files`). An MLflow store left there by an earlier stand-in
+    is removed (``say`` tells it): its runs' artifacts were in that stand-in's bucket, which ended with it.
+    ``head_cpus``: 0 by default, as the training workers of cluster.yaml never run on its head: every worker (and
+    every Ray task that needs a CPU) runs on a node the autoscaler adds.
 
     ``ports``: ``s3``, ``gcs``, ``dashboard``, ``mlflow`` (default 9000, 6379, 8265, 5000; tests pass free ones).
     Ray's workers on the head get the ports of :data:`RAY_WORKER_PORTS` less these (:func:`worker_ports`).
@@ -337,18 +403,32 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
     if auth and importlib.util.find_spec("flask_wtf") is None:
         raise UsageError("the MLflow server's password (its basic-auth app) needs Flask-WTF, which is not installed "
                          "here; run `pip install -e '.[standin]'`, or pass --no-auth")
+    with _private_files():
+        return _up(folder, bucket, max_workers, cpus_per_node, head_cpus, idle_minutes, ports, heartbeat_timeout_s,
+                   auth, say)
+
+
+def _up(folder: Path, bucket: str, max_workers: int, cpus_per_node: float, head_cpus: float, idle_minutes: float,
+        ports: dict[str, int], heartbeat_timeout_s: int, auth: bool, say: Callable[[str], None]) -> Standin:
+    """:func:`up` once its settings are checked, with this process's umask private."""
     client_port = _free_port(ports.values())
     agent_port = _free_port([*ports.values(), client_port])
     first, last = worker_ports([*ports.values(), client_port, agent_port])
-    folder.mkdir(parents=True, exist_ok=True)
+    _make_private(folder, say)
     logs = folder / "logs"
     logs.mkdir(exist_ok=True)
+    for left in [*folder.iterdir(), *logs.iterdir()]:  # an earlier stand-in's files, from before they were private
+        if left.is_file():
+            left.chmod(left.stat().st_mode & ~0o077)
+    if (folder / MLFLOW_DB).exists():
+        (folder / MLFLOW_DB).unlink()
+        say(f"removed the MLflow store of the stand-in stopped before ({folder / MLFLOW_DB}): its runs' artifacts "
+            "were in that stand-in's bucket, which ends with it; runs and bucket start empty")
     # Ray's Unix sockets live under its temp folder: keep the path short, and private to this stand-in.
     ray_temp = tempfile.mkdtemp(prefix="nre_standin_", dir="/tmp")
     state = Standin(str(folder), bucket, ports["s3"], ports["gcs"], ports["dashboard"], ports["mlflow"], ray_temp,
                     secrets.token_hex(8), (first, last), auth=auth)
-    if auth:
-        make_secrets(state)
+    make_secrets(state)
     # Each process gets the credentials it needs and no others: the Ray head (and so its nodes, workers and job
     # drivers) Ray's token and MLflow's client variables; the MLflow server its admin password.
     credentials = state.credentials()
@@ -362,15 +442,16 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
         env.pop(key, None)
     state.save()  # before anything starts: `down` (here on failure, or later) reads it
     try:
-        s3 = _spawn([_tool("moto_server"), "-H", "127.0.0.1", "-p", str(state.s3_port)], logs / "s3.log", env,
-                    folder)
+        _tool("moto_server")  # (installed: the store runs moto's application)
+        s3 = _spawn([sys.executable, "-m", "nre_ray.cluster.s3_store", "--host", "127.0.0.1", "--port",
+                     str(state.s3_port)], logs / "s3.log", env, folder)
         state.record()
-        _wait("the object store", lambda: _http_ok(state.endpoint), 60, logs / "s3.log", s3)
+        _wait("the object store", lambda: _refuses_strangers(state.endpoint), 60, logs / "s3.log", s3)
         _create_bucket(state)
 
         # The MLflow server before the Ray head: the head opens more ports than those it is given (its raylet's,
         # object manager's and agents'), each one the system has free, and could take the MLflow port in between.
-        server = _spawn([_tool("mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+        server = _spawn([_tool("mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder / MLFLOW_DB}",
                          "--artifacts-destination", f"s3://{bucket}/mlflow-artifacts", "--host", "127.0.0.1",
                          "--port", str(state.mlflow_port), "--workers", "1",
                          *(["--app-name", "basic-auth"] if auth else [])],
@@ -411,12 +492,18 @@ def _private_file(path: Path, text: str) -> None:
 
 
 def make_secrets(state: Standin) -> None:
-    """New secrets for ``state``: a Ray token (64 hex digits, as ``ray get-auth-token --generate`` makes) and an
-    MLflow password, each in a 0600 file of the 0700 folder ``<dir>/secrets``; and the MLflow server's basic-auth
-    settings (no password in them) with a new user store, in which the server creates its admin with this password."""
+    """New secrets for ``state``, each in a 0600 file of the 0700 folder ``<dir>/secrets``: the object store's key
+    pair (an access key id as AWS's look, ``AKIA`` and 16 characters, and a 40-character secret key); with
+    authentication on, a Ray token (64 hex digits, as ``ray get-auth-token --generate`` makes) and an MLflow
+    password, and the MLflow server's basic-auth settings (no password in them) with a new user store, in which the
+    server creates its admin with this password."""
     folder = Path(state.folder) / SECRETS_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     folder.chmod(0o700)
+    _private_file(state.key_paths["AWS_ACCESS_KEY_ID"], "AKIA" + secrets.token_hex(8).upper())
+    _private_file(state.key_paths["AWS_SECRET_ACCESS_KEY"], secrets.token_urlsafe(30))
+    if not state.auth:
+        return
     _private_file(state.token_path, secrets.token_hex(32))
     _private_file(state.password_path, secrets.token_urlsafe(24))
     (Path(state.folder) / AUTH_DB).unlink(missing_ok=True)  # its admin would keep the old password
@@ -542,7 +629,9 @@ def status(state: Standin) -> str:
         f"worker ports {state.worker_ports[0]}-{state.worker_ports[1]}",
         f"nodes:  head + {len(nodes)} autoscaled worker node(s) of type {WORKER_TYPE}"
         + (f": {', '.join(n[-5:] for n in sorted(nodes))}" if nodes else ""),
-        f"S3:     {state.endpoint} (AWS_ENDPOINT_URL), bucket s3://{state.bucket}",
+        f"S3:     {state.endpoint} (AWS_ENDPOINT_URL), bucket s3://{state.bucket}; its keys (no others) in "
+        f"{Path(state.folder) / SECRETS_DIR}/{KEY_ID_FILE} and {SECRET_KEY_FILE} (AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY)",
         f"MLflow: {state.tracking_uri} (artifacts in s3://{state.bucket}/mlflow-artifacts)",
         f"auth:   Ray token in {state.token_path} (RAY_AUTH_TOKEN_PATH); MLflow user {MLFLOW_USER}, password in "
         f"{state.password_path} (MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD)" if state.auth

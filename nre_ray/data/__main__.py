@@ -273,4 +273,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nre_ray.console import exit_status
+
+    sys.exit(exit_status(main))

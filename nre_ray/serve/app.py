@@ -456,16 +456,20 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
 
 def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, own_ray: bool) -> None:
     """Run the application on the Ray this process has joined, print its URL and serve until a stop; then delete
-    the application, and on a Ray of its own (``own_ray``) shut Serve (its HAProxy included) and Ray down."""
+    the application, and shut Serve down (its proxies, HAProxy included: the port is free again) where this command
+    started it and no other application is left on it (a cluster's Serve that ran before it, or that another
+    application was deployed to meanwhile, goes on); on a Ray of its own (``own_ray``) shut Ray down too."""
     import ray
 
     from nre_ray.cluster.session import cluster
 
-    deployed = False
+    deployed = started_serve = False
     try:
         resources = replica_resources(cluster(), options)
         config = served_config(options, identity, tracking_uri, resources)
         try:
+            before = serve.status()  # empty where no Serve runs on this Ray yet
+            started_serve = not before.proxies and not before.applications
             serve.start(http_options={"host": options.host, "port": options.port})
             deployed = True
             serve.run(application(options, config, resources), name=options.name, route_prefix="/", blocking=False)
@@ -483,7 +487,7 @@ def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, ow
         try:
             if deployed:
                 serve.delete(options.name)
-                if own_ray:
+                if own_ray or (started_serve and not serve.status().applications):
                     serve.shutdown()  # stops the proxies: HAProxy is a process of its own, not an actor
             if own_ray:
                 ray.shutdown()  # the local Ray and Serve's controller with it

@@ -145,7 +145,7 @@ def shell_env(state: standin.Standin | None) -> dict[str, str]:
     out["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     out["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     if state is not None:  # and the stand-in's credentials, as docs/cluster.md has a user export them
-        out.update({"AWS_ENDPOINT_URL": state.endpoint, **standin.STORE_CREDENTIALS, **state.credentials()})
+        out.update({"AWS_ENDPOINT_URL": state.endpoint, **state.store_credentials(), **state.credentials()})
     return out
 
 

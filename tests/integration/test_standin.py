@@ -15,6 +15,8 @@ import base64
 import json
 import re
 import secrets
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,30 +39,28 @@ SAMPLE = REPO / "nre_ray" / "data" / "sample"
 LOCAL_LEFTOVERS = {"ray_results", "mlflow.db", "mlruns", ".nre_ray_cache", "rejected_rows.csv", "mlartifacts"}
 
 
-#: Object store keys that look like AWS's and are found nowhere else (moto takes any): the secret scan looks for them.
-FAKE_AWS = {"AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
-            "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30), "AWS_DEFAULT_REGION": "us-east-1"}
-
-
 @pytest.fixture(scope="module")
 def cluster():
     """The stand-in on free ports, its GCS port among the ports ``ray start`` would give its workers, with the
-    bundled sample uploaded to s3://nre-ray/nre_ray/data. Authentication on (the default): a Ray token and an MLflow
-    password of its own, and the object store keys of :data:`FAKE_AWS`; this test's MLflow client logs in."""
+    bundled sample uploaded to s3://nre-ray/nre_ray/data. Authentication on (the default): a Ray token, an MLflow
+    password and object store keys of its own; this test's MLflow client logs in. Its folder is made open to all
+    (0755, as a user's own folder may be) before ``up``, which makes it private."""
     folder = Path(tempfile.mkdtemp(prefix="nrs_", dir="/tmp"))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(standin, "STORE_CREDENTIALS", FAKE_AWS)
-        state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port_between(*standin.RAY_WORKER_PORTS),
-                                          "dashboard": free_port(), "mlflow": free_port()})
-        try:
-            fs = state.filesystem()
-            for path in SAMPLE.iterdir():
-                with fs.open_output_stream(f"{state.bucket}/nre_ray/data/{path.name}") as out:
-                    out.write(path.read_bytes())
-            with environ(state.mlflow_login()):
-                yield state
-        finally:
-            _stop(folder, state)
+    folder.chmod(0o755)
+    said: list[str] = []
+    state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port_between(*standin.RAY_WORKER_PORTS),
+                                      "dashboard": free_port(), "mlflow": free_port()}, say=said.append)
+    try:
+        assert said == [f"made {folder} private (mode 700, was 755): it holds the stand-in's MLflow store, logs and "
+                        "secrets"], said
+        fs = state.filesystem()
+        for path in SAMPLE.iterdir():
+            with fs.open_output_stream(f"{state.bucket}/nre_ray/data/{path.name}") as out:
+                out.write(path.read_bytes())
+        with environ(state.mlflow_login()):
+            yield state
+    finally:
+        _stop(folder, state)
 
 
 def _stop(folder: Path, state: standin.Standin) -> None:
@@ -173,6 +173,77 @@ def test_a_submitted_job_trains_on_autoscaled_nodes_with_everything_in_the_bucke
     assert "reused from the cache" in _log(cluster, "again").read_text(errors="replace")  # the preprocess phase
 
 
+def test_the_object_store_refuses_strangers_and_the_standins_files_are_private(cluster):
+    """The object store admits only requests signed with the stand-in's own key pair: an unsigned list, GET and PUT
+    (curl's) are refused, and so are boto3 with made-up keys, with the right key id and a wrong secret, and moto's
+    own API (which would turn its checks off). The keys are kept in secrets/, not in env.sh, which reads them (and
+    exports MLFLOW_TRACKING_URI). The folder is private, and so is every file the stand-in made (MLflow's stores,
+    the logs)."""
+    import boto3
+    import botocore.exceptions
+
+    key = f"{cluster.endpoint}/{cluster.bucket}/nre_ray/data/train.csv"
+    for method, url, body in (("GET", f"{cluster.endpoint}/{cluster.bucket}?list-type=2", None), ("GET", key, None),
+                              ("PUT", f"{cluster.endpoint}/{cluster.bucket}/planted", b"x"),
+                              ("POST", f"{cluster.endpoint}/moto-api/reset-auth", b"inf")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, data=body, method=method), timeout=10)
+        assert refused.value.code == 403, (method, url)
+    keys = cluster.store_credentials()
+    for key_id, secret, code in (("AKIA" + secrets.token_hex(8).upper(), secrets.token_urlsafe(30),
+                                  "InvalidAccessKeyId"),
+                                 (keys["AWS_ACCESS_KEY_ID"], secrets.token_urlsafe(30), "SignatureDoesNotMatch")):
+        client = boto3.client("s3", endpoint_url=cluster.endpoint, aws_access_key_id=key_id,
+                              aws_secret_access_key=secret, region_name="us-east-1")
+        for call in (lambda c: c.list_objects_v2(Bucket=cluster.bucket),
+                     lambda c: c.put_object(Bucket=cluster.bucket, Key="planted", Body=b"x")):
+            with pytest.raises(botocore.exceptions.ClientError) as refused:
+                call(client)
+            assert refused.value.response["Error"]["Code"] == code
+    assert not [k for k in _keys(cluster, "") if k.endswith("/planted")]
+
+    folder = Path(cluster.folder)
+    shell = (folder / "env.sh").read_text()
+    assert keys["AWS_ACCESS_KEY_ID"] not in shell and keys["AWS_SECRET_ACCESS_KEY"] not in shell
+    sourced = subprocess.run(["bash", "-c", f"source {folder / 'env.sh'} && env"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"}, check=True).stdout.splitlines()
+    assert {f"{k}={v}" for k, v in keys.items()} <= set(sourced)
+    assert f"MLFLOW_TRACKING_URI={cluster.tracking_uri}" in sourced
+    assert folder.stat().st_mode & 0o777 == 0o700
+    made = [p for p in folder.rglob("*")]
+    assert {"mlflow.db", "mlflow_auth.db", "s3.log"} <= {p.name for p in made}
+    assert not [(str(p), oct(p.stat().st_mode)) for p in made if p.stat().st_mode & 0o077]
+
+
+def test_serve_joined_to_the_standin_frees_its_port_at_ctrl_c(cluster):
+    """``python -m nre_ray.serve --address`` on the stand-in, with the model the first job logged: it answers, and
+    after Ctrl-C nothing listens on its port any more (Serve's proxy, which it started, went on answering 404 on
+    /health until ``standin down``)."""
+    model = re.search(r"model: (runs:/\S+)", _log(cluster, "job").read_text(errors="replace"))[1]
+    port = free_port()
+    log = _log(cluster, "serve")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "nre_ray.serve", "--model", model, "--address",
+                                 cluster.gcs_address, "--tracking-uri", cluster.tracking_uri, "--port", str(port)],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env(**cluster.env()))
+    try:
+        wait_for("the URL line", lambda: "serving " in log.read_text(errors="replace"), 300, proc=proc, log=log)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as reply:
+            assert reply.status == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, log.read_text(errors="replace")[-3000:]
+        wait_for("the port to be free", lambda: _closed(port), 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _closed(port: int) -> bool:
+    """Nothing listens on ``port`` of 127.0.0.1."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
 def _auth_of(pid: int) -> tuple[str | None, str | None]:
     """RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH in the environment of process ``pid``."""
     variables = processes.environ(pid)
@@ -188,6 +259,14 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster)
                    lambda: (r := _run(client, "standin-lost-node")) and "epoch/valid_macro_f1" in r.data.metrics and r,
                    300, interval=0.5, proc=job, log=log)
     before = set(standin.worker_nodes(cluster))
+    # No training worker on the head (it has no CPU, as cluster.yaml's head takes none): each is on a worker node,
+    # which a spot interruption or a lost machine can take (as /proc shows them: this process's Ray client is in
+    # the test session's auth mode, not the stand-in's)
+    nodes = standin.worker_nodes(cluster)
+    on_nodes = {p.pid for found in nodes.values() for p in found}
+    hosting = [n for n, found in nodes.items() if any("RayTrainWorker" in p.cmdline for p in found)]
+    on_head = [p for p in standin.own_processes(cluster) if "RayTrainWorker" in p.cmdline and p.pid not in on_nodes]
+    assert len(hosting) == 3 and not on_head, (hosting, on_head)
     lost = standin.kill_node(cluster, hosting="RayTrainWorker")
     assert lost in before
     assert job.wait(timeout=420) == 0, log.read_text(errors="replace")[-4000:]
@@ -206,7 +285,7 @@ def test_a_lost_node_is_replaced_and_training_continues_in_the_same_run(cluster)
     for noise in ("Traceback", "Connection reset by peer", "ActorDiedError", "ActorUnavailableError", "marked dead",
                   "(raylet)", "gcs_server", "pid="):
         assert noise not in text, (noise, text[-3000:])
-    # The autoscaler started a node in place of the lost one (3 workers: the head holds one, two need nodes).
+    # The autoscaler started a node in place of the lost one (3 workers on 3 nodes: the head holds none).
     replaced = wait_for("a replacement node", lambda: set(standin.worker_nodes(cluster)) - before, 60)
     assert lost not in standin.worker_nodes(cluster) and replaced
 
@@ -217,14 +296,15 @@ def _workers(client: MlflowClient, run_id: str) -> dict[int, int]:
 
 
 def test_an_elastic_run_goes_on_with_fewer_workers_through_a_preemption_and_grows_back(cluster):
-    """A spot interruption rehearsed: an elastic run (``--num-workers 1-3``: the head's CPU and two autoscaled nodes)
-    loses a node to ``preempt-node --deadline 20`` in the middle of an epoch. The workers save a mid-epoch checkpoint
-    before the deadline and train on until the node goes; the run then goes on at once with the 2 workers left, from
-    its latest checkpoint (that mid-epoch one, or the end of an epoch trained after it); it grows back to 3 when the
-    autoscaler's replacement node has come (Ray looks for room every ``NRE_RAY_ELASTIC_RESIZE_INTERVAL_S`` seconds,
-    30 here instead of 60), and succeeds in one MLflow run with every epoch logged once. (The grow-back restarts the
-    group again from its latest checkpoint: when it comes before the 2 workers have ended an epoch, as it did once
-    with 15 s, no epoch is logged with 2 workers; the console's restart lines show the 2.)"""
+    """A spot interruption rehearsed: an elastic run (``--num-workers 1-3``: three autoscaled nodes; the head takes
+    none) loses a node to ``preempt-node --deadline 20`` in the middle of an epoch. The workers save a mid-epoch
+    checkpoint before the deadline and train on until the node goes; the run then goes on at once with the 2 workers
+    left, from its latest checkpoint (that mid-epoch one, or the end of an epoch trained after it); it grows back to
+    3 when the autoscaler's replacement node has come (Ray looks for room every
+    ``NRE_RAY_ELASTIC_RESIZE_INTERVAL_S`` seconds, 30 here instead of 60), and succeeds in one MLflow run with every
+    epoch logged once. (The grow-back restarts the group again from its latest checkpoint: when it comes before the
+    2 workers have ended an epoch, as it did once with 15 s, no epoch is logged with 2 workers; the console's
+    restart lines show the 2.)"""
     log = _log(cluster, "preempted")
     client = MlflowClient(cluster.tracking_uri)
     epochs = 16
@@ -290,7 +370,7 @@ def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path
     nre_ray command says so in one ``error:`` line."""
     wrong = tmp_path / "wrong_token"
     wrong.write_text(secrets.token_hex(32), encoding="utf-8")
-    store = {"AWS_ENDPOINT_URL": cluster.endpoint, **FAKE_AWS}
+    store = {"AWS_ENDPOINT_URL": cluster.endpoint, **cluster.store_credentials()}
     no_token, wrong_token = {"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(wrong)}
     train = [sys.executable, "-m", "nre_ray.train", "--address", cluster.gcs_address, "--tracking-uri",
              cluster.tracking_uri, "--data-dir", f"s3://{cluster.bucket}/nre_ray/data", "--storage-path",
@@ -353,12 +433,14 @@ def test_a_client_without_the_token_or_the_password_is_refused(cluster, tmp_path
 
 
 def test_no_secret_is_recorded_in_the_bucket_the_mlflow_store_the_runs_or_the_logs(cluster):
-    """After the jobs above (run with the Ray token, the MLflow password and the fake AWS keys), none of these
-    secrets is in the bucket (checkpoints, each run's ray_output.log, MLflow's artifacts, the preprocessing cache),
-    in the stand-in's folder (MLflow's store, the logs of its servers and its Ray head, its records and env.sh: all
-    but secrets/, where they are kept on purpose), in the jobs' working directories or on the jobs' consoles."""
+    """After the jobs above (run with the Ray token, the MLflow password and the object store's keys, all new for
+    this stand-in), none of these secrets is in the bucket (checkpoints, each run's ray_output.log, MLflow's
+    artifacts, the preprocessing cache), in the stand-in's folder (MLflow's store, the logs of its servers and its
+    Ray head, its records and env.sh: all but secrets/, where they are kept on purpose), in the jobs' working
+    directories (the code they packaged) or on the jobs' consoles."""
     wanted = {"the Ray token": cluster.token_path.read_text(), "the MLflow password": cluster.password_path.read_text(),
-              "the AWS key id": FAKE_AWS["AWS_ACCESS_KEY_ID"], "the AWS secret": FAKE_AWS["AWS_SECRET_ACCESS_KEY"]}
+              "the AWS key id": cluster.store_credentials()["AWS_ACCESS_KEY_ID"],
+              "the AWS secret": cluster.store_credentials()["AWS_SECRET_ACCESS_KEY"]}
     import pyarrow.fs
 
     fs = cluster.filesystem()
@@ -375,10 +457,9 @@ def test_no_secret_is_recorded_in_the_bucket_the_mlflow_store_the_runs_or_the_lo
     assert any(k.endswith("MLmodel") for k in places) and len(places) > 50, sorted(places)
     found = [(what, where) for where, data in places.items() for what, secret in wanted.items()
              if secret.encode() in data]
-    # env.sh hands the stand-in's own object store keys to the user's shell on purpose (moto's keys, which stand in
-    # for an instance profile's): the one place they may be. The token and the password are never written there.
-    assert sorted(found) == [("the AWS key id", str(folder / "env.sh")), ("the AWS secret", str(folder / "env.sh"))], \
-        found
+    # (env.sh reads the keys from secrets/ when sourced, as it reads the password: the code the jobs packaged, and
+    # each logged model's code/, hold no key either, as they did when the keys were a fixed string in the source)
+    assert found == [], found
 
 
 def test_a_local_ray_beside_the_standin_does_not_take_its_node_types(cluster, ray_cluster):
@@ -402,13 +483,14 @@ def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster):
 
     folder = Path(cluster.folder)
     running = _left(cluster)
-    token = cluster.token_path.read_text()
+    token, keys = cluster.token_path.read_text(), cluster.store_credentials()
     said = _standin_cli(folder, "down")
     stopped = re.fullmatch(r"stopped (\d+) processes of the stand-in in \S+\n", said)
     assert stopped and int(stopped[1]) >= len(running), (said, running)
     assert not _left(cluster), _left(cluster)
     assert not (folder / standin.STATE_FILE).exists() and not Path(cluster.ray_temp).exists()
     assert not (folder / standin.SECRETS_DIR).exists() and not (folder / standin.AUTH_DB).exists()  # gone with it
+    assert _standin_cli(folder, "down") == f"the stand-in in {folder} is already down: nothing of it runs\n"
 
     ports = {"--s3-port": cluster.s3_port, "--gcs-port": cluster.gcs_port, "--dashboard-port": cluster.dashboard_port,
              "--mlflow-port": cluster.mlflow_port}
@@ -417,5 +499,12 @@ def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster):
     again = standin.Standin.load(folder)
     assert again.session != cluster.session and _left(again)
     assert again.auth and again.token_path.read_text() != token  # new secrets, in the same places
-    with environ(again.mlflow_login()):  # the server answers, on its old database, to its new password
-        assert MlflowClient(again.tracking_uri).search_experiments()
+    assert again.store_credentials() != keys
+    # The bucket went with the stand-in (moto keeps nothing), and so do the runs whose artifacts were in it: up
+    # starts MLflow's store afresh and says so (MLflow once listed runs whose every runs:/ model pointed at nothing)
+    assert ("removed the MLflow store of the stand-in stopped before" in said
+            and "runs and bucket start empty" in said), said
+    assert _keys(again, "") == []
+    with environ(again.mlflow_login()):  # the server answers to its new password, with no run of before
+        client = MlflowClient(again.tracking_uri)
+        assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []

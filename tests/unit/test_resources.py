@@ -17,6 +17,7 @@ from nre_ray.cluster.session import (
     local_cluster,
     local_node,
     local_tracking,
+    node_groups,
     placement_timeout,
     plan_resources,
     read_node_types,
@@ -99,8 +100,12 @@ def test_the_least_share_is_tried_when_uneven_nodes_need_it():
         plan_resources(9, False, [{"CPU": 3.5}, {"CPU": 0.5}])
 
 
+#: What Ray adds to the head's resources (and to no other node's).
+HEAD_MARK = {"node:__internal_head__": 1.0}
+
+
 def test_what_the_autoscaler_can_add_counts_and_what_it_never_can_is_refused():
-    head = [{"CPU": 1.0}]
+    head = [{"CPU": 1.0, **HEAD_MARK}]
     cpu3 = NodeType("cpu_worker", {"CPU": 1.0}, 3)
     r = plan_resources(8, False, head, node_types=[cpu3])  # 2 on the head, 6 on three new nodes
     assert r.per_worker == {"CPU": 0.5} and r.waits
@@ -113,6 +118,25 @@ def test_what_the_autoscaler_can_add_counts_and_what_it_never_can_is_refused():
         plan_resources(3, False, head, node_types=[tiny])
     assert plan_resources(1000, False, head, node_types=[NodeType("big", {"CPU": 4.0}, NO_MAXIMUM)]).waits
     assert time.perf_counter() - started < 1.0
+
+
+def test_the_room_comes_from_the_node_types_not_from_the_nodes_up_now():
+    """A node the autoscaler added is one of its type's maximum, not one more: the same cluster holds as many
+    workers with none of them up as with two (it once said room for 8, then 12). The head, and a node of no
+    type (joined by hand), count once each; a head with no CPUs (the stand-in's, cluster.yaml's) none."""
+    cpu3 = NodeType("cpu_worker", {"CPU": 1.0}, 3)
+    node = {"CPU": 1.0, "memory": 2e9, "node:10.0.0.7": 1.0}  # Ray's own resources of an added node
+    for head in ({"CPU": 1.0, **HEAD_MARK}, {"CPU": 0.0, **HEAD_MARK}):
+        rooms = set()
+        for alive in ([head], [head, node], [head, node, dict(node)], [head, node, dict(node), dict(node)]):
+            groups = node_groups(alive, [cpu3])
+            assert sum(count for _, count in groups) == 4, (alive, groups)
+            with pytest.raises(UsageError, match=r"room for (\d+) such workers") as caught:
+                plan_resources(99, False, alive, node_types=[cpu3])
+            rooms.add(re.search(r"room for (\d+)", str(caught.value))[1])
+        assert rooms == ({"8"} if head["CPU"] else {"6"}), rooms
+    by_hand = {"CPU": 2.0, "node:10.0.0.9": 1.0}  # of no type: one node more
+    assert sum(count for _, count in node_groups([{"CPU": 1.0, **HEAD_MARK}, by_hand, node], [cpu3])) == 5
 
 
 def test_a_gpu_request_where_no_gpu_can_ever_be_is_refused_and_one_that_can_is_not():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import socket
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -78,6 +79,7 @@ def test_down_stops_only_what_is_still_the_standins(tmp_path, capsys):
         state = standin.Standin(str(tmp_path), "b", 1, 2, 3, 4, str(tmp_path / "ray"), session, (10002, 19999),
                                 [*ours, *strangers])
         state.save()
+        (tmp_path / "logs").mkdir()  # (as `up` leaves it)
 
         assert standin_main(["down", "--dir", str(tmp_path)]) == 0
         out = capsys.readouterr().out.splitlines()
@@ -91,6 +93,11 @@ def test_down_stops_only_what_is_still_the_standins(tmp_path, capsys):
         assert not alive(child)
         assert all(alive(p.pid) for p in others)
         assert not (tmp_path / standin.STATE_FILE).exists()
+        # Run again, it says so, and succeeds (it once failed with "no stand-in in ..." and exit 2); a folder where no
+        # stand-in ever was is still an error.
+        assert standin_main(["down", "--dir", str(tmp_path)]) == 0
+        assert capsys.readouterr().out == f"the stand-in in {tmp_path} is already down: nothing of it runs\n"
+        assert standin_main(["down", "--dir", str(tmp_path / "never")]) == 2
     finally:
         kill_all([p.pid for p in (recorded, shell, marked, *others)])
         for proc in (recorded, shell, marked, *others):
@@ -124,3 +131,15 @@ def test_a_wait_takes_a_program_that_is_not_http_for_not_up_yet_and_stops_when_i
     with pytest.raises(standin.UsageError, match=r"the server exited \(status 1\) before it answered: OSError"):
         standin._wait("the server", lambda: checks.append(None), 60, log, gone)
     assert len(checks) == 1  # it stopped at the first look that found the server gone, not at the 60 s timeout
+
+
+def test_a_reader_that_stops_early_ends_a_command_quietly(tmp_path):
+    """``python -m nre_ray.standin status | head -3`` once ended in a BrokenPipeError traceback. Every command ends
+    through :func:`nre_ray.console.exit_status`: here a command whose output fills the pipe (more than its 64 KiB
+    buffer, so that the write is certain to meet the closed end) into ``head -c 10``."""
+    script = ("import sys\nfrom nre_ray.console import exit_status\n"
+              "sys.exit(exit_status(lambda: print('x' * 200_000) or 0))\n")
+    done = subprocess.run(["bash", "-c", f'{sys.executable} -c "$0" 2>{tmp_path}/err | head -c 10; '
+                           'echo "${PIPESTATUS[0]}"', script], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "x" * 10 + "141\n", done
+    assert (tmp_path / "err").read_text() == ""
