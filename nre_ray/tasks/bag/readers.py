@@ -106,15 +106,27 @@ def find_entity(sentence: str, entity: str, avoid: tuple[int, int] | None = None
     """
     if not entity:
         return -1, 0
-    whole = [m.start() for m in re.finditer(r"(?<!\w)" + re.escape(entity) + r"(?!\w)", sentence)]
-    starts = whole or [m.start() for m in re.finditer("(?=" + re.escape(entity) + ")", sentence)]
-    if not starts:
+    starts, whole = [], []
+    at = sentence.find(entity)
+    while at >= 0:
+        starts.append(at)
+        end = at + len(entity)
+        if (at == 0 or not _is_word(sentence[at - 1])) and (end == len(sentence) or not _is_word(sentence[end])):
+            whole.append(at)
+        at = sentence.find(entity, at + 1)
+    candidates = whole or starts
+    if not candidates:
         return -1, 0
     if avoid is not None:
-        for start in starts:
+        for start in candidates:
             if start + len(entity) <= avoid[0] or start >= avoid[1]:
-                return start, len(starts)
-    return starts[0], len(starts)
+                return start, len(candidates)
+    return candidates[0], len(candidates)
+
+
+def _is_word(char: str) -> bool:
+    """Whether ``char`` is a word character (a letter, digit or ``_``: what ``\\w`` matches)."""
+    return char.isalnum() or char == "_"
 
 
 def nyt10_record(fields: Sequence[str]) -> tuple[dict[str, str], str]:
