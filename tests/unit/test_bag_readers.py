@@ -148,8 +148,9 @@ def test_csv_tsv_parquet_ids(tmp_path: Path) -> None:
     rows.to_csv(tmp_path / "ids.csv", index=False)
     rows.to_csv(tmp_path / "ids.tsv", index=False, sep="\t")
     rows.to_parquet(tmp_path / "ids.parquet")
+    rows.to_json(tmp_path / "ids.jsonl", orient="records", lines=True)
     rows.drop(columns=["head_id", "tail_id"]).to_csv(tmp_path / "plain.csv", index=False)
-    for name in ("ids.csv", "ids.tsv", "ids.parquet"):
+    for name in ("ids.csv", "ids.tsv", "ids.parquet", "ids.jsonl"):
         frame = read_bag_table(tmp_path / name)
         assert frame["head_id"].tolist() == ["/m/a", "/m/a"] and frame["tail_id"].tolist() == ["/m/b", ""], name
         assert (frame["problem"] == "").all()
