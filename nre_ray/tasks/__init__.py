@@ -1,3 +1,4 @@
 """Tasks: one package per kind of relation extraction, each owning its examples, head, loss, metrics and prediction
-rows (see /work/shared/notes/style.md's layout). So far only :mod:`nre_ray.tasks.document`'s building blocks are
-here; the sentence task still lives in the spine and is not yet expressed through this layer (issue 36/37)."""
+rows (docs/development.md's layout). So far the building blocks of :mod:`nre_ray.tasks.document` (documents: DocRED,
+CDR) and :mod:`nre_ray.tasks.bag` (distant supervision: bags of sentences) are here, tested but not yet wired into the
+commands; the sentence task still lives in the spine and moves here with the task layer (issues 36, 37, 38)."""
