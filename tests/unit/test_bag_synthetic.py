@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nre_ray.tasks.bag import bags, synthetic
-from nre_ray.tasks.bag.readers import detect_bag_format, read_bag_table, read_relation2id
+from nre_ray.tasks.bag.files import detect_bag_format, read_bag_table, read_relation2id
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "nre_ray" / "tasks" / "bag" / "sample"

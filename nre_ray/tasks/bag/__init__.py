@@ -2,16 +2,16 @@
 
 What is here (pure building blocks, unit-tested in ``tests/unit/test_bag_*.py``):
 
-* :mod:`.readers`: NYT10's TSV (``head id, tail id, head, tail, relation, sentence ###END###``), detected from the
+* :mod:`.files`: NYT10's TSV (``head id, tail id, head, tail, relation, sentence ###END###``), detected from the
   content; the entity-pair ids of OpenNRE JSON Lines (``h.id``/``t.id``) and of CSV/TSV/JSON Lines/Parquet
   (``head_id``/``tail_id`` columns); NYT10's ``relation2id.txt`` and the check that a label file names the data's
   labels (labels come from the data).
 * :mod:`.bags`: bag keys (ids, else entity texts), multi-label bag labels with NA as OpenNRE, the seeded bottom-k
   size cap, merging a bag split across inputs, and shards balanced by sentences: pure functions on pandas batches.
 * :mod:`.aggregators`: ``att`` (selective attention, Lin et al. 2016), ``avg``, ``one`` over (N, H) sentence vectors
-  and bag offsets; :mod:`.model`: :class:`~.model.BagClassifier`, any of ``nre_ray.models``' encoders under an
+  and bag offsets; :mod:`.network`: :class:`~.network.BagClassifier`, any of ``nre_ray.models``' encoders under an
   aggregator, with OpenNRE's softmax loss over (bag, relation) instances.
-* :mod:`.metrics`: OpenNRE's held-out evaluation (PR curve, AUC, P@100/200/300, max F1), micro/macro F1 at a
+* :mod:`.heldout`: OpenNRE's held-out evaluation (PR curve, AUC, P@100/200/300, max F1), micro/macro F1 at a
   threshold and the threshold chosen on validation; exact and independent of the order bags arrive in.
 * :mod:`.synthetic`: an NYT10-shaped synthetic corpus (``scripts/make_bag_corpus.py``) and the bundled bag sample
   in ``sample/`` (NA + 4 relations, 640 sentences).

@@ -7,7 +7,7 @@ Inputs, for a batch of B bags holding N sentences in all (no padding: bags of an
 * ``scope`` (B + 1,) int64 offsets: bag b is ``reps[scope[b]:scope[b + 1]]`` (every bag non-empty);
 * at training time, K (bag, relation) *instances*: ``bag_of`` (K,) and ``query`` (K,) relation ids. A bag with one
   label is one instance; a multi-label bag is one instance per label, as OpenNRE trains NYT10 on (head, tail,
-  relation) bags. Softmax cross-entropy over the instances' logits (K, C) is the loss (:mod:`.model`).
+  relation) bags. Softmax cross-entropy over the instances' logits (K, C) is the loss (:mod:`.network`).
 
 ``train_logits(reps, scope, bag_of, query) -> (K, C)`` logits (dropout on the bag vector, as OpenNRE);
 ``scores(reps, scope) -> (B, C)`` probabilities at inference (no dropout; each relation scored on its own terms).

@@ -13,7 +13,7 @@ What is here (pure, typed, unit-tested; tests/unit/test_document_*.py):
 * :mod:`.encoding`: ATLOP's ``*`` mention markers, token ids, mention start positions, the label matrix (TH at 0),
   a word vocabulary for from-scratch encoders.
 * :mod:`.batching`: length-bucketed batches, padding share, token-balanced shards, padding into arrays.
-* :mod:`.model`: ATLOP (entity logsumexp pooling, localized context pooling, grouped bilinear), the
+* :mod:`.atlop`: ATLOP (entity logsumexp pooling, localized context pooling, grouped bilinear), the
   adaptive-threshold loss, inference, overlapping windows for long documents. :mod:`.encoder`: a from-scratch
   transformer that returns attention, and any Hugging Face encoder (``output_attentions=True``).
 * :mod:`.scoring`: micro P/R/F1, DocRED's Ign F1, intra/inter-sentence (CDR), per relation; additive counts, so

@@ -1,7 +1,7 @@
 """Encoders for documents: token ids -> token states and the last layer's attention, which ATLOP's head reads.
 
 Both follow :class:`DocumentEncoder`: ``encoder(input_ids (B, T), mask (B, T)) -> (states (B, T, H), attention
-(B, heads, T, T))``, plus what the windowing (:func:`.model.encode_long`) needs: ``window`` (the most tokens one
+(B, heads, T, T))``, plus what the windowing (:func:`.atlop.encode_long`) needs: ``window`` (the most tokens one
 pass takes), ``num_start``/``num_end`` (special tokens at the ends of every input, repeated in every window).
 
 * :class:`TransformerDocumentEncoder`, trained from scratch (nothing to download): the layers are PyTorch's

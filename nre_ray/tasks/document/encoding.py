@@ -109,7 +109,7 @@ def encode_document(doc: Document, pairs: Sequence[tuple[int, int]], relations: 
     """``doc`` as an :class:`EncodedDocument`: marked tokens (:func:`mark_tokens`) turned into ids by ``to_ids``,
     between the ids ``start`` and ``end`` (a pretrained encoder's ``[CLS]`` and ``[SEP]``), the candidate
     ``pairs`` and their labels (:func:`label_matrix`). Not truncated: long documents are read in windows by the
-    model (:func:`.model.encode_long`)."""
+    model (:func:`.atlop.encode_long`)."""
     tokens, mention_pos = mark_tokens(doc, pieces, marker)
     offset = len(start)
     ids = np.asarray([*start, *to_ids(tokens), *end], dtype=np.int64)  # (T,)

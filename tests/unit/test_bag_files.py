@@ -12,7 +12,7 @@ import pytest
 from nre_ray import storage
 from nre_ray.data.errors import DataError
 from nre_ray.tasks.bag import bags, readers
-from nre_ray.tasks.bag.readers import COLUMNS, detect_bag_format, find_entity, read_bag_table
+from nre_ray.tasks.bag.files import COLUMNS, detect_bag_format, find_entity, read_bag_table
 
 DEGREE = "/people/person/education./education/education/degree"
 

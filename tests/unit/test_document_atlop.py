@@ -1,4 +1,4 @@
-"""The ATLOP document model (nre_ray.tasks.document.model / encoder): shapes, entity pooling, the adaptive-threshold
+"""The ATLOP document model (nre_ray.tasks.document.atlop / encoder): shapes, entity pooling, the adaptive-threshold
 loss and its inference, long documents read in windows, a Hugging Face encoder, and a tiny model that learns."""
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from nre_ray.tasks.document.batching import pad_batch
-from nre_ray.tasks.document.encoder import TransformerDocumentEncoder, load_huggingface_encoder
-from nre_ray.tasks.document.encoding import build_vocab, encode_document, relation_index
-from nre_ray.tasks.document.model import (
+from nre_ray.tasks.document.atlop import (
     DocumentModel,
     adaptive_threshold_loss,
     encode_long,
@@ -24,6 +21,9 @@ from nre_ray.tasks.document.model import (
     predict_labels,
     window_positions,
 )
+from nre_ray.tasks.document.batching import pad_batch
+from nre_ray.tasks.document.encoder import TransformerDocumentEncoder, load_huggingface_encoder
+from nre_ray.tasks.document.encoding import build_vocab, encode_document, relation_index
 from nre_ray.tasks.document.pairs import candidate_pairs, type_pairs
 from nre_ray.tasks.document.records import document_from_dict
 from nre_ray.tasks.document.sample import RELATIONS, sample_documents

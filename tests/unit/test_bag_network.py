@@ -11,8 +11,8 @@ from nre_ray.config import ModelConfig
 from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.bag import bags, metrics, synthetic
 from nre_ray.tasks.bag.aggregators import AGGREGATORS, BagAttention, BagAverage, segment_softmax
-from nre_ray.tasks.bag.model import BagClassifier, build_bag_model, instances
-from nre_ray.tasks.bag.readers import read_nyt10
+from nre_ray.tasks.bag.files import read_nyt10
+from nre_ray.tasks.bag.network import BagClassifier, build_bag_model, instances
 
 H, C = 6, 4
 SIZES = (1, 3, 2)  # bags of different sizes side by side, no padding
