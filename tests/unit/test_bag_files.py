@@ -11,7 +11,7 @@ import pytest
 
 from nre_ray import storage
 from nre_ray.data.errors import DataError
-from nre_ray.tasks.bag import bags, readers
+from nre_ray.tasks.bag import bags, files
 from nre_ray.tasks.bag.files import COLUMNS, detect_bag_format, find_entity, read_bag_table
 
 DEGREE = "/people/person/education./education/education/degree"
@@ -43,29 +43,29 @@ def test_gids_files(shared_datasets: Path, name: str, sentences: int, id_bags: i
 
 def test_gids_relation2id_disagrees_with_the_data(shared_datasets: Path) -> None:
     folder = shared_datasets / "gids"
-    file_labels = readers.read_relation2id(folder / "relation2id.txt")
+    file_labels = files.read_relation2id(folder / "relation2id.txt")
     assert file_labels[0] == "NA" and len(file_labels) == 5
     frame = read_bag_table(folder / "dev.tsv")
     with pytest.raises(DataError) as err:
-        readers.check_label_file(str(folder / "relation2id.txt"), file_labels, readers.first_occurrences(frame))
+        files.check_label_file(str(folder / "relation2id.txt"), file_labels, files.first_occurrences(frame))
     message = str(err.value)
     assert f"the data's label {DEGREE!r} (first at {folder / 'dev.tsv'}:8) is not in the label file; " \
            f"the label file has {DEGREE + 's'!r}" in message
-    assert message.endswith(readers.HINT_LABEL_FILE) and message.count("\n") == 1
+    assert message.endswith(files.HINT_LABEL_FILE) and message.count("\n") == 1
     fixed = [label.replace("degrees", "degree") for label in file_labels]
-    assert readers.check_label_file("x", fixed, readers.first_occurrences(frame)) == fixed
+    assert files.check_label_file("x", fixed, files.first_occurrences(frame)) == fixed
 
 
 def test_relation2id_problems(tmp_path: Path) -> None:
     path = tmp_path / "relation2id.txt"
     path.write_text("NA 0\n/a 1\n\n/b 1\n")
     with pytest.raises(DataError, match=r"relation2id.txt:4: label '/b' or id 1 given twice \(first on line 2\)"):
-        readers.read_relation2id(path)
+        files.read_relation2id(path)
     path.write_text("NA 0\n/a one\n")
     with pytest.raises(DataError, match=r":2: expected 'LABEL ID' \(found '/a one'\)"):
-        readers.read_relation2id(path)
+        files.read_relation2id(path)
     path.write_text("/b 2\nNA 0\n/a 1\n")
-    assert readers.read_relation2id(path) == ["NA", "/a", "/b"]
+    assert files.read_relation2id(path) == ["NA", "/a", "/b"]
 
 
 def test_find_entity() -> None:
@@ -109,7 +109,7 @@ def test_nyt10_chunks_and_detection(tmp_path: Path) -> None:
     path = tmp_path / "train.tsv"  # a .tsv extension: the content says nyt10
     path.write_text(text)
     assert detect_bag_format(path) == "nyt10"
-    chunks = list(readers.read_nyt10_chunks(path, rows_per_chunk=2))
+    chunks = list(files.read_nyt10_chunks(path, rows_per_chunk=2))
     assert [len(c) for c in chunks] == [2, 2, 1]
     whole = pd.concat(chunks, ignore_index=True)
     pd.testing.assert_frame_equal(whole, read_bag_table(path))
@@ -177,7 +177,7 @@ def test_uri_inputs(object_store: str, tmp_path: Path) -> None:
     assert frame["problem"].tolist()[1] == "tail: 'Z' does not occur in the sentence"
     expected = read_bag_table(local).drop(columns="file")
     pd.testing.assert_frame_equal(frame.drop(columns="file"), expected)
-    assert pd.concat(readers.read_nyt10_chunks(uri, 1))["file"].tolist() == [uri, uri]
+    assert pd.concat(files.read_nyt10_chunks(uri, 1))["file"].tolist() == [uri, uri]
     ids = read_bag_table(storage.join(base, "o.jsonl"))
     assert ids["head_id"].tolist() == ["x"] and ids["file"].tolist() == [storage.join(base, "o.jsonl")]
     with pytest.raises(DataError, match="file not found"):

@@ -9,7 +9,7 @@ import torch
 
 from nre_ray.config import ModelConfig
 from nre_ray.models.registry import ModelSpec
-from nre_ray.tasks.bag import bags, metrics, synthetic
+from nre_ray.tasks.bag import bags, heldout, synthetic
 from nre_ray.tasks.bag.aggregators import AGGREGATORS, BagAttention, BagAverage, segment_softmax
 from nre_ray.tasks.bag.files import read_nyt10
 from nre_ray.tasks.bag.network import BagClassifier, build_bag_model, instances
@@ -219,5 +219,5 @@ def test_tiny_bag_model_learns(tmp_path) -> None:
     assert losses[-1] < 0.3 * losses[0], losses  # seen: 8.5 -> 0.9
     batch = collate(tensorize(test, vocab, labels))
     scores = model.eval().scores(batch).numpy()
-    held = metrics.held_out(test["bag"].tolist(), scores, batch["labels"].numpy(), na_index=0)
+    held = heldout.held_out(test["bag"].tolist(), scores, batch["labels"].numpy(), na_index=0)
     assert held["auc"] > 0.7, held  # seen: 0.90; chance: the share of facts in the 200 (bag, relation) pairs, 0.24
