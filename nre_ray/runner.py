@@ -44,6 +44,7 @@ from nre_ray.cluster.session import (
     set_placement_timeout,
     size_workers,
     start_ray,
+    torch_config,
 )
 from nre_ray.config import Config
 from nre_ray.redact import redact
@@ -537,6 +538,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     trainer_cls = elastic_trainer(TorchTrainer) if cfg.elastic else TorchTrainer
     return trainer_cls(
         train_loop_per_worker,
+        torch_config=torch_config(),  # on a local Ray, PyTorch's rendezvous listens on 127.0.0.1 alone
         train_loop_config={"config": cfg.to_dict(), "data": data_ref, "tracking_uri": target.tracking_uri,
                            "run_id": run_id, "threads": resources.threads,
                            "startup": {"command": started, "fit": time.time()}},  # the loop logs startup_workers_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,6 +50,72 @@ def loopback_node() -> Iterator[dict[str, str]]:
         yield {"_node_ip_address": "127.0.0.1", "dashboard_host": "127.0.0.1"}
     finally:
         constants.ENABLE_RAY_CLUSTER = before
+
+
+#: Rank 0's rendezvous store (and its listening socket) of the process group of this worker process, kept for as
+#: long as the process lives (:func:`open_loopback_store`).
+_LOOPBACK_STORE: list[Any] = []
+
+
+def open_loopback_store(world_size: int, timeout_s: float) -> int:
+    """On rank 0: PyTorch's rendezvous store (a TCPStore server) for a process group of ``world_size`` ranks,
+    listening on 127.0.0.1 alone; returns its port. (A TCPStore that PyTorch opens itself listens on every
+    interface, whatever host it is given: ``master_listen_fd`` is how it takes a socket bound elsewhere.)"""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False, master_listen_fd=sock.fileno())
+    _LOOPBACK_STORE[:] = [store, sock]
+    return port
+
+
+def use_loopback_store(port: int) -> None:
+    """On every rank: ``env://`` rendezvous at 127.0.0.1:``port`` as a client of the store
+    :func:`open_loopback_store` opened on rank 0 (PyTorch's TORCHELASTIC_USE_AGENT_STORE: every rank a client, no
+    rank opens a store of its own)."""
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"})
+
+
+def loopback_torch_config() -> Any:
+    """A ``ray.train.torch.TorchConfig`` for a Ray whose nodes are all on the loopback address (the local Ray a
+    command starts, :func:`loopback_node`): the workers' process group meets through a rendezvous store that
+    listens on 127.0.0.1 only (:func:`open_loopback_store`), so nothing of a training run can be reached from the
+    network. The backend (gloo, or NCCL on GPUs) and the rest of the setup are Ray Train's own."""
+    # Private: Ray Train's torch backend (ray.train.torch.config._TorchBackend) has rank 0 pick an address and port
+    # and every rank call torch.distributed.init_process_group, where rank 0's TCPStore binds every interface; no
+    # setting of Ray's or PyTorch's binds it elsewhere. TorchConfig.backend_cls is the one place to put another
+    # setup; it reuses Ray's _setup_torch_process_group (NCCL's error handling) and _set_torch_distributed_env_vars.
+    import ray
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group, _TorchBackend
+
+    class LoopbackTorchBackend(_TorchBackend):
+        def on_start(self, worker_group: Any, backend_config: Any) -> None:
+            gpus = worker_group.get_resources_per_worker().get("GPU", 0)
+            backend = backend_config.backend or ("nccl" if gpus > 0 else "gloo")
+            size, timeout_s = len(worker_group), backend_config.timeout_s
+            port = worker_group.execute_single(0, open_loopback_store, size, timeout_s)
+            worker_group.execute(use_loopback_store, port)
+            worker_group.execute(_set_torch_distributed_env_vars)
+            ray.get([worker_group.execute_single_async(rank, _setup_torch_process_group, backend=backend,
+                                                       world_rank=rank, world_size=size, init_method="env://",
+                                                       timeout_s=timeout_s)
+                     for rank in range(size)])
+
+    class LoopbackTorchConfig(TorchConfig):
+        @property
+        def backend_cls(self) -> type:
+            return LoopbackTorchBackend
+
+    return LoopbackTorchConfig()
 
 
 def local_gpus() -> int:

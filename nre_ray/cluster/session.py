@@ -498,8 +498,8 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
     manager, workers, dashboard and its agents) listens on the loopback address only
     (:func:`ray_private.loopback_node`), so it can be reached from this machine alone; it runs without token
     authentication (``RAY_AUTH_MODE=disabled`` unless the user set the mode), so other users of this machine could
-    reach it while the command runs. (PyTorch's rendezvous store, which rank 0 of a multi-worker run opens, listens
-    on every interface: PyTorch binds its TCPStore there.)
+    reach it while the command runs. The workers' PyTorch rendezvous on it listens on 127.0.0.1 too
+    (:func:`torch_config`).
     ``address="local"``: a bare ``ray.init()`` joins the cluster the last ``ray start`` on this machine recorded
     (RAY_TMPDIR's ``ray/ray_current_cluster``), which would put the run on the user's cluster, and fail there on
     ``num_cpus``."""
@@ -523,6 +523,24 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
                          f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
                          "machine is too busy; try again when it is quieter, or start Ray once with "
                          "`ray start --head` and pass --address auto.") from None
+
+
+def torch_config() -> Any:
+    """The ``TorchConfig`` of a run's workers on the joined Ray: where every alive node is on the loopback address
+    (the local Ray a command starts, :func:`_start_local`), one whose PyTorch rendezvous store listens on 127.0.0.1
+    alone (:func:`ray_private.loopback_torch_config`; PyTorch's own binds every interface); elsewhere Ray Train's
+    default, whose rendezvous the other nodes reach over the network."""
+    import ray
+    from ray.train.torch import TorchConfig
+
+    from nre_ray.cluster.ray_private import loopback_torch_config
+
+    hosts = {str(n.get("NodeManagerAddress")) for n in ray.nodes() if n.get("Alive")}
+    try:
+        on_loopback = bool(hosts) and all(ipaddress.ip_address(host).is_loopback for host in hosts)
+    except ValueError:  # a host name
+        on_loopback = False
+    return loopback_torch_config() if on_loopback else TorchConfig()
 
 
 def local_node(gpus: bool = True) -> dict[str, float]:

@@ -211,6 +211,7 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
         root_cause,
         set_placement_timeout,
         start_ray,
+        torch_config,
     )
 
     out = console.get()
@@ -231,6 +232,7 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
     with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_") as storage:
         trainer = TorchTrainer(
             eval_loop_per_worker,
+            torch_config=torch_config(),  # on a local Ray, PyTorch's rendezvous listens on 127.0.0.1 alone
             train_loop_config={"model": ray.put(payload), "data": ship(info), "labels": loaded.labels,
                                "negative_label": negative, "threads": resources.threads, "sink": sink},
             scaling_config=ray.train.ScalingConfig(num_workers=num_workers, resources_per_worker=resources.per_worker),

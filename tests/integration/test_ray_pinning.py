@@ -41,13 +41,34 @@ import json, sys
 sys.path.insert(0, {repo!r})
 from tests.procs import descendants, listening
 print("listening", json.dumps(listening([os.getpid(), *descendants(os.getpid())])))
+
+# Two training workers with the run's torch config: their process group meets on 127.0.0.1 alone.
+import ray.train
+import torch
+import torch.distributed as dist
+from ray.train.torch import TorchTrainer
+from nre_ray.cluster.session import torch_config
+
+def rank_sockets(config):
+    total = torch.ones(1)
+    dist.all_reduce(total)  # the process group is up and works
+    rank = ray.train.get_context().get_world_rank()
+    sys.path.insert(0, config["repo"])
+    from tests.procs import listening
+    with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as out:
+        json.dump({"sum": float(total), "sockets": listening([os.getpid()])}, out)
+
+TorchTrainer(rank_sockets, train_loop_config={"repo": {repo!r}, "out": os.getcwd()}, torch_config=torch_config(),
+             scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+             run_config=ray.train.RunConfig(name="sockets", storage_path=os.getcwd())).fit()
 ray.shutdown()
 """
 
 
 def test_the_state_api_answers_from_this_runs_own_cluster(ray_cluster, tmp_path):
     """And every process of that Ray (GCS, raylet, workers, dashboard, agents, the driver) listens on the loopback
-    address only: nothing of a command's local Ray can be reached from the network."""
+    address only, and so do two training workers' PyTorch rendezvous and process group: nothing of a command's
+    local Ray can be reached from the network."""
     assert ray_cluster.is_initialized()  # another Ray instance on this machine
     child_env = {k: v for k, v in env().items() if k != "RAY_API_SERVER_ADDRESS"}  # as a user's shell has it
     done = subprocess.run([sys.executable, "-c", SCRIPT.replace("{repo!r}", repr(str(REPO)))], env=child_env,
@@ -59,6 +80,10 @@ def test_the_state_api_answers_from_this_runs_own_cluster(ray_cluster, tmp_path)
     assert any("gcs_server" in command for _, command, _, _ in sockets), sockets
     assert any("raylet" in command for _, command, _, _ in sockets), sockets
     assert [s for s in sockets if not loopback(s[2])] == []
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["sum"] for r in ranks] == [2.0, 2.0], ranks
+    assert ranks[0]["sockets"], ranks  # rank 0 holds the rendezvous store (and gloo's own sockets)
+    assert [s for r in ranks for s in r["sockets"] if not loopback(s[2])] == [], ranks
 
 
 OWN = """
