@@ -275,6 +275,8 @@ class Runner:
         else:
             files["audit"] = f"{out}/audit.json"
             args = ["nre_ray.data", "inspect", "--data-dir", data, "--no-cache", "--json", files["audit"]]
+            if cell.path == "s3" and cell.address != "none":  # on the cluster its preprocessing builds in the
+                args += ["--storage-path", f"{out}/ray_results"]  # store: the head has no CPU (docs/cluster.md)
         if cell.address == "flag":
             args += ["--address", m.state.gcs_address]
         if cell.address == "env":  # the file `standin up` wrote, sourced as docs/cluster.md says
