@@ -63,6 +63,18 @@ def _canonical_query(query: str, drop: str = "") -> str:
                     for n, v in sorted(pairs))
 
 
+def _credential(credential: str, access_key: str,
+                malformed: tuple[str, str]) -> tuple[list[str], tuple[str, str] | None]:
+    """A SigV4 credential ``KEY/DATE/REGION/s3/aws4_request`` split in its parts, and why S3 would refuse it
+    (``malformed``, or an unknown key id), or None."""
+    scope = credential.split("/")
+    if len(scope) != 5 or scope[3] != "s3" or scope[4] != "aws4_request":
+        return scope, malformed
+    if not hmac.compare_digest(scope[0].encode(), access_key.encode()):
+        return scope, ("InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records.")
+    return scope, None
+
+
 def check_request(method: str, raw_uri: str, headers: dict[str, str], access_key: str, secret_key: str,
                   now: dt.datetime | None = None) -> tuple[str, str] | None:
     """Why S3 would refuse this request for the key pair ``access_key``/``secret_key``, as (code, message); None
@@ -80,11 +92,10 @@ def check_request(method: str, raw_uri: str, headers: dict[str, str], access_key
         return _check_presigned(method, path, query, params, lower, access_key, secret_key, now)
     if not authorization.startswith("AWS4-HMAC-SHA256 "):
         return "AccessDenied", "Access Denied: this store takes requests signed with its key (AWS Signature V4) only"
-    scope = _field(authorization, "Credential").split("/")
-    if len(scope) != 5 or scope[3] != "s3" or scope[4] != "aws4_request":
-        return "AuthorizationHeaderMalformed", "The authorization header is malformed"
-    if not hmac.compare_digest(scope[0].encode(), access_key.encode()):
-        return "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records."
+    scope, refused = _credential(_field(authorization, "Credential"), access_key,
+                                 ("AuthorizationHeaderMalformed", "The authorization header is malformed"))
+    if refused:
+        return refused
     stamp = lower.get("x-amz-date", "")
     try:
         signed_at = dt.datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
@@ -112,11 +123,10 @@ def _check_presigned(method: str, path: str, query: str, params: dict[str, str],
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    scope = params.get("X-Amz-Credential", "").split("/")
-    if len(scope) != 5 or scope[3] != "s3" or scope[4] != "aws4_request":
-        return "AuthorizationQueryParametersError", "The presigned URL's credential is malformed"
-    if not hmac.compare_digest(scope[0].encode(), access_key.encode()):
-        return "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records."
+    scope, refused = _credential(params.get("X-Amz-Credential", ""), access_key,
+                                 ("AuthorizationQueryParametersError", "The presigned URL's credential is malformed"))
+    if refused:
+        return refused
     stamp = params.get("X-Amz-Date", "")
     try:
         signed_at = dt.datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
