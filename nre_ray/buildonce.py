@@ -1,6 +1,6 @@
 """Build a folder once, safely under concurrency: the one protocol of the preprocessing cache
 (:func:`nre_ray.data.pipeline.prepare`), of the local copies of files in an object store
-(:func:`nre_ray.storage.local_copy`) and of a local MLflow sqlite store (:func:`nre_ray.tracking.sqlite_store.ready`,
+(:func:`local_copy`) and of a local MLflow sqlite store (:func:`nre_ray.tracking.sqlite_store.ready`,
 built in a private folder too, then its file renamed).
 
 * **Private folder, one rename.** A builder works in a private folder next to the target,
@@ -23,6 +23,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
@@ -185,3 +186,34 @@ def _last_change(folder: Path | str) -> float:
     except OSError:
         return time.time()  # vanishing or unreadable: not stale
     return max(times)
+
+
+def default_cache_root() -> Path:
+    """Where :func:`local_copy` keeps its copies: ``<tmp>/nre_ray-<uid>/remote``."""
+    return Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "remote"
+
+
+def local_copy(path: storage.PathLike, cache_root: storage.PathLike | None = None,
+               skip_suffixes: tuple[str, ...] = ()) -> Path:
+    """A local copy of the file or folder ``path``, downloaded once per machine; a local path is returned as it is.
+
+    The copy lives in ``cache_root`` (default :func:`default_cache_root`) under a key made of the URI, the size and
+    modification time of every file (a changed object is downloaded again) and ``skip_suffixes`` (files left out,
+    e.g. the weights when only a tokenizer is needed); its name is the URI's last component. It is made by the
+    protocol of this module: downloaded into a private folder and renamed into place, processes of one
+    machine that ask at the same time waiting for one download."""
+    if not storage.is_uri(path):
+        return storage.as_local_path(path)
+    uri = os.fspath(path).rstrip("/")
+    listing = [row for row in storage.stamp(uri) if not str(row[0]).endswith(skip_suffixes)]
+    key = hashlib.sha256(json.dumps([uri, listing, sorted(skip_suffixes)]).encode()).hexdigest()[:24]
+    done = Path(cache_root if cache_root is not None else default_cache_root()) / key
+    target = done / (storage.name_of(uri) or "copy")
+    if done.is_dir():
+        return target
+    with turn(done):
+        if not done.is_dir():  # else another process finished it while this one waited
+            with private_folder(done) as private:
+                storage.download(uri, private / target.name, skip_suffixes=skip_suffixes)
+                publish(private, done, complete=Path.is_dir)
+    return target

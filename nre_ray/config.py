@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nre_ray import storage
+from nre_ray.user_error import ConfigError
+
 #: The encoders of nre_ray.models.registry (kept here so that --help and the parser need not import torch;
 #: tests/unit/test_config.py checks that the two agree).
 MODELS = ("cnn", "pcnn", "bilstm", "transformer", "bert")
@@ -33,10 +36,6 @@ METRICS = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "micro_f1"
 EARLIER_BEHAVIOUR: dict[tuple[str, str], Any] = {
     ("data", "entity_markers"): False,
 }
-
-
-class ConfigError(ValueError):
-    """A configuration value or key that cannot be used; the message says which and what to do."""
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -500,8 +499,6 @@ def _version() -> str:
 def read_toml(path: str | Path, what: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
     """The TOML file ``path``, a local path or a URI (``what`` it is, for the messages); ``error`` when it is
     missing, cannot be read or is not TOML."""
-    from nre_ray import storage
-
     try:
         text = storage.read_bytes(path).decode("utf-8")
     except storage.StorageError as err:

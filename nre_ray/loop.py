@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
-from nre_ray import elastic, tempfiles
+from nre_ray import buildonce, elastic, tempfiles
 from nre_ray import metrics as M
 from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.cluster.ray_private import in_local_train_mode, preemption_notice
@@ -200,13 +200,12 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
     With ``cache``: ``{"dir": the local cache folder's absolute path, "shared": the shared cache's URI or None,
     "splits": names}`` (what :func:`nre_ray.runner.build_trainer` sends), the splits' ``.npy`` files are read by rows
     (:class:`nre_ray.data.rowfile.RowFile`) from the local folder when it is on this node (one machine, or the same
-    path on every node), else from a copy of the shared cache made once per node (:func:`nre_ray.storage.local_copy`).
+    path on every node), else from a copy of the shared cache made once per node (:func:`nre_ray.buildonce.local_copy`).
     Nothing is read until a batch asks for its rows, so a worker reads only its shard. With ``splits`` (name -> padded
     or flat arrays, in memory: tests and local runs), those arrays are used as they are.
     """
     if "splits" in data:
         return {name: EncodedSplit(arrays, name) for name, arrays in data["splits"].items()}
-    from nre_ray import storage
     from nre_ray.data.pipeline import split_files_complete
 
     cache = data["cache"]
@@ -215,7 +214,7 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
         if not cache.get("shared"):
             raise FileNotFoundError(f"the preprocessed data is not on this node: {folder} (and no shared cache to "
                                     "copy it from: pass a shared --storage-path, or the same path on every node)")
-        folder = storage.local_copy(cache["shared"])
+        folder = buildonce.local_copy(cache["shared"])
         if not split_files_complete(folder, cache["splits"]):  # complete, of this layout
             raise FileNotFoundError(f"the shared cache {cache['shared']} (copied to {folder}) lacks the splits "
                                     f"{cache['splits']}")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nre_ray import storage
+from nre_ray import buildonce, storage
 from nre_ray.config import ConfigError
 
 T = TypeVar("T")
@@ -72,10 +72,10 @@ def pretrained_error(name: str, what: str, err: Exception) -> ConfigError:
 
 def pretrained_copy(name: str, weights: bool) -> Path:
     """A local copy of the ``--pretrained`` folder ``name``, a URI (``s3://bucket/models/minilm``): downloaded once per
-    machine (:func:`nre_ray.storage.local_copy`), with the PyTorch weights only when ``weights`` (the driver needs
+    machine (:func:`nre_ray.buildonce.local_copy`), with the PyTorch weights only when ``weights`` (the driver needs
     the tokenizer and config, the workers the model). ConfigError naming the URI and what to check."""
     try:
-        return storage.local_copy(name, skip_suffixes=OTHER_FRAMEWORKS if weights else WEIGHT_SUFFIXES)
+        return buildonce.local_copy(name, skip_suffixes=OTHER_FRAMEWORKS if weights else WEIGHT_SUFFIXES)
     except storage.StorageError as err:
         raise ConfigError(f"--pretrained {name}: {err.reason}" + (f". {err.hint}" if err.hint else "")) from None
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray import console, tempfiles
+from nre_ray import storage as fs
 from nre_ray.cluster.session import (
     Resources,
     UsageError,
@@ -64,8 +65,6 @@ def _git_commit() -> str | None:
 def _existing_checkpoints(storage: str, run_name: str) -> list[str]:
     """Checkpoint folders of the run: all of them on a local path; the latest registered one for a URI (s3://,
     gs://, ... and file://), from Ray Train's record of the run."""
-    from nre_ray import storage as fs
-
     if fs.scheme(storage):
         latest = _latest_checkpoint(storage, run_name)
         return [latest.path.rstrip("/").rsplit("/", 1)[-1]] if latest is not None else []
@@ -112,7 +111,6 @@ def check_inputs(cfg: Config) -> None:
     """Before Ray starts: the data folder has a training file, each explicit local input file exists, and the
     folder of ``--summary-json`` exists (DataError / UsageError naming the path; URIs are checked by the
     preprocessing, in their store)."""
-    from nre_ray import storage as fs
     from nre_ray.data.datadir import find_data_files
     from nre_ray.data.errors import DataError, Problem
 
@@ -150,8 +148,6 @@ def claim_run(cfg: Config, what: str = "run") -> Iterator[None]:
         yield
         return
     from nre_ray import buildonce
-    from nre_ray import storage as fs
-
     folder = fs.join(fs.absolute(cfg.run.storage_path or "ray_results"), cfg.run.run_name)
     try:
         with buildonce.turn(folder, wait=False):
@@ -229,8 +225,6 @@ def run_log_path(cfg: Config, target: Target) -> str | None:
     """Where the run's log file goes (:class:`nre_ray.console.RunLog`): the run's folder under a local storage path;
     under a URI, a folder of this machine's temporary directory (the file reaches MLflow when the run ends). None
     under a Ray Client address (``ray://``: Ray streams its processes' output to this process another way)."""
-    from nre_ray import storage as fs
-
     if resolve_address(cfg.run.address).kind == "client":
         return None
     if not fs.scheme(target.storage):
@@ -281,7 +275,6 @@ def resolve_target(cfg: Config) -> Target:
     """Name the run, resolve the storage path and tracking URI, and find the MLflow run ``--resume`` continues.
     Refuses to overwrite an existing run's checkpoints and an address Ray cannot join. Makes local input paths
     absolute (workers change directory); URIs stay as they are."""
-    from nre_ray import storage as fs
     from nre_ray.data.pipeline import DEFAULT_STORAGE, cache_places
     from nre_ray.tracking import store as tracking
 
@@ -375,8 +368,6 @@ def connect(cfg: Config, target: Target, step: console.Phase | None = None) -> R
 def cache_on_every_node(cfg: Config, storage: str) -> bool:
     """The preprocessing cache is on every node: under a local ``--storage-path`` that ``--allow-local-storage``
     says is mounted at the same path on every node."""
-    from nre_ray import storage as fs
-
     if not cfg.run.allow_local_storage or fs.is_uri(storage) or not cfg.data.cache_dir:
         return False
     return Path(cfg.data.cache_dir).absolute().is_relative_to(Path(storage).absolute())
@@ -473,8 +464,6 @@ def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
     (``<storage>/<run name>/rejected_rows.csv``, local or in an object store) and in MLflow
     (``data/rejected_rows.csv``): written in a private temporary folder, nothing in the working directory, so runs at
     once never write over each other's."""
-    from nre_ray import storage as fs
-
     rejected_path = fs.join(target.storage, target.run_name, "rejected_rows.csv")
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("rejected")) as folder:
         local = Path(folder) / "rejected_rows.csv"
@@ -581,7 +570,7 @@ def _start_of(target: Target) -> tuple[int, int, str] | None:
     result = _latest_result(target.storage, target.run_name) if target.resumed is not None else None
     if result is None or result.checkpoint is None:
         return None
-    return *(resume_point(result.metrics or {}) or (0, 0)), _full_path(result.checkpoint.path, target.storage)
+    return *(resume_point(result.metrics or {}) or (0, 0)), fs.with_scheme(result.checkpoint.path, target.storage)
 
 
 def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | None = None,
@@ -655,7 +644,7 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
         "run_id": run_id, "run_name": target.run_name, "experiment": cfg.run.experiment_name,
         "experiment_id": tracking.experiment_id(target.tracking_uri, run_id),
         "tracking_uri": target.tracking_uri, "storage_path": target.storage,
-        "best_checkpoint": _full_path(best.path, target.storage) if best else None,
+        "best_checkpoint": fs.with_scheme(best.path, target.storage) if best else None,
         "best_epoch": int(best_metrics.get("epoch", 0)) if best_metrics else None,
         "epochs_run": epochs_run, "stop_reason": stopped,
         "select_metric": metric,
@@ -691,14 +680,6 @@ def _sigint_restored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _full_path(path: str, storage: str) -> str:
-    """A checkpoint path as the user gave the storage: Ray reports ``bucket/key`` for ``s3://bucket/key``."""
-    from nre_ray import storage as fs
-
-    scheme = fs.scheme(storage)
-    return f"{scheme}://{path}" if scheme and not fs.scheme(path) else path
 
 
 def _log_model(best: Any, cfg: Config, tracking_uri: str, run_id: str) -> dict[str, str | None]:

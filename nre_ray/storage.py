@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import io
-import json
 import os
 import re
 import shutil
@@ -40,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from nre_ray.config import ConfigError
+from nre_ray.user_error import ConfigError
 
 PathLike = str | os.PathLike[str]
 """A local path or a URI."""
@@ -109,7 +107,7 @@ def is_uri(path: PathLike) -> bool:
     return scheme(path) not in ("", "file")
 
 
-def _local(path: PathLike) -> Path:
+def as_local_path(path: PathLike) -> Path:
     """A local path (``file://`` URIs unwrapped, ``~`` expanded)."""
     text = os.fspath(path)
     if scheme(text) == "file":
@@ -117,29 +115,36 @@ def _local(path: PathLike) -> Path:
     return Path(text).expanduser()
 
 
+def with_scheme(path: str, base: str) -> str:
+    """``path``, a path in the store of ``base`` as Ray and ``pyarrow.fs`` report it (``bucket/key`` for
+    ``s3://bucket/key``), with ``base``'s scheme again: a checkpoint's path as the user gave the storage."""
+    prefix = scheme(base)
+    return f"{prefix}://{path}" if prefix and not scheme(path) else path
+
+
 def absolute(path: PathLike) -> str:
     """A URI unchanged; a local path made absolute (``~`` expanded): what to hand to Ray workers, which run in
     another working directory."""
-    return os.fspath(path) if is_uri(path) else str(_local(path).absolute())
+    return os.fspath(path) if is_uri(path) else str(as_local_path(path).absolute())
 
 
 def join(base: PathLike, *parts: str) -> str:
     """``base`` / ``parts``: URIs joined with ``/``, local paths with :class:`pathlib.Path`."""
     if not is_uri(base):
-        return str(_local(base).joinpath(*parts))
+        return str(as_local_path(base).joinpath(*parts))
     tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
     return os.fspath(base).rstrip("/") + ("/" + tail if tail else "")
 
 
 def name_of(path: PathLike) -> str:
     """The last component of ``path`` (``train.csv`` of ``s3://b/data/train.csv``)."""
-    return PurePosixPath(os.fspath(path).rstrip("/")).name if is_uri(path) else _local(path).name
+    return PurePosixPath(os.fspath(path).rstrip("/")).name if is_uri(path) else as_local_path(path).name
 
 
 def parent(path: PathLike) -> str:
     """The folder that holds ``path`` (``s3://b/data`` of ``s3://b/data/train.csv``; a bucket is its own)."""
     if not is_uri(path):
-        return str(_local(path).parent)
+        return str(as_local_path(path).parent)
     text = os.fspath(path).rstrip("/")
     head = text.rpartition("/")[0]
     return head if len(head) > len(scheme(text)) + len("://") else text
@@ -180,7 +185,7 @@ def _where(path: PathLike) -> _Where:
     """Resolve ``path``: ``FileSystem.from_uri`` for a URI, ``LocalFileSystem`` (the path made absolute) else."""
     name = os.fspath(path)
     if not is_uri(name):
-        return _Where(_pafs().LocalFileSystem(), str(_local(name).absolute()), name)
+        return _Where(_pafs().LocalFileSystem(), str(as_local_path(name).absolute()), name)
     import pyarrow as pa
 
     try:
@@ -594,13 +599,13 @@ def move_file(local_file: PathLike, path: PathLike) -> None:
     else an upload."""
     if not is_uri(path):
         try:
-            os.replace(_local(local_file), _local(path))  # local only: one rename
+            os.replace(as_local_path(local_file), as_local_path(path))  # local only: one rename
             return
         except OSError as err:
             if err.errno != errno.EXDEV:  # another filesystem of this machine: copied below
                 raise _error(os.fspath(path), err) from None
     _copy(_where(local_file), _where(path))
-    _local(local_file).unlink()
+    as_local_path(local_file).unlink()
 
 
 def remove(path: PathLike) -> None:
@@ -631,42 +636,10 @@ def temporary_copy(path: PathLike) -> Iterator[Path]:
     """A local copy of the file ``path`` with the same name, in a temporary folder removed on exit (a local path is
     yielded as it is)."""
     if not is_uri(path):
-        yield _local(path)
+        yield as_local_path(path)
         return
     folder = Path(tempfile.mkdtemp(prefix="nre_ray_input_"))
     try:
         yield download(path, folder / (name_of(path) or "file"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def default_cache_root() -> Path:
-    """Where :func:`local_copy` keeps its copies: ``<tmp>/nre_ray-<uid>/remote``."""
-    return Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "remote"
-
-
-def local_copy(path: PathLike, cache_root: PathLike | None = None, skip_suffixes: tuple[str, ...] = ()) -> Path:
-    """A local copy of the file or folder ``path``, downloaded once per machine; a local path is returned as it is.
-
-    The copy lives in ``cache_root`` (default :func:`default_cache_root`) under a key made of the URI, the size and
-    modification time of every file (a changed object is downloaded again) and ``skip_suffixes`` (files left out,
-    e.g. the weights when only a tokenizer is needed); its name is the URI's last component. It is made by the
-    protocol of :mod:`nre_ray.buildonce`: downloaded into a private folder and renamed into place, processes of one
-    machine that ask at the same time waiting for one download."""
-    from nre_ray import buildonce
-
-    if not is_uri(path):
-        return _local(path)
-    uri = os.fspath(path).rstrip("/")
-    listing = [row for row in stamp(uri) if not str(row[0]).endswith(skip_suffixes)]
-    key = hashlib.sha256(json.dumps([uri, listing, sorted(skip_suffixes)]).encode()).hexdigest()[:24]
-    done = Path(cache_root if cache_root is not None else default_cache_root()) / key
-    target = done / (name_of(uri) or "copy")
-    if done.is_dir():
-        return target
-    with buildonce.turn(done):
-        if not done.is_dir():  # else another process finished it while this one waited
-            with buildonce.private_folder(done) as private:
-                download(uri, private / target.name, skip_suffixes=skip_suffixes)
-                buildonce.publish(private, done, complete=Path.is_dir)
-    return target

@@ -418,6 +418,15 @@ def drain_for_preemption(node_id: str, deadline_s: float, address: str | None = 
         raise RuntimeError(f"Ray refused to drain node {node_id}: {refusal}")
 
 
+def load_drain_modules() -> None:
+    """Import now what :func:`drain_for_preemption` imports (Ray's GCS client, its protobufs), so that a drain asked
+    for later (a spot interruption notice, with its deadline running) does not first wait for Ray's modules to load."""
+    # Private: the modules are ray._raylet (GcsClient) and ray._private.worker, which drain_for_preemption uses.
+    import ray._private.worker  # noqa: F401
+    from ray._raylet import GcsClient  # noqa: F401
+    from ray.core.generated import autoscaler_pb2  # noqa: F401
+
+
 def draining_nodes(address: str | None = None) -> dict[str, float]:
     """The nodes being drained, as the GCS at ``address`` (default: of the Ray this process is connected to) says:
     ``{node id (hex): deadline (Unix seconds), or 0.0 for a drain without one}``."""

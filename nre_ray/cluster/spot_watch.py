@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                                          notice.describe())
 
     # Ray's modules load now, not when the notice comes: the drain's deadline is counted from just before the call.
-    import ray._raylet  # noqa: F401
+    ray_private.load_drain_modules()
 
     log.info("watching %s%s every %g s", args.endpoint, NOTICE_PATH, args.interval)
     try:

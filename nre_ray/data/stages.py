@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nre_ray import storage
+from nre_ray import buildonce, storage
 from nre_ray.data import audit as data_audit
 from nre_ray.data.batches import (
     STORED_KEYS,
@@ -309,7 +309,7 @@ def _encode_subwords(part: pa.Table, tokenizer_dir: str, labels: list[str], max_
 
     frame = part.select(["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type",
                          "relation", "problem", "line"]).to_pandas()
-    local = str(storage.local_copy(tokenizer_dir))  # in the object store: copied once per node
+    local = str(buildonce.local_copy(tokenizer_dir))  # in the object store: copied once per node
     encoded = subword.encode_subword_batch(frame, local, max_length, typed, labels)
     lost = (encoded["problem"] != "").to_numpy()
     if lost.any():  # not expected: the row checks passed

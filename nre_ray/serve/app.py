@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nre_ray.cluster.session import Cluster, Resources, UsageError, quiet_env_for_workers, size_workers
+from nre_ray.serve.cli import build_parser
 from nre_ray.serving.inference import ModelIdentity
 
 DEPLOYMENT = "RelationServer"
@@ -154,7 +155,6 @@ def build(args: dict[str, Any]) -> Application:
     (the cluster's is set where its nodes start). Runs where Serve builds the application (on the cluster), so the
     model must be reachable from there."""
     from nre_ray.cluster.session import cluster
-    from nre_ray.serve.__main__ import build_parser
 
     argv = []
     for key, value in args.items():

@@ -22,6 +22,7 @@ from typing import Any
 
 import ray.train
 
+from nre_ray import storage
 from nre_ray.cluster.ray_private import failure_of, train_callback_bases, worker_death, worker_places
 from nre_ray.cluster.session import root_cause
 from nre_ray.console import NOTES_KEY, append_event, format_epoch
@@ -97,12 +98,10 @@ class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
         """After Ray Train registered a report: an epoch's checkpoint, or a mid-epoch one saved on a preemption
         notice, is the one a restart goes on from."""
-        from nre_ray.runner import _full_path
-
         checkpoint = getattr(training_report, "checkpoint", None)
         point = resume_point(metrics[0]) if checkpoint is not None and metrics else None
         if point is not None:
-            self.latest = (*point, _full_path(checkpoint.path, self.storage))
+            self.latest = (*point, storage.with_scheme(checkpoint.path, self.storage))
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
         """A restart (or a stop) after a failure: one event with what was lost and where the run goes on from."""

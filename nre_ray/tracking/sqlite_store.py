@@ -17,6 +17,7 @@ import sqlite3
 from pathlib import Path
 
 from nre_ray import buildonce
+from nre_ray.tracking import mlflow_private
 
 #: Seconds a reader of the store's schema waits while a run writes to it.
 BUSY_TIMEOUT_S = 60.0
@@ -30,15 +31,21 @@ def ready(tracking_uri: str) -> None:
     another database) are MLflow's to open: nothing is done."""
     if not tracking_uri.startswith("sqlite:///") or tracking_uri == "sqlite:///:memory:" or tracking_uri in _READY:
         return
-    from mlflow.store.db.utils import _get_latest_schema_revision  # what MLflow checks a store against (3.17)
-
     db = Path(tracking_uri[len("sqlite:///"):])
     with buildonce.turn(db):
         buildonce.remove_stale(db.parent)  # a builder killed after its rename, before removing its private folder
-        if schema_version(db) != _get_latest_schema_revision():
+        if schema_version(db) != mlflow_private.latest_schema_revision():
             with buildonce.private_folder(db) as folder:
                 _build(db, folder / db.name, tracking_uri)
     _READY.add(tracking_uri)
+
+
+def default_artifact_location(tracking_uri: str) -> str | None:
+    """For a local sqlite store: ``<folder of the db>/mlruns`` (absolute), where ``mlflow ui`` looks by default.
+    For a server: None (the server decides)."""
+    if tracking_uri.startswith("sqlite:///"):
+        return (Path(tracking_uri[len("sqlite:///"):]).parent / "mlruns").absolute().as_uri()
+    return None
 
 
 def schema_version(db: Path) -> str | None:
@@ -65,22 +72,12 @@ def _build(db: Path, private: Path, tracking_uri: str) -> None:
     """Build the store ``db`` (of ``tracking_uri``) as the file ``private`` (in a private folder next to it), then
     rename it onto ``db``: an existing ``db`` (an older MLflow's, or a sqlite file without MLflow's tables) is copied
     first, through sqlite's backup (a consistent copy), and migrated; a new one gets MLflow's tables and its Default
-    experiment, with its artifacts where the runs' go (:func:`nre_ray.tracking.store.default_artifact_location`)."""
-    from mlflow.store.db import utils as db_utils  # MLflow's own steps of `mlflow db upgrade` (private API, 3.17)
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    from nre_ray.tracking.store import default_artifact_location
-
+    experiment, with its artifacts where the runs' go (:func:`default_artifact_location`)."""
     uri = f"sqlite:///{private}"
     if db.is_file() and db.stat().st_size > 0:
         with contextlib.closing(sqlite3.connect(db)) as source, contextlib.closing(sqlite3.connect(private)) as copy:
             source.backup(copy)
         if schema_version(private) is not None:
-            engine = db_utils.create_sqlalchemy_engine(uri)
-            try:
-                db_utils._upgrade_db(engine)
-            finally:
-                engine.dispose()
-    store = SqlAlchemyStore(uri, default_artifact_location(tracking_uri))
-    store.engine.dispose()  # (creates the tables of a new store and the Default experiment, and checks the schema)
+            mlflow_private.upgrade_schema(uri)
+    mlflow_private.create_tables(uri, default_artifact_location(tracking_uri))  # (and checks the schema)
     os.replace(private, db)

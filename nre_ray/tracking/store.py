@@ -432,14 +432,6 @@ def download_model(model_uri: str, tracking_uri: str | None, folder: str) -> str
         return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=folder, tracking_uri=uri)
 
 
-def default_artifact_location(tracking_uri: str) -> str | None:
-    """For a local sqlite store: ``<folder of the db>/mlruns`` (absolute), where ``mlflow ui`` looks by default.
-    For a server: None (the server decides)."""
-    if tracking_uri.startswith("sqlite:///"):
-        return (Path(tracking_uri[len("sqlite:///"):]).parent / "mlruns").absolute().as_uri()
-    return None
-
-
 #: The experiment tag MLflow's UI reads to open an experiment as a model-training one.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
@@ -462,7 +454,8 @@ def _experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri),
+            location = sqlite_store.default_artifact_location(tracking_uri)
+            return client.create_experiment(name, artifact_location=location,
                                             tags=dict([EXPERIMENT_KIND]))
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":

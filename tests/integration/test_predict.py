@@ -230,7 +230,7 @@ def test_the_request_of_serves_help_is_answered_well_by_a_model_of_the_sample(tr
     """``python -m nre_ray.serve --help`` ends with a curl request: its row, as the server labels it (the server
     labels rows with this Predictor; tests/integration/test_serve.py checks that its answers are the predict CLI's),
     gets the relation it states. Without its entity types it was answered no_relation (0.23)."""
-    from nre_ray.serve.__main__ import EXAMPLES
+    from nre_ray.serve.cli import EXAMPLES
 
     payload = json.loads(EXAMPLES.split("-d '", 1)[1].split("'", 1)[0])
     rows = pd.DataFrame(payload["dataframe_records"])

@@ -15,7 +15,7 @@ from nre_ray.config import ConfigError, choices
 from nre_ray.data.__main__ import build_cli as data_parser
 from nre_ray.evaluate import build_parser as evaluate_parser
 from nre_ray.predict import build_parser as predict_parser
-from nre_ray.serve.__main__ import build_parser as serve_parser
+from nre_ray.serve.cli import build_parser as serve_parser
 from nre_ray.standin import build_parser as standin_parser
 from nre_ray.standin import main as standin_main
 from nre_ray.train import cli_parser as train_parser

@@ -313,7 +313,7 @@ def test_pretrained_folder_from_the_store(object_store: str, tmp_path: Path,
     from nre_ray.models.bert import load_transformer
     from tests.tiny_bert import make_tiny_bert
 
-    monkeypatch.setattr(storage, "default_cache_root", lambda: tmp_path / "copies")
+    monkeypatch.setattr(buildonce, "default_cache_root", lambda: tmp_path / "copies")
     local = make_tiny_bert(tmp_path / "tiny", words=["acme", "founded"])
     (local / "model.onnx").write_bytes(b"not for torch")
     uri = storage.join(object_store, "models", "tiny")

@@ -99,3 +99,24 @@ def test_the_endpoint_and_interval_come_from_the_environment(monkeypatch):
     monkeypatch.delenv(spot_watch.INTERVAL_ENV)
     args = spot_watch.build_parser().parse_args(["--address", "h:1"])
     assert (args.endpoint, args.interval) == ("http://169.254.169.254", 5.0)
+
+
+def test_the_drain_modules_loaded_before_a_notice_are_what_the_drain_uses():
+    """Contract of ray_private.load_drain_modules and drain_for_preemption (Ray 2.60): the GCS client's drain_node
+    (its arguments in this order), the preemption reason, and the connected worker's GCS client."""
+    import inspect
+    import subprocess
+    import sys
+
+    from ray._raylet import GcsClient, InnerGcsClient
+    from ray.core.generated import autoscaler_pb2
+
+    assert "__getattr__" in vars(GcsClient)  # GcsClient passes drain_node on to its InnerGcsClient
+    assert list(inspect.signature(InnerGcsClient.drain_node).parameters)[:5] == [
+        "self", "node_id", "reason", "reason_message", "deadline_timestamp_ms"]
+    assert autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION") > 0
+    code = ("import sys\nfrom nre_ray.cluster import ray_private\nray_private.load_drain_modules()\n"
+            "import ray._private.worker as w\nassert hasattr(w.global_worker, 'gcs_client')\n"
+            "print(sorted(m for m in ('ray._raylet', 'ray.core.generated.autoscaler_pb2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["['ray._raylet',", "'ray.core.generated.autoscaler_pb2']"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nre_ray import storage
+from nre_ray import buildonce, storage
 from nre_ray.storage import StorageError
 from tests.objectstore import moto_server
 
@@ -43,8 +43,8 @@ def test_names_and_local_paths_pass_through(tmp_path: Path) -> None:
     assert storage.parent("s3://b/data/train.csv") == "s3://b/data" and storage.parent("s3://b/x.csv") == "s3://b"
     assert storage.parent("s3://b") == "s3://b" and storage.parent("out.csv") == "." and storage.parent("/d/o") == "/d"
     tree = make_tree(tmp_path / "tree")
-    assert storage.local_copy(tree) == tree and storage.local_copy(str(tree / "a.txt")) == tree / "a.txt"
-    assert storage.local_copy(f"file://{tree}") == tree
+    assert buildonce.local_copy(tree) == tree and buildonce.local_copy(str(tree / "a.txt")) == tree / "a.txt"
+    assert buildonce.local_copy(f"file://{tree}") == tree
     assert storage.read_bytes(f"file://{tree}/a.txt") == b"alpha\n"
     assert storage.list_files(tree) == [str(tree / "a.txt"), str(tree / "meta.json")]
 
@@ -148,7 +148,7 @@ def test_local_copy_downloads_once_and_again_when_the_object_changes(object_stor
     storage.upload(tree, base)
     cache = tmp_path / "cache"
     copies: list[Path] = []
-    threads = [threading.Thread(target=lambda: copies.append(storage.local_copy(base, cache))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: copies.append(buildonce.local_copy(base, cache))) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -157,16 +157,16 @@ def test_local_copy_downloads_once_and_again_when_the_object_changes(object_stor
     assert (copies[0] / "sub" / "b.bin").read_bytes() == (tree / "sub" / "b.bin").read_bytes()
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 1  # one download, no partial folders left
     stamp = (copies[0] / "a.txt").stat().st_mtime_ns
-    assert storage.local_copy(base + "/", cache) == copies[0] and (copies[0] / "a.txt").stat().st_mtime_ns == stamp
+    assert buildonce.local_copy(base + "/", cache) == copies[0] and (copies[0] / "a.txt").stat().st_mtime_ns == stamp
 
-    small = storage.local_copy(base, cache, skip_suffixes=(".bin",))
+    small = buildonce.local_copy(base, cache, skip_suffixes=(".bin",))
     assert small != copies[0] and not (small / "sub" / "b.bin").exists() and (small / "a.txt").exists()
 
     (tree / "a.txt").write_bytes(b"changed, longer\n")
     storage.upload(tree / "a.txt", f"{base}/a.txt")
-    changed = storage.local_copy(base, cache)
+    changed = buildonce.local_copy(base, cache)
     assert changed != copies[0] and (changed / "a.txt").read_bytes() == b"changed, longer\n"
-    single = storage.local_copy(f"{base}/a.txt", cache)
+    single = buildonce.local_copy(f"{base}/a.txt", cache)
     assert single.name == "a.txt" and single.read_bytes() == b"changed, longer\n"
 
 
@@ -186,7 +186,7 @@ def test_missing_keys_buckets_and_folders_by_kind(object_store: str, tmp_path: P
             call()
         assert err.value.kind == storage.NO_BUCKET
     with pytest.raises(StorageError, match="not found"):
-        storage.local_copy(storage.join(object_store, "storage", "no-folder"))
+        buildonce.local_copy(storage.join(object_store, "storage", "no-folder"))
     assert not storage.exists(missing) and not storage.is_dir(missing)
 
     with pytest.raises(StorageError) as err:

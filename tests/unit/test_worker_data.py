@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nre_ray import buildonce
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.pipeline import Prepared, save_prepared, split_files_complete
 from nre_ray.data.rowfile import RowFile
@@ -61,7 +62,7 @@ def test_a_worker_on_another_node_copies_the_shared_cache_in_the_bucket_once(
     local = _cache(tmp_path / "driver" / "key")
     shared = storage.join(object_store, "worker-data", ".nre_ray_cache", "key")
     assert pipeline._publish_shared(local, shared)
-    monkeypatch.setattr(storage, "default_cache_root", lambda: tmp_path / "node-copies")  # this test's "node"
+    monkeypatch.setattr(buildonce, "default_cache_root", lambda: tmp_path / "node-copies")  # this test's "node"
     description = {"cache": {"dir": str(tmp_path / "not-on-this-node" / "key"), "shared": shared,
                              "splits": ["train", "test"]}}
     splits = open_splits(description)

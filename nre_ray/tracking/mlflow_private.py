@@ -1,0 +1,41 @@
+"""The one module that reaches into MLflow's private internals (MLflow 3.17); the rest of nre_ray uses MLflow's public
+API. Each function says what it reaches and why no public API serves; tests/unit/test_mlflow_private.py pins each
+signature relied on. Nothing of MLflow is imported until a function is called.
+"""
+
+from __future__ import annotations
+
+
+def latest_schema_revision() -> str:
+    """The alembic revision of the schema this MLflow writes: what it checks a sqlite store against when it opens it."""
+    # Private: mlflow.store.db.utils._get_latest_schema_revision is what MLflow itself compares a store's
+    # alembic_version with (_verify_schema); no public API says which schema revision this MLflow expects.
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
+
+
+def upgrade_schema(db_uri: str) -> None:
+    """Migrate the MLflow database ``db_uri`` (e.g. ``sqlite:///PATH``) to this MLflow's schema, as ``mlflow db
+    upgrade`` does."""
+    # Private: `mlflow db upgrade` is a CLI only (mlflow/db.py's upgrade: an engine, then _upgrade_db); running it as a
+    # subprocess would start a second Python and import MLflow again for each migration.
+    from mlflow.store.db import utils as db_utils
+
+    engine = db_utils.create_sqlalchemy_engine(db_uri)
+    try:
+        db_utils._upgrade_db(engine)
+    finally:
+        engine.dispose()
+
+
+def create_tables(db_uri: str, default_artifact_root: str | None) -> None:
+    """Create MLflow's tables and its Default experiment (artifacts under ``default_artifact_root``) in the new
+    database ``db_uri``, and check its schema, then let it go."""
+    # Private (not underscored, but no public API): opening a SqlAlchemyStore is how MLflow creates a database's
+    # tables (mlflow.tracking's registry does it when a client first opens a sqlite:/// URI); a client cannot be made
+    # to do it in a file other than the one it will use, and the store is built in a private folder first.
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(db_uri, default_artifact_root)
+    store.engine.dispose()
