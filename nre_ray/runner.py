@@ -203,7 +203,7 @@ def _train(cfg: Config, target: Target, started: float, imported: float, run_log
         warm.join()
         run_id, tracker = open_tracking(cfg, target, prepared, resources.threads)
         # What was used, not what was typed, and the loop's data (the workers log nothing before their first step)
-        tracker.log_params({**tracking.resolved_params(cfg, target, resources), **tracking.data_params(data)})
+        tracker.log_params({**resolved_params(cfg, target, resources), **tracking.data_params(data)})
         tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
                              "startup_preprocess_s": marks[2] - marks[1]}, step=0)
         step.done(f"run {run_id} in experiment {cfg.run.experiment_name!r}")
@@ -420,6 +420,43 @@ def placement_tags(cfg: Config, threads: int) -> dict[str, str]:
     """The run tags that say where it trained: workers, device, torch threads per worker (a run's, a trial's)."""
     return {"workers": worker_count(cfg), "device": "gpu" if cfg.train.use_gpu else "cpu",
             "threads_per_worker": str(threads)}
+
+
+def resolved_params(cfg: Config, target: Target, resources: Resources | None = None) -> dict[str, Any]:
+    """``cfg.flat()`` with what the run used where the command left a value to be worked out: the run name, storage
+    path, tracking URI, data folder and format, cache folder, selection metric, layers and heads of the model, CPUs per
+    worker and placement timeout. :func:`open_tracking` logs them before the loop logs the rest (MLflow params are
+    written once)."""
+    params = cfg.flat()
+    params.update({"run.run_name": target.run_name, "run.storage_path": target.storage,
+                   "run.tracking_uri": target.tracking_uri, "train.select_metric": cfg.select_metric,
+                   "data.cache_dir": str(Path(cfg.data.cache_dir or ".nre_ray_cache").absolute())})
+    if not cfg.run.address:
+        params["run.address"] = resolve_address(None).given or "local (a Ray started by the command)"
+    from nre_ray.data.pipeline import resolve_files, sample_dir  # pandas and pyarrow: when a run starts, not for --help
+
+    if not cfg.data.data_dir and not cfg.data.train:
+        params["data.data_dir"] = str(sample_dir())
+    if not cfg.data.format:
+        from nre_ray.data.errors import DataError
+        from nre_ray.data.formats import detect_format  # pandas: when a run starts, not for --help
+
+        try:
+            params["data.format"] = detect_format(resolve_files(cfg.data)["train"])
+        except (DataError, fs.StorageError, OSError):  # the run has read it; a param is not worth a failure
+            pass
+    model = cfg.model.model
+    if model in ("bilstm", "transformer") and cfg.model.num_layers is None:
+        params["model.num_layers"] = 1 if model == "bilstm" else 2  # models.registry's defaults
+    if model == "transformer" and cfg.model.num_heads is None:
+        from nre_ray.models.transformer import default_num_heads  # torch: when a run starts, not for --help
+
+        params["model.num_heads"] = default_num_heads(cfg.model.hidden_size)
+    if resources is not None and cfg.train.cpus_per_worker is None:
+        params["train.cpus_per_worker"] = resources.per_worker.get("CPU")
+    if cfg.train.placement_timeout is None and resources is not None and resources.placement_timeout is not None:
+        params["train.placement_timeout"] = resources.placement_timeout  # by the cluster's kind (session.size_workers)
+    return params
 
 
 def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> tuple[str, Any]:

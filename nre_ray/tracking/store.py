@@ -569,45 +569,6 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     return {loop_name(k): v for k, v in _client(tracking_uri).get_run(run_id).data.metrics.items()}
 
 
-def resolved_params(cfg: Any, target: Any, resources: Any = None) -> dict[str, Any]:
-    """``cfg.flat()`` with what the run used where the command left a value to be worked out: the run name, storage
-    path, tracking URI, data folder and format, cache folder, selection metric, layers and heads of the model, CPUs per
-    worker and placement timeout. Logged by the driver before the loop logs the rest (MLflow params are written
-    once)."""
-    params = cfg.flat()
-    params.update({"run.run_name": target.run_name, "run.storage_path": target.storage,
-                   "run.tracking_uri": target.tracking_uri, "train.select_metric": cfg.select_metric,
-                   "data.cache_dir": str(Path(cfg.data.cache_dir or ".nre_ray_cache").absolute())})
-    if not cfg.run.address:
-        from nre_ray.cluster.session import resolve_address
-
-        params["run.address"] = resolve_address(None).given or "local (a Ray started by the command)"
-    from nre_ray.data.pipeline import resolve_files, sample_dir
-
-    if not cfg.data.data_dir and not cfg.data.train:
-        params["data.data_dir"] = str(sample_dir())
-    if not cfg.data.format:
-        from nre_ray.data.errors import DataError
-        from nre_ray.data.formats import detect_format
-
-        try:
-            params["data.format"] = detect_format(resolve_files(cfg.data)["train"])
-        except (DataError, storage.StorageError, OSError):  # the run has read it; a param is not worth a failure
-            pass
-    model = cfg.model.model
-    if model in ("bilstm", "transformer") and cfg.model.num_layers is None:
-        params["model.num_layers"] = 1 if model == "bilstm" else 2  # models.registry's defaults
-    if model == "transformer" and cfg.model.num_heads is None:
-        from nre_ray.models.transformer import default_num_heads
-
-        params["model.num_heads"] = default_num_heads(cfg.model.hidden_size)
-    if resources is not None and cfg.train.cpus_per_worker is None:
-        params["train.cpus_per_worker"] = resources.per_worker.get("CPU")
-    if cfg.train.placement_timeout is None and resources is not None and resources.placement_timeout is not None:
-        params["train.placement_timeout"] = resources.placement_timeout  # by the cluster's kind (session.size_workers)
-    return params
-
-
 def data_params(data: dict[str, Any]) -> dict[str, Any]:
     """The run parameters that describe the data the loop trains on (``data``: :func:`nre_ray.runner.trainer_data`):
     vocabulary size, number of classes and rows per split."""
@@ -742,7 +703,6 @@ __all__ = [
     "mlflow_settings",
     "reopen_run",
     "resolve_tracking_uri",
-    "resolved_params",
     "run_metrics",
     "run_page",
     "run_params",

@@ -10,6 +10,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from nre_ray import runner
 from nre_ray.cluster.session import Resources
 from nre_ray.config import Config
 from nre_ray.serving.pyfunc import log_model
@@ -64,13 +65,13 @@ def test_run_has_source_user_datasets_and_resolved_params(store, tmp_path):
 
     cfg = Config.from_dict({"train": {"num_workers": 2}})
     target = SimpleNamespace(run_name="run-1", storage="/abs/ray_results", tracking_uri=uri)
-    params = tracking.resolved_params(cfg, target, resources=Resources({"CPU": 0.5}, 1, placement_timeout=900.0))
+    params = runner.resolved_params(cfg, target, resources=Resources({"CPU": 0.5}, 1, placement_timeout=900.0))
     assert params["run.storage_path"] == "/abs/ray_results" and params["train.select_metric"] == "macro_f1"
     assert params["data.cache_dir"].endswith(".nre_ray_cache") and Path(params["data.cache_dir"]).is_absolute()
     assert params["train.cpus_per_worker"] == 0.5 and params["data.data_dir"].endswith("sample")
     assert params["train.placement_timeout"] == 900.0  # the wait the cluster's kind set (no --placement-timeout)
     assert params["data.format"] == "csv" and params["model.num_layers"] is None  # a cnn has no layers setting
-    bilstm = tracking.resolved_params(Config.from_dict({"model": {"model": "transformer", "hidden_size": 64}}), target)
+    bilstm = runner.resolved_params(Config.from_dict({"model": {"model": "transformer", "hidden_size": 64}}), target)
     assert bilstm["model.num_layers"] == 2 and bilstm["model.num_heads"] >= 1
     assert all(value is not None for key, value in params.items() if key.startswith("run.storage"))
 
