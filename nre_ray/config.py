@@ -266,7 +266,7 @@ class Config:
             raw = {**raw, "train": {**raw["train"], **_worker_range(raw["train"]["num_workers"], source)}}
         kwargs = {}
         for f in dataclasses.fields(cls):
-            section_cls = _SECTIONS[f.name]
+            section_cls = SECTIONS[f.name]
             values = raw.get(f.name, {})
             defaults = MODEL_DEFAULTS.get(model or ModelConfig.model, {}).get(f.name, {})
             if isinstance(values, dict) and defaults:  # the settings not given take the model's own defaults
@@ -367,7 +367,7 @@ def metric_names(labels: list[str], negative_label: str | None) -> list[str]:
             or (has_negative and (m.startswith("pos_") or directed))]
 
 
-_SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
 
 #: Defaults of one model where they differ from the dataclasses' (which suit the encoders trained from scratch): a
 #: setting not given (on the command line or in --config) takes its model's value here (:meth:`Config.from_dict`).
@@ -381,7 +381,7 @@ MODEL_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def _field_types(section_cls: type) -> dict[str, type]:
+def field_types(section_cls: type) -> dict[str, type]:
     """Field name -> its base type (``int | None`` -> int), resolved from the annotations."""
     return {name: _base_type(tp) for name, tp in typing.get_type_hints(section_cls).items()}
 
@@ -406,7 +406,7 @@ def _coerce(value: Any, tp: type, where: str) -> Any:
 
 def _build_section(section_cls: type, raw: dict[str, Any], where: str) -> Any:
     known = {f.name: f for f in dataclasses.fields(section_cls)}
-    types_ = _field_types(section_cls)
+    types_ = field_types(section_cls)
     kwargs = {}
     for key, value in raw.items():
         if key not in known:
@@ -446,12 +446,12 @@ def build_parser(
     parser.add_argument("--config", metavar="FILE.toml",
                         help="TOML file (a local path or a URI) with [data], [model], [train], [run] tables; "
                              "flags given on the command line override it.")
-    for section, section_cls in _SECTIONS.items():
+    for section, section_cls in SECTIONS.items():
         if only is not None and section not in only:
             continue
         group = parser.add_argument_group(f"{section} options", section_cls.__doc__)
         defaults = section_cls()
-        types_ = _field_types(section_cls)
+        types_ = field_types(section_cls)
         for f in dataclasses.fields(section_cls):
             if only is not None and only[section] is not None and f.name not in only[section]:
                 continue
@@ -484,7 +484,7 @@ def choices(dest: str) -> tuple[str, ...]:
     """The values the config field ``dest`` (``section.field``, e.g. ``data.format``) accepts: the choices of another
     command's flag of the same meaning."""
     section, name = dest.split(".")
-    return next(f.metadata["choices"] for f in dataclasses.fields(_SECTIONS[section]) if f.name == name)
+    return next(f.metadata["choices"] for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
 
 
 def _version() -> str:
@@ -515,7 +515,7 @@ def read_toml(path: str | Path, what: str, error: type[ConfigError] = ConfigErro
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Merge an optional TOML file and the flags that were given into a validated Config."""
-    raw: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    raw: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     if getattr(args, "config", None):
         path = args.config  # a local path or a URI
         loaded = read_toml(path, "config file")

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nre_ray.data.errors import Problem
-from nre_ray.data.schema import CANONICAL, ENTITIES, TEXT_FIELDS, _as_text, _quote
+from nre_ray.data.schema import CANONICAL, ENTITIES, TEXT_FIELDS, as_text, quote
 
 ROW_FIELDS = (*CANONICAL, "row", "json", "token", "text", "h", "t", "h.pos", "t.pos", "h.name", "t.name")
 """Field names that may start a part of a ``problem`` string (used to split joined problems apart again)."""
@@ -49,7 +49,7 @@ class _Texts:
             self.empty = blank.to_numpy(zero_copy_only=False)
         else:
             raw = series.to_numpy(dtype=object)
-            self._values = [v if type(v) is str else _as_text(v) for v in raw]
+            self._values = [v if type(v) is str else as_text(v) for v in raw]
             self.changed = not all(type(v) is str for v in raw)
             self.empty = np.fromiter((not v or v.isspace() for v in self._values), dtype=bool, count=n)
 
@@ -127,7 +127,7 @@ def _texts(batch: pd.DataFrame, column: str) -> list[str] | None:
     series = _column(batch, column)
     if series is None:
         return None
-    return [v if type(v) is str else _as_text(v) for v in series.to_numpy(dtype=object)]
+    return [v if type(v) is str else as_text(v) for v in series.to_numpy(dtype=object)]
 
 
 def _parse_offsets(series: pd.Series | None, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,7 +184,7 @@ def _check_entity(batch: pd.DataFrame, entity: str, sentence: _Texts, text: _Tex
     else:
         unparsed = np.flatnonzero(~parsed).tolist()
         raw = series.iloc[unparsed].to_numpy(dtype=object)
-        status[[i for i, v in zip(unparsed, raw, strict=True) if not _as_text(v).strip()]] = _EMPTY
+        status[[i for i, v in zip(unparsed, raw, strict=True) if not as_text(v).strip()]] = _EMPTY
     status[parsed & (sentence.empty | text.empty)] = _SKIPPED
     live = status == _OK
     if not live.any():
@@ -226,8 +226,8 @@ def _offset_problem(
     if status == _EMPTY:
         return f"{field}: empty (expected the 0-based character offset of {entity} in sentence)"
     if status == _NOT_INT:
-        raw = _as_text(_column(batch, field).iloc[i])
-        return f"{field}: not an integer (expected a whole number such as 12, found {_quote(raw)})"
+        raw = as_text(_column(batch, field).iloc[i])
+        return f"{field}: not an integer (expected a whole number such as 12, found {quote(raw)})"
     end = offset + len(text)
     if status == _NEGATIVE:
         return (f"{field}: negative (expected 0 <= {field} <= {len(sentence) - len(text)}, found {offset})"
@@ -236,8 +236,8 @@ def _offset_problem(
         return (f"{field}: {entity} runs past the end of the sentence (expected {field} + len({entity}) <= "
                 f"{len(sentence)}, found {offset} + {len(text)} = {end}){_where(entity, text, sentence)}")
     if status == _MISMATCH:
-        return (f"{field}: the sentence does not have {entity} at offset {offset} (expected {_quote(text)}, found "
-                f"{_quote(sentence[offset:end])}){_where(entity, text, sentence)}")
+        return (f"{field}: the sentence does not have {entity} at offset {offset} (expected {quote(text)}, found "
+                f"{quote(sentence[offset:end])}){_where(entity, text, sentence)}")
     return ""
 
 
@@ -249,9 +249,9 @@ def _where(entity: str, text: str, sentence: str) -> str:
         found.append(start)
         start = sentence.find(text, start + 1)
     if not found:
-        return f", and {entity} {_quote(text)} does not occur anywhere in the sentence"
+        return f", and {entity} {quote(text)} does not occur anywhere in the sentence"
     shown = ", ".join(map(str, found[:MAX_HINT_OFFSETS])) + (", ..." if len(found) > MAX_HINT_OFFSETS else "")
-    return f", but {entity} {_quote(text)} occurs at offset{'s' if len(found) > 1 else ''} {shown}"
+    return f", but {entity} {quote(text)} occurs at offset{'s' if len(found) > 1 else ''} {shown}"
 
 
 # --------------------------------------------------------------------------------------------------------------------

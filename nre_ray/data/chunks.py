@@ -35,7 +35,7 @@ import pandas as pd
 from nre_ray import storage
 from nre_ray.data import read as R
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import Source, _resolve_columns
+from nre_ray.data.formats.common import Source, resolve_columns
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS
 
 PREFIX = "_nre_"
@@ -79,7 +79,7 @@ class InputPlan:
         """The input columns that hold ``head_offset`` and ``tail_offset`` (under the input's own names)."""
         if self.frame is not None:  # read whole: the columns are the canonical ones
             return ["head_offset", "tail_offset"]
-        found = _resolve_columns(self.path, self.columns, self.column_map, False, None, self.fmt)
+        found = resolve_columns(self.path, self.columns, self.column_map, False, None, self.fmt)
         return [found[c] for c in ("head_offset", "tail_offset")]
 
     def read(self, index: int) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 
 from nre_ray import storage
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import HINT_PATH, Source, _list, storage_problem
+from nre_ray.data.formats.common import HINT_PATH, Source, list_names, storage_problem
 
 DATA_EXTENSIONS = (".csv", ".tsv", ".tab", ".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".txt")
 LABEL_FILES = ("relation.txt", "relation.csv", "rel2id.json")
@@ -56,7 +56,7 @@ def _find_data_files(data_dir: Source, hint: str) -> dict[str, Source]:
         if chosen is not None:
             found[split] = chosen
     if "train" not in found:
-        held = _list([_name(p) for p in files]) if files else "nothing (the directory is empty)"
+        held = list_names([_name(p) for p in files]) if files else "nothing (the directory is empty)"
         raise DataError([Problem(str(data_dir), None, None,
                                  f"no training file (expected train.csv, train.tsv, train.jsonl, train.json, "
                                  f"train.parquet or train.txt; the directory holds {held})")],

@@ -12,9 +12,9 @@ from typing import Any
 
 from nre_ray import storage
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import Source, _list, _read_text, _remote_call
-from nre_ray.data.formats.delimited import _header, _records
-from nre_ray.data.schema import _quote
+from nre_ray.data.formats.common import Source, list_names, read_text, remote_call
+from nre_ray.data.formats.delimited import csv_records, header_record
+from nre_ray.data.schema import quote
 
 HINT_LABELS = "Fix the label file: one relation label per line, each label once."
 
@@ -30,9 +30,9 @@ def read_labels(path: Source) -> list[str]:
     A URI is read on this machine; the problems name it.
     """
     if storage.is_uri(path):
-        return _remote_call(os.fspath(path), read_labels)
+        return remote_call(os.fspath(path), read_labels)
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
         return _labels_json(str(path), text)
@@ -62,12 +62,12 @@ def _unique_labels(name: str, entries: Sequence[tuple[int | None, str]]) -> list
 
 def _labels_csv(name: str, text: str) -> list[str]:
     reader = csv.reader(io.StringIO(text, newline=""))
-    records = _records(name, reader)
-    header_line, header = _header(name, records)
+    records = csv_records(name, reader)
+    header_line, header = header_record(name, records)
     names = [column.strip() for column in header]
     if "relation" not in names:
         raise DataError([Problem(name, header_line, None,
-                                 f"no 'relation' column (found columns: {_list(names)}; expected "
+                                 f"no 'relation' column (found columns: {list_names(names)}; expected "
                                  "head_type,tail_type,relation,index)")], hint=HINT_LABELS)
     rel = names.index("relation")
     idx = names.index("index") if "index" in names else None
@@ -86,7 +86,7 @@ def _label_index(name: str, line: int, raw: str) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise DataError([Problem(name, line, "index", f"not an integer (found {_quote(raw)})")],
+        raise DataError([Problem(name, line, "index", f"not an integer (found {quote(raw)})")],
                         hint=HINT_LABELS) from None
 
 

@@ -34,7 +34,7 @@ from nre_ray.data.checks import check_rows, problems_of, split_problem
 from nre_ray.data.datadir import find_data_files
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats import FORMATS, HINT_FORMAT, READERS, detect_format
-from nre_ray.data.formats.common import Source, _read_text, _remote_frames, _split_lines, _stream_lines, storage_problem
+from nre_ray.data.formats.common import Source, read_text, remote_frames, split_lines, storage_problem, stream_lines
 from nre_ray.data.labels import read_labels
 from nre_ray.data.schema import CANONICAL, OPTIONAL, REQUIRED, parse_column_map, validate_column_map
 
@@ -103,7 +103,7 @@ def _read_source(
 ) -> Iterator[pd.DataFrame]:
     """:func:`_read` of a local path, or of a temporary copy of a URI (the frames and problems name the URI)."""
     if storage.is_uri(path):
-        yield from _remote_frames(os.fspath(path),
+        yield from remote_frames(os.fspath(path),
                                   lambda local: _read(local, fmt, column_map, require_relation, rows_per_chunk))
     else:
         yield from _read(path, fmt, column_map, require_relation, rows_per_chunk)
@@ -130,9 +130,9 @@ def _read(
     if reader.lines is None:
         yield from reader.read(path, None, column_map, require_relation, rows_per_chunk)
         return
-    text = _read_text(path) if rows_per_chunk is None else None
+    text = read_text(path) if rows_per_chunk is None else None
     if reader.lines == "records":
-        lines = io.StringIO(text, newline="") if text is not None else _stream_lines(path, universal=True)
+        lines = io.StringIO(text, newline="") if text is not None else stream_lines(path, universal=True)
     else:
-        lines = text.split("\n") if text is not None else _split_lines(_stream_lines(path, universal=False))
+        lines = text.split("\n") if text is not None else split_lines(stream_lines(path, universal=False))
     yield from reader.read(path, lines, column_map, require_relation, rows_per_chunk)

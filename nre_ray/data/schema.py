@@ -2,7 +2,7 @@
 
 Canonical columns: ``sentence``, ``head``, ``head_offset``, ``tail``, ``tail_offset``, ``relation`` (offsets are
 0-based character offsets of the entity's first character in ``sentence``; head = subject, tail = object), and
-optionally ``id``, ``head_type``, ``tail_type``. Readers give every column as str (see :func:`_as_text`);
+optionally ``id``, ``head_type``, ``tail_type``. Readers give every column as str (see :func:`as_text`);
 :func:`nre_ray.data.checks.check_rows` checks them.
 """
 
@@ -78,7 +78,7 @@ def _fail_map(message: str) -> NoReturn:
 # values as text
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
     """Any scalar read from a file as text: missing values (None, NaN, NA) become ""; JSON values keep JSON syntax."""
     if type(value) is str:
         return value
@@ -96,6 +96,6 @@ def _as_text(value: Any) -> str:
         return str(value)
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
     """``repr`` of user text, shortened to :data:`MAX_QUOTE` characters."""
     return repr(text if len(text) <= MAX_QUOTE else text[:MAX_QUOTE] + "…")

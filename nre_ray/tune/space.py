@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from nre_ray.config import _SECTIONS, Config, ConfigError, _field_types, read_toml
+from nre_ray.config import SECTIONS, Config, ConfigError, field_types, read_toml
 
 #: The distributions a space may use and what each takes.
 KINDS = {"choice": "a list of values", "uniform": "[low, high]", "loguniform": "[low, high] with low > 0",
@@ -112,7 +112,7 @@ def parse_space(raw: dict[str, Any], base: Config, source: str) -> Space:
     """Parse and check a space given as ``{section: {field: {kind: values}}}`` (see the module's docstring)."""
     space: Space = []
     for section, table in raw.items():
-        if section not in _SECTIONS:
+        if section not in SECTIONS:
             raise SpaceError(f"{source}: unknown section [{section}]; a search space has [model] and [train] "
                              "tables")
         if not isinstance(table, dict):
@@ -129,7 +129,7 @@ def parse_space(raw: dict[str, Any], base: Config, source: str) -> Space:
 def _dimension(section: str, name: str, spec: Any, source: str) -> Dimension:
     key = f"{section}.{name}"
     where = f"{source}: [{section}] {name}"
-    fields = {f.name for f in dataclasses.fields(_SECTIONS[section])}
+    fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
     if name not in fields:
         close = difflib.get_close_matches(name, fields, n=1)
         raise SpaceError(f"{where}: unknown option" + (f" (did you mean {close[0]!r}?)" if close else "")
@@ -147,7 +147,7 @@ def _dimension(section: str, name: str, spec: Any, source: str) -> Dimension:
         raise SpaceError(f"{where}: unknown distribution {kind!r}" + (f" (did you mean {close[0]!r}?)" if close
                                                                        else "")
                          + f"; use one of {', '.join(KINDS)}")
-    tp = _field_types(_SECTIONS[section])[name]
+    tp = field_types(SECTIONS[section])[name]
     if not isinstance(values, list) or not values:
         raise SpaceError(f"{where}: {kind} takes {KINDS[kind]}, found {values!r}")
     if kind == "choice":

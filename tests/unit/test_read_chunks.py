@@ -75,7 +75,7 @@ def test_chunks_never_read_the_whole_file(tmp_path: Path, monkeypatch: pytest.Mo
         raise AssertionError(f"{path} was read whole")
 
     expected = {path: read_table(path, **kwargs) for path, kwargs in inputs(tmp_path)}
-    monkeypatch.setattr(read, "_read_text", whole_text)
+    monkeypatch.setattr(read, "read_text", whole_text)
     for path, kwargs in inputs(tmp_path):
         assert len(pd.concat(read_chunks(path, rows_per_chunk=2, **kwargs))) == len(expected[path])
 

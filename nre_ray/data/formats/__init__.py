@@ -10,7 +10,7 @@ of a file from its extension or its first line. :func:`nre_ray.data.read.read_ta
 * ``semeval``: :mod:`.semeval`
 * ``parquet``: :mod:`.parquet`
 
-What the readers share (UTF-8 text, line streaming, files in an object store, :class:`~.common._Rows`, column
+What the readers share (UTF-8 text, line streaming, files in an object store, :class:`~.common.RecordColumns`, column
 resolution) is in :mod:`.common`.
 """
 
@@ -29,10 +29,10 @@ import pandas as pd
 from nre_ray import storage
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats import delimited, jsonl, opennre, parquet, semeval
-from nre_ray.data.formats.common import Source, _require_file, storage_problem
-from nre_ray.data.formats.opennre import _is_opennre
+from nre_ray.data.formats.common import Source, require_file, storage_problem
+from nre_ray.data.formats.opennre import is_opennre
 from nre_ray.data.formats.semeval import SEMEVAL_SENTENCE
-from nre_ray.data.schema import _quote
+from nre_ray.data.schema import quote
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def detect_format(path: Source) -> str:
                             hint=storage.credentials_hint(uri)) from None
         return _format_of_head(uri, head)
     path = Path(path)
-    _require_file(path)
+    require_file(path)
     ext = path.suffix.lower()
     if ext in EXTENSION_FORMATS:
         return EXTENSION_FORMATS[ext]
@@ -122,7 +122,7 @@ def _format_of_line(path: Source, first: str) -> str:
             record = json.loads(stripped)
         except ValueError:
             return "jsonl"  # read_table reports the bad line
-        return "opennre" if isinstance(record, dict) and _is_opennre(record) else "jsonl"
+        return "opennre" if isinstance(record, dict) and is_opennre(record) else "jsonl"
     if stripped.startswith("["):
         _unknown_format(path, "a JSON array; write one JSON object per line (JSON Lines) instead")
     if SEMEVAL_SENTENCE.match(first):
@@ -131,7 +131,7 @@ def _format_of_line(path: Source, first: str) -> str:
         return "tsv"
     if "," in first:
         return "csv"
-    _unknown_format(path, f"not a format we know (first line: {_quote(first)})")
+    _unknown_format(path, f"not a format we know (first line: {quote(first)})")
 
 
 def _unknown_format(path: Source, what: str) -> NoReturn:

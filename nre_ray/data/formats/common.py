@@ -1,5 +1,5 @@
 """What the format readers share: files, bytes and text (UTF-8 checks, line streaming), files in an object store,
-the accumulator of records (:class:`_Rows`) and the resolution of a file's columns to the canonical ones."""
+the accumulator of records (:class:`RecordColumns`) and the resolution of a file's columns to the canonical ones."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ T = TypeVar("T")
 # files, bytes and text
 
 
-def _require_file(path: Path) -> None:
+def require_file(path: Path) -> None:
     """Raise :class:`DataError` when ``path`` is not an existing regular file."""
     if path.is_dir():
         raise DataError([Problem(str(path), None, None, "is a directory (expected a data file)")], hint=HINT_PATH)
@@ -68,9 +68,9 @@ def _decodes(data: bytes, encoding: str) -> bool:
     return True
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
     """The whole file as text (UTF-8, BOM removed); :class:`DataError` when missing, undecodable or empty."""
-    _require_file(path)
+    require_file(path)
     text = _decode(str(path), path.read_bytes())
     if not text.strip():
         _empty(path)
@@ -82,11 +82,11 @@ def _empty(path: Path) -> NoReturn:
                     hint="Check that you passed the right file; a data file needs at least one record.")
 
 
-def _stream_lines(path: Path, universal: bool) -> Iterator[str]:
-    """The file's lines one at a time, with their line ends, checked as :func:`_read_text` checks the whole text.
+def stream_lines(path: Path, universal: bool) -> Iterator[str]:
+    """The file's lines one at a time, with their line ends, checked as :func:`read_text` checks the whole text.
 
     ``universal``: a lone CR also ends a line, as ``io.StringIO(text, newline="")`` splits (for the csv module)."""
-    _require_file(path)
+    require_file(path)
     blank, offset = True, 0
     with open(path, "rb") as fh:
         for number, data in enumerate(fh, start=1):
@@ -107,7 +107,7 @@ def _stream_lines(path: Path, universal: bool) -> Iterator[str]:
         _empty(path)
 
 
-def _split_lines(lines: Iterable[str]) -> Iterator[str]:
+def split_lines(lines: Iterable[str]) -> Iterator[str]:
     """What ``text.split("\\n")`` gives, from the lines of ``text`` with their ends."""
     last = "\n"
     for line in lines:
@@ -117,7 +117,7 @@ def _split_lines(lines: Iterable[str]) -> Iterator[str]:
         yield ""
 
 
-def _batched(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
+def batched(items: Iterable[Any], size: int | None) -> Iterator[list[Any]]:
     """Lists of ``size`` items (the last may be shorter); ``size`` None: one list of everything, even if empty."""
     if size is None:
         yield list(items)
@@ -151,7 +151,7 @@ def _renamed(err: DataError, local: str, uri: str) -> DataError:
                       for p in err.problems], hint=err.hint, total=err.total)
 
 
-def _remote_call(uri: str, read: Callable[[Path], T]) -> T:
+def remote_call(uri: str, read: Callable[[Path], T]) -> T:
     """``read(a temporary local copy of the file uri)``; what it reports names ``uri``."""
     try:
         storage.check_file(uri)
@@ -164,7 +164,7 @@ def _remote_call(uri: str, read: Callable[[Path], T]) -> T:
         raise storage_problem(err) from None
 
 
-def _remote_frames(uri: str, read: Callable[[Path], Iterator[pd.DataFrame]]) -> Iterator[pd.DataFrame]:
+def remote_frames(uri: str, read: Callable[[Path], Iterator[pd.DataFrame]]) -> Iterator[pd.DataFrame]:
     """The frames ``read`` yields from a temporary local copy of the file ``uri`` (removed when done); their
     ``file`` column and what is reported name ``uri``."""
     try:
@@ -184,7 +184,7 @@ def _remote_frames(uri: str, read: Callable[[Path], Iterator[pd.DataFrame]]) -> 
 # records and columns
 
 
-class _Rows:
+class RecordColumns:
     """Column-wise accumulator for the records of one file."""
 
     def __init__(self, columns: Sequence[str]) -> None:
@@ -200,18 +200,18 @@ class _Rows:
 
     def frame(self, name: str) -> pd.DataFrame:
         """The records as a DataFrame: canonical columns (all str), then ``file``, ``line`` and ``problem``."""
-        data: dict[str, Any] = {c: self.columns.get(c, [""] * len(self.lines)) for c in _output_columns(self.columns)}
+        data: dict[str, Any] = {c: self.columns.get(c, [""] * len(self.lines)) for c in output_columns(self.columns)}
         data["file"] = [name] * len(self.lines)
         data["line"] = np.asarray(self.lines, dtype=np.int64)
         data["problem"] = self.problems
         return pd.DataFrame(data)
 
 
-def _output_columns(present: Mapping[str, Any]) -> list[str]:
+def output_columns(present: Mapping[str, Any]) -> list[str]:
     return [c for c in REQUIRED if c != "relation" or "relation" in present] + list(OPTIONAL)
 
 
-def _resolve_columns(
+def resolve_columns(
     name: str,
     names: Sequence[str],
     column_map: Mapping[str, str] | None,
@@ -227,7 +227,7 @@ def _resolve_columns(
     if absent:
         raise DataError([Problem(name, header_line, None,
                                  f"the column map names column{'s' if len(absent) > 1 else ''} "
-                                 f"{', '.join(absent)}, not in the file (found columns: {_list(names)})")],
+                                 f"{', '.join(absent)}, not in the file (found columns: {list_names(names)})")],
                         hint=HINT_COLUMNS)
     found: dict[str, str] = {}
     for source in names:
@@ -251,20 +251,20 @@ def _missing_columns(
 ) -> DataError:
     expected = f"{', '.join(REQUIRED)} (optional: {', '.join(OPTIONAL)})"
     if _looks_tiny(names):
-        message = f"missing required columns {', '.join(missing)} (found columns: {_list(names)})"
+        message = f"missing required columns {', '.join(missing)} (found columns: {list_names(names)})"
         return DataError(
             [Problem(name, line, None, message)],
             hint=(f"This looks like DeepKE's sentence,entity1,entity2,offset1,offset2,relation layout: map its columns "
                   f"with {DEEPKE_TINY_OPTION} (column_map={DEEPKE_TINY_MAP}) or pass --format deepke."))
     if not found and fmt in ("csv", "tsv", "deepke"):
         sep = "\t" if fmt == "tsv" else ","
-        message = (f"no header row: line {line} names none of the expected columns (found {_list(names)}); "
+        message = (f"no header row: line {line} names none of the expected columns (found {list_names(names)}); "
                    f"expected a header line such as {sep.join(REQUIRED)!r}")
         return DataError([Problem(name, line, None, message)],
                          hint="Add a header line naming the columns, or map your column names with "
                               "--columns SOURCE=TARGET,...")
     word = "column" if len(missing) == 1 else "columns"
-    message = f"missing required {word} {', '.join(missing)} (found columns: {_list(names)}; expected: {expected})"
+    message = f"missing required {word} {', '.join(missing)} (found columns: {list_names(names)}; expected: {expected})"
     if len(names) == 1 and fmt in ("csv", "deepke") and ("\t" in names[0] or ";" in names[0]):
         message += "; the header looks separated by " + ("tabs (use --format tsv)" if "\t" in names[0] else "';'")
     return DataError([Problem(name, line, None, message)], hint=HINT_COLUMNS)
@@ -274,12 +274,12 @@ def _looks_tiny(names: Sequence[str]) -> bool:
     return {"entity1", "entity2"} <= set(names) and not {"head", "tail"} & set(names)
 
 
-def _list(names: Sequence[str], limit: int = 20) -> str:
+def list_names(names: Sequence[str], limit: int = 20) -> str:
     shown = ", ".join(repr(n) if (not n or n != n.strip() or "," in n) else n for n in list(names)[:limit])
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "") if names else "none"
 
 
-def _check_duplicates(name: str, names: Sequence[str], line: int | None) -> None:
+def check_duplicates(name: str, names: Sequence[str], line: int | None) -> None:
     """:class:`DataError` when a (non-empty) header name occurs twice."""
     first: dict[str, int] = {}
     problems = []

@@ -10,10 +10,10 @@ from typing import Any
 import pandas as pd
 
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import _check_duplicates, _output_columns, _resolve_columns, _Rows
+from nre_ray.data.formats.common import RecordColumns, check_duplicates, output_columns, resolve_columns
 
 
-def _records(name: str, reader: Any) -> Iterator[tuple[int, int, list[str]]]:
+def csv_records(name: str, reader: Any) -> Iterator[tuple[int, int, list[str]]]:
     """``(first line, last line, fields)`` of each non-blank record of a csv reader."""
     while True:
         start = reader.line_num + 1
@@ -39,13 +39,13 @@ def read(
     name = str(path)
     delimiter = "\t" if fmt == "tsv" else ","
     reader = csv.reader(lines, delimiter=delimiter)
-    records = _records(name, reader)
-    header_line, header = _header(name, records)
+    records = csv_records(name, reader)
+    header_line, header = header_record(name, records)
     names = [column.strip().lstrip("\ufeff") for column in header]
-    _check_duplicates(name, names, header_line)
-    found = _resolve_columns(name, names, column_map, require_relation, header_line, fmt)
+    check_duplicates(name, names, header_line)
+    found = resolve_columns(name, names, column_map, require_relation, header_line, fmt)
     index = {target: names.index(source) for target, source in found.items()}
-    rows = _Rows(_output_columns(found))
+    rows = RecordColumns(output_columns(found))
     width, done = len(names), 0
     sep_name = "tab" if delimiter == "\t" else "comma"
     for start, end, fields in records:
@@ -56,7 +56,7 @@ def read(
         if rows_per_chunk is not None and len(rows.lines) >= rows_per_chunk:
             done += len(rows.lines)
             yield rows.frame(name)
-            rows = _Rows(_output_columns(found))
+            rows = RecordColumns(output_columns(found))
     if not rows.lines and not done:
         raise DataError([Problem(name, header_line, None, "the file has a header but no data rows")],
                         hint="Check that you passed the right file; a data file needs at least one record.")
@@ -73,7 +73,7 @@ def _field_count_problem(count: int, width: int, start: int, end: int, sep_name:
     return message
 
 
-def _header(name: str, records: Iterator[tuple[int, int, list[str]]]) -> tuple[int, list[str]]:
+def header_record(name: str, records: Iterator[tuple[int, int, list[str]]]) -> tuple[int, list[str]]:
     """``(line, fields)`` of the first record; :class:`DataError` when there is none."""
     first = next(records, None)
     if first is None:

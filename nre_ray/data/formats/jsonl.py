@@ -10,11 +10,11 @@ from typing import Any
 import pandas as pd
 
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import _batched, _output_columns, _resolve_columns, _Rows
-from nre_ray.data.schema import _as_text
+from nre_ray.data.formats.common import RecordColumns, batched, output_columns, resolve_columns
+from nre_ray.data.schema import as_text
 
 
-def _json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any, str]]:
+def json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any, str]]:
     """``(line, value, problem)`` for each non-blank line: the parsed JSON value, or None and the reason."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -26,7 +26,7 @@ def _json_lines(lines: Iterable[str]) -> Iterator[tuple[int, Any, str]]:
             yield number, None, f"json: not valid JSON ({getattr(err, 'msg', str(err))}{where})"
 
 
-def _json_object_problem(value: Any) -> str:
+def json_object_problem(value: Any) -> str:
     if isinstance(value, dict):
         return ""
     return f"json: not a JSON object (expected {{\"sentence\": ..., ...}}, found a {type(value).__name__})"
@@ -40,7 +40,7 @@ def read(
     records (None: one frame)."""
     name = str(path)
     keys: dict[str, None] = {}
-    for parsed in _batched(_json_lines(lines), rows_per_chunk):
+    for parsed in batched(json_lines(lines), rows_per_chunk):
         for _, value, _ in parsed:
             if isinstance(value, dict):
                 keys.update(dict.fromkeys(value))
@@ -48,12 +48,12 @@ def read(
             first_line, _, problem = parsed[0]
             raise DataError([Problem(name, first_line, "json", problem.partition(": ")[2])],
                             hint="Write one JSON object per line (JSON Lines).")
-        found = _resolve_columns(name, list(keys), column_map, require_relation, None, "jsonl")
-        rows = _Rows(_output_columns(found))
+        found = resolve_columns(name, list(keys), column_map, require_relation, None, "jsonl")
+        rows = RecordColumns(output_columns(found))
         for line, value, problem in parsed:
-            problem = problem or _json_object_problem(value)
+            problem = problem or json_object_problem(value)
             if problem:
                 rows.add(line, {}, problem)
                 continue
-            rows.add(line, {target: _as_text(value.get(source)) for target, source in found.items()})
+            rows.add(line, {target: as_text(value.get(source)) for target, source in found.items()})
         yield rows.frame(name)

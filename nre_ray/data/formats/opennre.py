@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import _batched, _output_columns, _Rows
-from nre_ray.data.formats.jsonl import _json_lines, _json_object_problem
-from nre_ray.data.schema import _as_text, _quote
+from nre_ray.data.formats.common import RecordColumns, batched, output_columns
+from nre_ray.data.formats.jsonl import json_lines, json_object_problem
+from nre_ray.data.schema import as_text, quote
 
 
-def _is_opennre(record: Mapping[str, Any]) -> bool:
+def is_opennre(record: Mapping[str, Any]) -> bool:
     return isinstance(record.get("h"), dict) and isinstance(record.get("t"), dict) and (
         "token" in record or "text" in record)
 
@@ -29,15 +29,15 @@ def read(
     (None: one frame). ``column_map`` is always None: the format has fixed fields."""
     name = str(path)
     has_relation = False
-    for parsed in _batched(_json_lines(lines), rows_per_chunk):
+    for parsed in batched(json_lines(lines), rows_per_chunk):
         has_relation = has_relation or any(isinstance(v, dict) and "relation" in v for _, v, _ in parsed)
         if require_relation and not has_relation:
             raise DataError([Problem(name, None, None,
                                      "missing required field relation (no record has a 'relation')")],
                             hint="Add the relation label to every record, or read the file as prediction input.")
-        rows = _Rows(_output_columns({"relation": ""} if has_relation else {}))
+        rows = RecordColumns(output_columns({"relation": ""} if has_relation else {}))
         for line, value, problem in parsed:
-            problem = problem or _json_object_problem(value)
+            problem = problem or json_object_problem(value)
             if problem:
                 rows.add(line, {}, problem)
                 continue
@@ -48,7 +48,7 @@ def read(
 
 def _opennre_record(record: Mapping[str, Any]) -> tuple[dict[str, str], str]:
     """Canonical values of one OpenNRE record (token or text form), or ({}, problem)."""
-    values = {"relation": _as_text(record.get("relation")), "id": _as_text(record.get("id"))}
+    values = {"relation": as_text(record.get("relation")), "id": as_text(record.get("id"))}
     tokens = record.get("token")
     if tokens is not None:
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
@@ -85,7 +85,7 @@ def _opennre_span(mention: Any, key: str, limit: int | None) -> tuple[tuple[int,
         return (0, 0), f"{key}: missing (expected {{\"name\": ..., \"pos\": [start, end]}})"
     pos = mention.get("pos")
     if not (isinstance(pos, list) and len(pos) == 2 and all(type(p) is int for p in pos)):
-        return (0, 0), f"{key}.pos: not a [start, end] pair of integers (found {_quote(_as_text(pos))})"
+        return (0, 0), f"{key}.pos: not a [start, end] pair of integers (found {quote(as_text(pos))})"
     start, end = pos
     if limit is not None and not 0 <= start < end <= limit:
         return (0, 0), (f"{key}.pos: outside the {limit} tokens (expected 0 <= start < end <= {limit}, "

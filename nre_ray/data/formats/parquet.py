@@ -11,8 +11,8 @@ import pandas as pd
 import pyarrow as pa
 
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import _check_duplicates, _output_columns, _require_file, _resolve_columns
-from nre_ray.data.schema import _as_text
+from nre_ray.data.formats.common import check_duplicates, output_columns, require_file, resolve_columns
+from nre_ray.data.schema import as_text
 
 
 def read(
@@ -24,18 +24,18 @@ def read(
     import pyarrow.parquet as pq
 
     name = str(path)
-    _require_file(path)
+    require_file(path)
     try:
         parquet = pq.ParquetFile(path)
         names = list(parquet.schema_arrow.names)
         num_rows = parquet.metadata.num_rows
     except (pa.ArrowException, OSError) as err:
         _bad_parquet(name, err)
-    _check_duplicates(name, names, None)
+    check_duplicates(name, names, None)
     if num_rows == 0:
         raise DataError([Problem(name, None, None, "file is empty (no rows)")],
                         hint="Check that you passed the right file; a data file needs at least one record.")
-    found = _resolve_columns(name, names, column_map, require_relation, None, "parquet")
+    found = resolve_columns(name, names, column_map, require_relation, None, "parquet")
     columns = list(found.values())
     start = 0
     try:
@@ -44,7 +44,7 @@ def read(
         for table in tables:
             n = table.num_rows
             data: dict[str, Any] = {}
-            for target in _output_columns(found):
+            for target in output_columns(found):
                 data[target] = _arrow_texts(table.column(found[target])) if target in found else [""] * n
             data["file"] = [name] * n
             data["line"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
@@ -63,5 +63,5 @@ def _bad_parquet(name: str, err: Exception) -> NoReturn:
 def _arrow_texts(column: Any) -> list[str]:
     """A pyarrow column as a list of str (nulls -> "", numbers as written)."""
     if pa.types.is_integer(column.type) or pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return [_as_text(v) for v in column.cast(pa.large_string()).to_pylist()]
-    return [_as_text(v) for v in column.to_pylist()]
+        return [as_text(v) for v in column.cast(pa.large_string()).to_pylist()]
+    return [as_text(v) for v in column.to_pylist()]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.data.formats.common import _batched, _output_columns, _Rows
-from nre_ray.data.schema import _quote
+from nre_ray.data.formats.common import RecordColumns, batched, output_columns
+from nre_ray.data.schema import quote
 
 SEMEVAL_SENTENCE = re.compile(r'^\s*(\d+)\t\s*"(.*)"\s*$')
 SEMEVAL_TAG = re.compile(r"</?e[12]>")
@@ -25,14 +25,14 @@ def read(
     (None: one frame). ``column_map`` is always None: the format has fixed fields."""
     name = str(path)
     has_relation = False
-    for blocks in _batched(_semeval_blocks(lines), rows_per_chunk):
+    for blocks in batched(_semeval_blocks(lines), rows_per_chunk):
         has_relation = has_relation or any(label is not None for _, _, _, label, _ in blocks)
         if require_relation and not has_relation:
             raise DataError([Problem(name, None, None,
                                      "no relation labels: this is an unlabelled SemEval file (sentence lines only)")],
                             hint="Use the labelled file (TRAIN_FILE.TXT or TEST_FILE_FULL.TXT), "
                                  "or read this one as prediction input.")
-        rows = _Rows(_output_columns({"relation": ""} if has_relation else {}))
+        rows = RecordColumns(output_columns({"relation": ""} if has_relation else {}))
         for line, number, body, label, after in blocks:
             if number is None:
                 rows.add(line, {}, f"row: not a SemEval sentence line (expected 'NUMBER<TAB>\"sentence\"', "
@@ -64,10 +64,10 @@ def _semeval_blocks(lines: Iterable[str]) -> Iterator[tuple[int, str | None, str
             continue
         match = SEMEVAL_SENTENCE.match(current)
         if not match:
-            yield number, None, _quote(current.strip()), None, ""
+            yield number, None, quote(current.strip()), None, ""
             continue
         nxt = ahead[1].rstrip("\r").strip() if ahead is not _END else ""
-        after = _quote(nxt) if nxt else "a blank line" if ahead is not _END else "the end of the file"
+        after = quote(nxt) if nxt else "a blank line" if ahead is not _END else "the end of the file"
         label = None
         if nxt and not SEMEVAL_SENTENCE.match(ahead[1]) and not nxt.lower().startswith("comment"):
             label, ahead = nxt, next(numbered, _END)

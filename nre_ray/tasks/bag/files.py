@@ -33,17 +33,17 @@ from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats import FORMATS, HINT_FORMAT, PEEK_BYTES, detect_format
 from nre_ray.data.formats.common import (
     Source,
-    _read_text,
-    _remote_call,
-    _remote_frames,
-    _require_file,
-    _split_lines,
-    _stream_lines,
+    read_text,
+    remote_call,
+    remote_frames,
+    require_file,
+    split_lines,
     storage_problem,
+    stream_lines,
 )
-from nre_ray.data.formats.delimited import _header, _records
+from nre_ray.data.formats.delimited import csv_records, header_record
 from nre_ray.data.read import read_table
-from nre_ray.data.schema import OPTIONAL, REQUIRED, _as_text, _quote
+from nre_ray.data.schema import OPTIONAL, REQUIRED, as_text, quote
 
 NYT10 = "nyt10"
 """The format name of NYT10's TSV (``--format nyt10`` once the commands take bags)."""
@@ -83,7 +83,7 @@ def detect_bag_format(path: Source) -> str:
         except storage.StorageError as err:
             raise storage_problem(err) from None
     else:
-        _require_file(Path(path))
+        require_file(Path(path))
         with open(path, "rb") as fh:
             head = fh.read(PEEK_BYTES)
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
@@ -146,10 +146,10 @@ def nyt10_record(fields: Sequence[str]) -> tuple[dict[str, str], str]:
     problems = []
     head_at, _ = find_entity(sentence, head)
     if head_at < 0:
-        problems.append(f"head: {_quote(head)} does not occur in the sentence")
+        problems.append(f"head: {quote(head)} does not occur in the sentence")
     tail_at, _ = find_entity(sentence, tail, (head_at, head_at + len(head)) if head_at >= 0 else None)
     if tail_at < 0:
-        problems.append(f"tail: {_quote(tail)} does not occur in the sentence")
+        problems.append(f"tail: {quote(tail)} does not occur in the sentence")
     values["head_offset"] = str(head_at) if head_at >= 0 else ""
     values["tail_offset"] = str(tail_at) if tail_at >= 0 else ""
     return values, "; ".join(problems)
@@ -189,10 +189,10 @@ def read_nyt10_chunks(path: Source, rows_per_chunk: int = 10_000) -> Iterator[pd
     """:func:`read_nyt10` of a file or URI as a stream, ``rows_per_chunk`` records at a time (a URI is copied to a
     temporary local file first; the frames and problems name the URI)."""
     if storage.is_uri(path):
-        yield from _remote_frames(os.fspath(path), lambda local: read_nyt10_chunks(local, rows_per_chunk))
+        yield from remote_frames(os.fspath(path), lambda local: read_nyt10_chunks(local, rows_per_chunk))
         return
     path = Path(path)
-    yield from read_nyt10(path, _split_lines(_stream_lines(path, universal=False)), rows_per_chunk)
+    yield from read_nyt10(path, split_lines(stream_lines(path, universal=False)), rows_per_chunk)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def read_bag_table(
                         hint=HINT_FORMAT)
     if storage.is_uri(path):
         uri = os.fspath(path)
-        frame = _remote_call(uri, lambda local: _read_local(local, fmt, column_map, require_relation))
+        frame = remote_call(uri, lambda local: _read_local(local, fmt, column_map, require_relation))
         frame["file"] = uri
         return frame
     return _read_local(Path(path), fmt, column_map, require_relation)
@@ -233,7 +233,7 @@ def _read_local(path: Path, fmt: str, column_map: dict[str, str] | None, require
         if column_map:
             raise DataError([Problem(str(path), None, None, "a column map does not apply to the nyt10 format")],
                             hint="Leave out --columns for this file.")
-        return next(read_nyt10(path, _read_text(path).split("\n")))
+        return next(read_nyt10(path, read_text(path).split("\n")))
     frame = read_table(path, fmt, column_map, require_relation)
     ids = pair_ids(path, fmt)
     for column in ID_COLUMNS:
@@ -267,14 +267,14 @@ def _parquet_ids(path: Path) -> pd.DataFrame | None:
     if not set(ID_COLUMNS) <= set(parquet.schema_arrow.names):
         return None
     table = parquet.read(list(ID_COLUMNS))
-    heads = [_as_text(v) for v in table.column("head_id").to_pylist()]
-    tails = [_as_text(v) for v in table.column("tail_id").to_pylist()]
+    heads = [as_text(v) for v in table.column("head_id").to_pylist()]
+    tails = [as_text(v) for v in table.column("tail_id").to_pylist()]
     return _ids_frame(list(range(1, table.num_rows + 1)), heads, tails)
 
 
 def _delimited_ids(path: Path, delimiter: str) -> pd.DataFrame | None:
-    records = _records(str(path), csv.reader(_stream_lines(path, universal=True), delimiter=delimiter))
-    _, header = _header(str(path), records)
+    records = csv_records(str(path), csv.reader(stream_lines(path, universal=True), delimiter=delimiter))
+    _, header = header_record(str(path), records)
     names = [column.strip().lstrip("\ufeff") for column in header]
     if not set(ID_COLUMNS) <= set(names):
         return None
@@ -289,7 +289,7 @@ def _delimited_ids(path: Path, delimiter: str) -> pd.DataFrame | None:
 
 def _json_ids(path: Path, opennre: bool) -> pd.DataFrame | None:
     lines, heads, tails = [], [], []
-    for number, line in enumerate(_split_lines(_stream_lines(path, universal=False)), start=1):
+    for number, line in enumerate(split_lines(stream_lines(path, universal=False)), start=1):
         if not line.strip():
             continue
         try:
@@ -300,10 +300,10 @@ def _json_ids(path: Path, opennre: bool) -> pd.DataFrame | None:
             continue
         if opennre:
             head, tail = record.get("h"), record.get("t")
-            head_id = _as_text(head.get("id")) if isinstance(head, dict) else ""
-            tail_id = _as_text(tail.get("id")) if isinstance(tail, dict) else ""
+            head_id = as_text(head.get("id")) if isinstance(head, dict) else ""
+            tail_id = as_text(tail.get("id")) if isinstance(tail, dict) else ""
         else:
-            head_id, tail_id = _as_text(record.get("head_id")), _as_text(record.get("tail_id"))
+            head_id, tail_id = as_text(record.get("head_id")), as_text(record.get("tail_id"))
         lines.append(number)
         heads.append(head_id.strip())
         tails.append(tail_id.strip())
@@ -319,18 +319,18 @@ def read_relation2id(path: Source) -> list[str]:
 
     Raises :class:`DataError` for a line without an integer id, or a label or id given twice."""
     if storage.is_uri(path):
-        return _remote_call(os.fspath(path), read_relation2id)
+        return remote_call(os.fspath(path), read_relation2id)
     path = Path(path)
     name = str(path)
     by_id: dict[int, tuple[str, int]] = {}
     seen: dict[str, int] = {}
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         label, _, ident = line.strip().rpartition(" ")
         label = label.strip()
         if not label or not re.fullmatch(r"-?\d+", ident):
-            raise DataError([Problem(name, number, None, f"expected 'LABEL ID' (found {_quote(line.strip())})")],
+            raise DataError([Problem(name, number, None, f"expected 'LABEL ID' (found {quote(line.strip())})")],
                             hint="Write one label and its integer id per line, e.g. 'NA 0'.")
         if label in seen or int(ident) in by_id:
             first = seen.get(label) or by_id[int(ident)][1]
