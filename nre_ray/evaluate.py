@@ -1,4 +1,4 @@
-"""``python -m nre_ray.evaluate``: score a checkpoint on a labelled file (:mod:`nre_ray.serving.evaluate`)."""
+"""``python -m nre_ray.evaluate``: score a checkpoint on a labelled file (:mod:`nre_ray.serving.evaluation`)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_environ()  # before Ray and MLflow are imported
     from nre_ray.checkpoint import CheckpointError
     from nre_ray.data.errors import DataError
-    from nre_ray.serving.evaluate import evaluate_file
+    from nre_ray.serving.evaluation import evaluate_file
 
     try:
         report = evaluate_file(args.model, args.data, num_workers=args.num_workers,

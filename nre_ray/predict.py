@@ -1,4 +1,4 @@
-"""``python -m nre_ray.predict``: label a file of raw rows with a trained model (:mod:`nre_ray.serving.predict`)."""
+"""``python -m nre_ray.predict``: label a file of raw rows with a trained model (:mod:`nre_ray.serving.prediction`)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from nre_ray import storage
     from nre_ray.checkpoint import CheckpointError
     from nre_ray.data.errors import DataError
-    from nre_ray.serving.predict import cause, predict_file, worker_died
+    from nre_ray.serving.prediction import cause, predict_file, worker_died
 
     try:
         summary = predict_file(args.model, args.input, args.output, batch_size=args.batch_size,

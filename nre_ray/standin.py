@@ -1,5 +1,5 @@
 """``python -m nre_ray.standin up|status|upload|kill-node|preempt-node|down``: the command line of the cluster stand-in
-(:mod:`nre_ray.cluster.standin`)."""
+(:mod:`nre_ray.cluster.standin_cluster`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray.cluster.session import TELEMETRY_ENV, UsageError, quiet_environ
-from nre_ray.cluster.standin import STATE_FILE, Standin, down, kill_node, preempt_node, status, up, upload
+from nre_ray.cluster.standin_cluster import STATE_FILE, Standin, down, kill_node, preempt_node, status, up, upload
 from nre_ray.config import CommandParser
 
 #: The commands and what each does.

@@ -307,7 +307,7 @@ def report(outcomes: dict[str, Outcome], args: argparse.Namespace) -> tuple[str,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nre_ray.cluster import standin
+    from nre_ray.cluster import standin_cluster
 
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="bench_faults_"))).absolute()
     work.mkdir(parents=True, exist_ok=True)
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     ports = dict(zip(("s3", "gcs", "dashboard", "mlflow"), free_ports(4), strict=True))
     print(f"starting the stand-in in {folder}", flush=True)
     # Idle nodes stay 10 minutes: every run starts on the nodes the first one brought (the 3 workers at once).
-    state = standin.up(folder, ports=ports, idle_minutes=10)
+    state = standin_cluster.up(folder, ports=ports, idle_minutes=10)
     outcomes: dict[str, Outcome] = {}
     try:
         upload_data(state, args.train_rows, work / "data")
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  training {done.training_s:.0f} s; workers per epoch "
                   f"{' '.join(str(done.workers[e]) for e in sorted(done.workers))}", flush=True)
     finally:
-        standin.down(folder)
+        standin_cluster.down(folder)
     text, records = report(outcomes, args)
     load = os.getloadavg()
     header = (f"bench_faults: {args.epochs} epochs of {args.train_rows} rows, --model {args.model} --batch-size "

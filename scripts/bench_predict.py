@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"mode": "cli (subprocess, end to end)", "workers": n, "rows": rows, "seconds": seconds})
             print(f"cli {n} worker(s): {seconds:.1f} s", flush=True)
 
-        from nre_ray.serving.predict import predict_file
+        from nre_ray.serving.prediction import predict_file
 
         for n in workers:
             summary = predict_file(model, str(args.data), str(work / f"pipe{n}.csv"), batch_size=args.batch_size,

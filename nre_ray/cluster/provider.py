@@ -10,8 +10,8 @@ node whose raylet is gone (``kill-node``, ``preempt-node``) is listed no more, a
 as terminated, so that the autoscaler replaces it for a resource request too (an elastic run's).
 
 Loaded by the stand-in's autoscaler (``provider: {type: external, module: nre_ray.cluster.provider.
-StandinNodeProvider}``); see :mod:`nre_ray.cluster.standin`. The class is built on Ray's private provider interface,
-so it lives in :mod:`nre_ray.cluster.ray_private`.
+StandinNodeProvider}``); see :mod:`nre_ray.cluster.standin_cluster`. The class is built on Ray's private provider
+interface, so it lives in :mod:`nre_ray.cluster.ray_private`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The stand-in's object store: moto's S3 server behind a signature check of its own
-(``python -m nre_ray.cluster.s3_store --port PORT``, started by :func:`nre_ray.cluster.standin.up`).
+(``python -m nre_ray.cluster.s3_store --port PORT``, started by :func:`nre_ray.cluster.standin_cluster.up`).
 
 moto (``moto_server``) answers anyone: unsigned requests and requests signed with any key alike. It can check
 signatures itself (``INITIAL_NO_AUTH_ACTION_COUNT`` with an IAM user and key), but its ``/moto-api`` endpoints stay

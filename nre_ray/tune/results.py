@@ -3,7 +3,7 @@
 :func:`collect` reads Tune's results and the trials' curves in MLflow; :func:`close_children` closes the child runs
 a stopped trial could not close itself; :func:`interrupted` tells a Ctrl-C from the end; :func:`finish` logs the
 trials table and plot to the parent run and scores the best trial's checkpoint on test once
-(:mod:`nre_ray.serving.evaluate`, on the encoded test split of the sweep's preprocessing), logging it as the sweep's
+(:mod:`nre_ray.serving.evaluation`, on the encoded test split of the sweep's preprocessing), logging it as the sweep's
 model.
 """
 
@@ -141,7 +141,7 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
     per-class report to the parent run, and log the checkpoint as its model."""
     import numpy as np
 
-    from nre_ray.serving.evaluate import evaluate_split
+    from nre_ray.serving.evaluation import evaluate_split
     from nre_ray.serving.pyfunc import log_model
     from nre_ray.tracking import reports
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nre_ray.cluster import standin
+from nre_ray.cluster import standin_cluster as standin
 from tests.procs import alive, env, free_port, mentioning
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]

@@ -47,7 +47,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray.cluster import standin
+from nre_ray.cluster import standin_cluster as standin
 from nre_ray.cluster.processes import cmdline
 from tests.procs import RAY_ENV, environ, free_port, kill_all, stop_tree, with_env
 

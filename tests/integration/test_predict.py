@@ -26,7 +26,7 @@ from nre_ray import storage
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import main as evaluate_main
 from nre_ray.predict import main as predict_main
-from nre_ray.serving.evaluate import evaluate_file
+from nre_ray.serving.evaluation import evaluate_file
 from nre_ray.serving.inference import INPUT_COLUMNS, Predictor
 from nre_ray.tracking.store import mlflow_settings
 from nre_ray.train import main as train_main

@@ -42,7 +42,7 @@ def test_the_documented_job_submit_ships_no_git_or_venv_and_says_nothing(tmp_pat
     import subprocess
     import sys
 
-    from nre_ray.cluster.standin import Standin
+    from nre_ray.cluster.standin_cluster import Standin
 
     setting = "RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES"
     shell = Standin(str(tmp_path), "b", 1, 2, 3, 4, "/tmp/none", "s", (10002, 10003)).shell()

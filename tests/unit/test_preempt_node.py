@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nre_ray.cluster import standin
+from nre_ray.cluster import standin_cluster
 from nre_ray.cluster.session import UsageError
-from nre_ray.cluster.standin import choose_node
+from nre_ray.cluster.standin_cluster import choose_node
 from nre_ray.standin import main as standin_main
 from tests.procs import free_port
 
@@ -59,7 +59,7 @@ def test_a_deadline_that_is_not_a_number_is_refused(tmp_path, capsys):
 
 def test_a_standin_that_is_recorded_but_not_running_is_reported(tmp_path, capsys):
     ports = [free_port() for _ in range(4)]
-    standin.Standin(str(tmp_path), "b", *ports, "/tmp/none", "s", (10002, 10003)).save()
+    standin_cluster.Standin(str(tmp_path), "b", *ports, "/tmp/none", "s", (10002, 10003)).save()
     assert standin_main(["preempt-node", "--dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: the stand-in's Ray at http://127.0.0.1:{ports[2]} does not answer (") \
