@@ -120,5 +120,5 @@ def test_rows_per_chunk_must_be_positive(tmp_path: Path) -> None:
 def test_streamed_lines_split_like_the_whole_text(tmp_path: Path, text: str) -> None:
     path = tmp_path / "lines.txt"
     path.write_bytes(text.encode())
-    assert list(read._stream_lines(path, universal=True)) == list(io.StringIO(text, newline=""))
-    assert list(read._split_lines(read._stream_lines(path, universal=False))) == text.split("\n")
+    assert list(read.stream_lines(path, universal=True)) == list(io.StringIO(text, newline=""))
+    assert list(read.split_lines(read.stream_lines(path, universal=False))) == text.split("\n")
