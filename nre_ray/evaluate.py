@@ -7,7 +7,9 @@ import json
 import sys
 from typing import Any
 
+from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, CommandParser, choices
+from nre_ray.data.errors import DataError
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -63,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage)."""
     args = build_parser().parse_args(argv)
     # torch, pandas and Ray only now: --help and a usage error answer at once
-    from nre_ray.cluster.session import UsageError, quiet_environ
 
     quiet_environ()  # before Ray and MLflow are imported
+    # deferred: importing it loads torch, numpy
     from nre_ray.checkpoint import CheckpointError
-    from nre_ray.data.errors import DataError
+
+    # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.serving.evaluation import evaluate_file
 
     try:

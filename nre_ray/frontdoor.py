@@ -17,6 +17,8 @@ from typing import Any
 from nre_ray import console
 from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ConfigError
+from nre_ray.data.errors import DataError
+from nre_ray.tracking.store import run_page
 
 UI_ADDRESS = "http://127.0.0.1:5000"
 """Where ``mlflow ui`` (and ``make ui``) serves a local store."""
@@ -28,6 +30,7 @@ Work = Callable[[], tuple[dict[str, Any], str | None]]
 def _checkpoint_error() -> tuple[type[Exception], ...]:
     """``(CheckpointError,)``, imported only when an error reaches :func:`run_command`: its module imports torch,
     which a run needs only once Ray is up, so the first console line comes sooner."""
+    # deferred: importing it loads torch, numpy
     from nre_ray.checkpoint import CheckpointError
 
     return (CheckpointError,)
@@ -45,7 +48,6 @@ def run_command(work: Work, show: Callable[[dict[str, Any]], None], interrupted:
     logging.getLogger("nre_ray").setLevel(logging.INFO)
     for name, level in {"ray.data": logging.WARNING, "mlflow": logging.WARNING, **(quiet or {})}.items():
         logging.getLogger(name).setLevel(level)
-    from nre_ray.data.errors import DataError
 
     with _ctrl_c_kept() as caught:
         try:
@@ -111,7 +113,6 @@ def print_model_and_ui(summary: dict[str, Any]) -> None:
     if summary.get("model_uri"):
         print(f"model: {summary['model_uri']}" + (f" (registered as {summary['registered_model_uri']})"
                                                   if summary.get("registered_model_uri") else ""))
-    from nre_ray.tracking.store import run_page
 
     uri = summary["tracking_uri"]
     server = uri.startswith(("http://", "https://"))

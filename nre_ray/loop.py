@@ -35,6 +35,7 @@ from nre_ray.config import Config
 from nre_ray.console import NOTES_KEY, RESUME_NOTE
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset, identity_collate
+from nre_ray.data.pipeline import split_files_complete
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.pretrained import load_word_vectors, word_embedding
@@ -206,7 +207,6 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
     """
     if "splits" in data:
         return {name: EncodedSplit(arrays, name) for name, arrays in data["splits"].items()}
-    from nre_ray.data.pipeline import split_files_complete
 
     cache = data["cache"]
     folder = Path(cache["dir"]) if cache.get("dir") else None

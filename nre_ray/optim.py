@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from nre_ray.config import Config
+from nre_ray.models.bert import BertEncoder
 
 
 class Schedule:
@@ -74,8 +75,6 @@ def steps_per_epoch(num_examples: int, world_size: int, batch_size: int, grad_ac
 
 def _pretrained_parameters(model: nn.Module) -> set[int]:
     """ids of the parameters of the model's pretrained encoder (empty for models trained from scratch)."""
-    from nre_ray.models.bert import BertEncoder  # no transformers import at module level
-
     found: set[int] = set()
     for module in model.modules():
         if isinstance(module, BertEncoder):

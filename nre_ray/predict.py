@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nre_ray import storage
+from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, CommandParser, choices
+from nre_ray.data.errors import DataError
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 
 EXAMPLES = """\
@@ -64,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage, 130 interrupted)."""
     args = build_parser().parse_args(argv)
     # torch, pandas and Ray only now: --help and a usage error answer at once
-    from nre_ray.cluster.session import UsageError, quiet_environ
 
     quiet_environ()  # before Ray and MLflow are imported
-    from nre_ray import storage
+    # deferred: importing it loads torch, numpy
     from nre_ray.checkpoint import CheckpointError
-    from nre_ray.data.errors import DataError
+
+    # deferred: importing it loads torch, pandas, pyarrow, numpy
     from nre_ray.serving.prediction import cause, predict_file, worker_died
 
     try:

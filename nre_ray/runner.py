@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nre_ray import console, tempfiles
+from nre_ray import buildonce, console, tempfiles
 from nre_ray import storage as fs
+from nre_ray.cluster.ray_private import elastic_trainer, ray_output_to
 from nre_ray.cluster.session import (
     Resources,
     UsageError,
@@ -47,8 +48,10 @@ from nre_ray.cluster.session import (
     start_ray,
     torch_config,
 )
-from nre_ray.config import Config
+from nre_ray.config import Config, metric_names
+from nre_ray.data.errors import DataError, Problem
 from nre_ray.redact import redact
+from nre_ray.tracking import store as tracking
 
 log = logging.getLogger("nre_ray")
 
@@ -74,8 +77,6 @@ def _existing_checkpoints(storage: str, run_name: str) -> list[str]:
 
 def _run_to_resume(cfg: Config, run_name: str, storage: str, tracking_uri: str, existing: list[str]) -> Any:
     """The MLflow run that ``--resume`` continues (an ``mlflow.entities.Run``); UsageError if there is none."""
-    from nre_ray.tracking import store as tracking
-
     with tracking.store_errors(tracking_uri):  # the command's first MLflow call
         found = tracking.find_run(tracking_uri, cfg.run.experiment_name, run_name, storage)
     if found is None:
@@ -111,8 +112,8 @@ def check_inputs(cfg: Config) -> None:
     """Before Ray starts: the data folder has a training file, each explicit local input file exists, and the
     folder of ``--summary-json`` exists (DataError / UsageError naming the path; URIs are checked by the
     preprocessing, in their store)."""
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.datadir import find_data_files
-    from nre_ray.data.errors import DataError, Problem
 
     if cfg.data.data_dir:
         find_data_files(cfg.data.data_dir)
@@ -147,7 +148,6 @@ def claim_run(cfg: Config, what: str = "run") -> Iterator[None]:
     if not cfg.run.run_name:
         yield
         return
-    from nre_ray import buildonce
     folder = fs.join(fs.absolute(cfg.run.storage_path or "ray_results"), cfg.run.run_name)
     try:
         with buildonce.turn(folder, wait=False):
@@ -187,8 +187,6 @@ def _run(cfg: Config, started: float | None) -> dict[str, Any]:
 def _train(cfg: Config, target: Target, started: float, imported: float, run_log: console.RunLog | None
            ) -> dict[str, Any]:
     """The steps of :func:`run` after the setup."""
-    from nre_ray.tracking import store as tracking
-
     out = console.get()
     warm = warm_up(target.tracking_uri)  # MLflow and torch imported while Ray starts
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
@@ -241,7 +239,6 @@ def _ray_output_logged(path: str | None) -> Iterator[console.RunLog | None]:
     if path is None:
         yield None
         return
-    from nre_ray.cluster.ray_private import ray_output_to
 
     run_log = console.RunLog(path)
     run_log.write("python -m nre_ray.train: Ray's messages from here on")
@@ -275,8 +272,8 @@ def resolve_target(cfg: Config) -> Target:
     """Name the run, resolve the storage path and tracking URI, and find the MLflow run ``--resume`` continues.
     Refuses to overwrite an existing run's checkpoints and an address Ray cannot join. Makes local input paths
     absolute (workers change directory); URIs stay as they are."""
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.pipeline import DEFAULT_STORAGE, cache_places
-    from nre_ray.tracking import store as tracking
 
     check_address(cfg.run.address)  # before anything is created: the run's log, its folder, the MLflow run
     check_inputs(cfg)
@@ -294,6 +291,7 @@ def resolve_target(cfg: Config) -> Target:
     tracking_uri = tracking.resolve_tracking_uri(cfg.run.tracking_uri)
     resumed = _run_to_resume(cfg, run_name, storage, tracking_uri, existing) if cfg.run.resume else None
     if cfg.model.embeddings:
+        # deferred: importing it loads torch, numpy
         from nre_ray.models.pretrained import check_dim
 
         cfg.model.embeddings = fs.absolute(cfg.model.embeddings)
@@ -315,8 +313,6 @@ def warm_up(tracking_uri: str) -> threading.Thread:
     which the driver needs after Ray has started: starting Ray mostly waits on Ray's own processes. Join it before using
     MLflow. (Neither imports Ray, nor Ray them: the two threads' imports never wait on each other in a cycle.)"""
     def work() -> None:
-        from nre_ray.tracking import store as tracking
-
         tracking.warm_up(tracking_uri)
         try:
             import torch  # noqa: F401
@@ -376,6 +372,7 @@ def cache_on_every_node(cfg: Config, storage: str) -> bool:
 def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None) -> Any:
     """Preprocess with Ray Data (cached; under the storage path too when that is remote) and say what came out
     (``step``: the console phase that says so). Checks that ``--select-metric`` exists for these labels."""
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.pipeline import cache_places, prepare
 
     step = step or console.Phase(console.get(), "preprocess", "preprocessing")
@@ -400,8 +397,6 @@ def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None)
 def check_select_metric(cfg: Config, labels: list[str]) -> None:
     """UsageError unless the selection metric is one these labels give (``semeval_macro_f1`` needs directed labels
     such as ``Cause-Effect(e1,e2)``; the ``pos_*`` scores need ``--negative-label`` to be one of the labels)."""
-    from nre_ray.config import metric_names
-
     available = metric_names(labels, cfg.data.negative_label)
     if cfg.select_metric not in available:
         why = (f"--negative-label {cfg.data.negative_label!r} is not one of the labels"
@@ -463,8 +458,8 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
     """Create the MLflow run (or reopen the one ``--resume`` continues, after checking the checkpoint fits) and log
     the data's sources, audit and rejected rows. ``threads``: torch threads per worker (a tag). Returns the run id
     and a tracker for it."""
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.audit import write_audit
-    from nre_ray.tracking import store as tracking
 
     resumed = target.resumed
     resume_tags, missing_metrics = (_check_resume(cfg, target.storage, target.run_name, prepared, resumed,
@@ -517,6 +512,7 @@ def _log_rejected(prepared: Any, target: Target, tracker: Any) -> None:
 def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[str, Any]:
     """What the loop needs of the preprocessed data (its ``data``): where the splits' files are (``splits``: which
     of them, default all), the vocabulary, labels, positions and pretrained assets. Small: no arrays."""
+    # deferred: importing it loads torch, numpy
     from nre_ray.checkpoint import pretrained_assets
 
     # Where the splits are, not their arrays: each worker memory-maps the cache folder's files (or a per-node copy of
@@ -554,8 +550,10 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from nre_ray.cluster.ray_private import elastic_trainer
+    # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
+
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tracking.callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
 
     set_placement_timeout(resources.placement_timeout)
@@ -602,6 +600,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
 def _start_of(target: Target) -> tuple[int, int, str] | None:
     """Where a ``--resume`` starts from: epochs done, steps done of the next epoch (a mid-epoch checkpoint) and the
     checkpoint's path (None for a new run, or one without a checkpoint)."""
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tracking.callback import resume_point
 
     result = _latest_result(target.storage, target.run_name) if target.resumed is not None else None
@@ -617,8 +616,8 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     failure's full text goes to ``run_log`` (the run's log file), which is logged to the MLflow run at the end."""
     import ray.train
 
+    # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.loop import SELECTION_RANK
-    from nre_ray.tracking import store as tracking
 
     out = console.get()
     workers = f"{worker_count(cfg)} worker(s)" + (f", {resources.per_worker} each" if resources else "")
@@ -693,8 +692,6 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
 
 def _log_run_log(run_log: console.RunLog, tracking_uri: str, run_id: str) -> None:
     """The run's log file into the MLflow run, as ``logs/ray_output.log`` (a warning if MLflow cannot take it)."""
-    from nre_ray.tracking import store as tracking
-
     try:
         with tempfile.TemporaryDirectory() as folder:  # under its MLflow name whatever the file is called here
             copy = Path(folder) / RUN_LOG
@@ -721,6 +718,7 @@ def _sigint_restored() -> Iterator[None]:
 
 def _log_model(best: Any, cfg: Config, tracking_uri: str, run_id: str) -> dict[str, str | None]:
     """Log the selected checkpoint as the run's MLflow pyfunc model (registered too with --register-model)."""
+    # deferred: importing it loads starlette, pandas, pyarrow, numpy
     from nre_ray.serving.pyfunc import log_model
 
     with best.as_directory() as folder:
@@ -734,8 +732,8 @@ def _check_resume(cfg: Config, storage: str, run_name: str, prepared: Any, resum
     (CheckpointError otherwise). Returns tags recording settings that changed (MLflow params keep the first run's),
     and the latest checkpoint's metrics when MLflow lacks them (a stop between Ray registering the checkpoint and
     the controller logging its metrics: :mod:`nre_ray.tracking.callback`), to log now."""
+    # deferred: importing it loads torch, numpy
     from nre_ray.checkpoint import changed_settings, check_compatible, load_checkpoint
-    from nre_ray.tracking import store as tracking
 
     result = _latest_result(storage, run_name)
     latest = result.checkpoint if result is not None else None

@@ -57,7 +57,8 @@ from pathlib import Path
 
 import yaml
 
-from nre_ray.cluster import processes
+from nre_ray import storage
+from nre_ray.cluster import processes, ray_private
 from nre_ray.cluster.processes import Process
 from nre_ray.cluster.session import UsageError
 
@@ -616,8 +617,6 @@ def standin_environ(state: Standin) -> Iterator[None]:
 
 def upload(state: Standin, local: Path, uri: str) -> None:
     """Copy a local file or folder into the stand-in's object store (what ``aws s3 cp --recursive`` does on AWS)."""
-    from nre_ray import storage
-
     with standin_environ(state):
         storage.upload(local, uri)
 
@@ -690,8 +689,6 @@ def preempt_node(state: Standin, node_id: str | None, deadline_s: float, say: Ca
     PREEMPTION and that deadline, :func:`nre_ray.cluster.ray_private.drain_for_preemption`), then the node is lost at
     the deadline (:func:`kill_node`). ``node_id``: by default the first worker node that runs a training worker
     (:func:`choose_node`). ``say`` is told each step. Returns the node's id."""
-    from nre_ray.cluster import ray_private
-
     node = choose_node(node_id, *ray_nodes(state))
     deadline = time.time() + deadline_s
     try:

@@ -49,7 +49,10 @@ CONVERT_HINT = "Fix these rows, or pass --on-bad-rows skip to convert the good r
 
 def inspect(args: argparse.Namespace) -> int:
     """Preprocess (or reuse the cache), print the audit; write it with ``--json`` / ``--report``."""
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data import audit as data_audit
+
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data import pipeline
 
     cfg = config_from_args(args)
@@ -136,6 +139,7 @@ def _canonical(checked: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def convert(args: argparse.Namespace) -> int:
     """Stream INPUT into OUTPUT in the canonical schema (see the module docstring)."""
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.read import (
         OPTIONAL,
         REQUIRED,

@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nre_ray import buildonce, console, storage
+from nre_ray.cluster.session import alive_nodes
 from nre_ray.config import ConfigError, DataConfig
 from nre_ray.data import audit as data_audit
 from nre_ray.data import stages, subword
@@ -386,8 +387,6 @@ class _Where:
     def resolve(self) -> None:
         """Decide, asking Ray; ConfigError when the tasks would have to run on the driver's node and it offers no
         CPU (they could never start)."""
-        from nre_ray.cluster.session import alive_nodes
-
         multi_node = len(alive_nodes()) > 1 if self.multi_node is None else self.multi_node
         self.pin = _driver_node_args() if multi_node else {}
         if self.shared_root and self.shared and storage.is_uri(self.shared) and multi_node and not self.on_every_node:

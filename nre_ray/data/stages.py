@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 
 from nre_ray import buildonce, storage
 from nre_ray.data import audit as data_audit
+from nre_ray.data import subword
 from nre_ray.data.batches import (
     STORED_KEYS,
     EncodedSplit,
@@ -305,8 +306,6 @@ def _encode_words(part: pa.Table, value_set: pa.Array, max_length: int, window: 
 
 def _encode_subwords(part: pa.Table, tokenizer_dir: str, labels: list[str], max_length: int, typed: bool,
                      window: int) -> dict[str, np.ndarray]:
-    from nre_ray.data import subword
-
     frame = part.select(["sentence", "head", "head_offset", "tail", "tail_offset", "head_type", "tail_type",
                          "relation", "problem", "line"]).to_pandas()
     local = str(buildonce.local_copy(tokenizer_dir))  # in the object store: copied once per node

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from nre_ray.models.bert import build_bert_encoder
 from nre_ray.models.bilstm import BiLSTMAttentionEncoder
 from nre_ray.models.classifier import RelationClassifier
 from nre_ray.models.cnn import CNNEncoder, PCNNEncoder
@@ -82,7 +83,5 @@ def _transformer(cfg: object, spec: ModelSpec) -> nn.Module:
 
 @register("bert")
 def _bert(cfg: object, spec: ModelSpec) -> nn.Module:
-    from nre_ray.models.bert import build_bert_encoder  # imports transformers (the optional 'bert' extra)
-
     return RelationClassifier(build_bert_encoder(cfg, spec.vocab_size, spec.pretrained_config), spec.num_classes,
                               cfg.dropout)

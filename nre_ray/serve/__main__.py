@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from nre_ray.frontdoor import run_command
 from nre_ray.serve.cli import build_parser
 
 
@@ -12,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 bad settings or model, 130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
     # Ray, torch and MLflow only now: --help and a usage error answer at once
-    from nre_ray.frontdoor import run_command
+    # deferred: importing it loads ray, torch, starlette, pandas, pyarrow, numpy
     from nre_ray.serve.app import serve_until_interrupted
 
     def work() -> tuple[dict, None]:

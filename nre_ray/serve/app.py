@@ -35,9 +35,29 @@ from ray.serve import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from nre_ray.cluster.session import Cluster, Resources, UsageError, quiet_env_for_workers, size_workers
+from nre_ray.cluster.session import (
+    Cluster,
+    Resources,
+    UsageError,
+    cluster,
+    local_cluster,
+    quiet_env_for_workers,
+    size_workers,
+    start_ray,
+)
 from nre_ray.serve.cli import build_parser
-from nre_ray.serving.inference import ModelIdentity
+from nre_ray.serving.inference import (
+    INPUT_COLUMNS,
+    UNTYPED_WARNING,
+    ModelIdentity,
+    Predictor,
+    identify_model,
+    is_mlflow_model,
+    lacks_types,
+    resolve_checkpoint,
+    row_problems,
+)
+from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
 DEPLOYMENT = "RelationServer"
 JSON = "application/json"
@@ -112,9 +132,6 @@ def replica_resources(info: Cluster, options: ServeOptions) -> Resources:
 def named_model(options: ServeOptions) -> tuple[ModelIdentity, str]:
     """The model ``options`` name, pinned (an alias to its version) and checked (CheckpointError when it cannot be
     loaded: said here, not by a replica that fails to start), and the tracking URI."""
-    from nre_ray.serving.inference import identify_model, is_mlflow_model, resolve_checkpoint
-    from nre_ray.tracking.store import model_store, resolve_tracking_uri
-
     tracking_uri = (model_store(options.model, options.tracking_uri) if is_mlflow_model(options.model)
                     else resolve_tracking_uri(options.tracking_uri))
     identity = identify_model(options.model, tracking_uri)
@@ -154,8 +171,6 @@ def build(args: dict[str, Any]) -> Application:
     port are the config file's ``http_options``; ``address`` and ``name`` do not apply, and ``ingress`` is refused
     (the cluster's is set where its nodes start). Runs where Serve builds the application (on the cluster), so the
     model must be reachable from there."""
-    from nre_ray.cluster.session import cluster
-
     argv = []
     for key, value in args.items():
         flag = "--" + str(key).replace("_", "-")
@@ -209,6 +224,7 @@ class RelationServer:
         from mlflow.models import Model
         from mlflow.pyfunc import PyFuncModel
 
+        # deferred: importing it loads
         from nre_ray.serving.pyfunc import signature
 
         self.config: dict[str, Any] = {}
@@ -222,8 +238,6 @@ class RelationServer:
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Load the model the config names (when it changed) and apply its batch settings."""
         import torch
-
-        from nre_ray.serving.inference import Predictor, resolve_checkpoint
 
         if config["model"] != self.config.get("model") or config["device"] != self.config.get("device"):
             torch.set_num_threads(max(1, int(config["threads"])))
@@ -294,7 +308,7 @@ class RelationServer:
         """Each request's answer: ``(predictions, warnings)``, or the 400 error that names its bad rows. Requests
         with the same columns are labelled in one pass; the answer of a plain request (:func:`plain_request`) is
         its columns as lists (:data:`Columns`), of a request MLflow's code read a DataFrame."""
-        from nre_ray.serving.inference import INPUT_COLUMNS, UNTYPED_WARNING, lacks_types, row_problems
+        # deferred: importing it loads
         from nre_ray.serving.pyfunc import answer_columns, rows_error
 
         predictor = self.predictor
@@ -333,6 +347,7 @@ Columns = dict[str, list[Any]]
 def _cut(values: Columns, start: int, end: int, top_k: int) -> Columns:
     """Rows ``start:end`` of the answer columns ``values`` of a request that asked for ``top_k``: top-k lists cut to
     its k (the batch may have asked for more), and no top-k columns when it asked for none."""
+    # deferred: importing it loads
     from nre_ray.serving.pyfunc import answer_columns
 
     cut = {c: values[c][start:end] for c in answer_columns(top_k)}
@@ -355,8 +370,6 @@ def plain_request(body: bytes, content_type: str) -> tuple[Rows, int] | None:
     anything else, which MLflow's own scoring code then reads (and answers, an error included): a request is
     answered as ``mlflow models serve`` answers it either way, and the common one without MLflow's per-request
     DataFrame work."""
-    from nre_ray.serving.inference import INPUT_COLUMNS
-
     if content_type.replace(" ", "").lower() not in ("application/json", "application/json;charset=utf-8"):
         return None
     try:
@@ -420,8 +433,6 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
     (or SIGTERM, as ``ray job stop`` sends), then delete the application, and on a Ray this command started shut
     Serve and Ray down. A Ray it starts has the ingress of ``--ingress`` (:func:`ingress_env`). Never returns
     normally: a stop raises KeyboardInterrupt after the cleanup."""
-    from nre_ray.cluster.session import local_cluster, start_ray
-
     options = ServeOptions.from_args(args)
     ahead = local_cluster(options.address)  # the local Ray to start: refuse what it can never hold, before it starts
     if ahead is not None:
@@ -460,8 +471,6 @@ def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, ow
     started it and no other application is left on it (a cluster's Serve that ran before it, or that another
     application was deployed to meanwhile, goes on); on a Ray of its own (``own_ray``) shut Ray down too."""
     import ray
-
-    from nre_ray.cluster.session import cluster
 
     deployed = started_serve = False
     try:

@@ -26,11 +26,25 @@ import torch
 from nre_ray import console
 from nre_ray import metrics as M
 from nre_ray.checkpoint import load_checkpoint
-from nre_ray.cluster.session import UsageError, local_cluster, size_workers
+from nre_ray.cluster.session import (
+    UsageError,
+    cluster,
+    local_cluster,
+    placement_failed,
+    ray_phase,
+    ray_quiet_env,
+    root_cause,
+    set_placement_timeout,
+    size_workers,
+    start_ray,
+    torch_config,
+)
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import DataError
+from nre_ray.data.pipeline import LAYOUT, MARKER
 from nre_ray.data.read import parse_column_map, problems_of, read_table
+from nre_ray.loop import eval_loader, evaluate, open_splits
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
 from nre_ray.serving.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
@@ -63,8 +77,6 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """
     import ray.train
     import ray.train.torch
-
-    from nre_ray.loop import eval_loader, evaluate, open_splits
 
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
@@ -203,17 +215,6 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from nre_ray.cluster.session import (
-        cluster,
-        placement_failed,
-        ray_phase,
-        ray_quiet_env,
-        root_cause,
-        set_placement_timeout,
-        start_ray,
-        torch_config,
-    )
-
     out = console.get()
     with out.phase("ray", ray_phase(address)) as step:
         start_ray(address)
@@ -287,8 +288,6 @@ def _ship(split: EncodedSplit, folder: Path, info: Any) -> Any:
     """How the workers get the encoded rows: on one node, the split saved in ``folder`` (each worker memory-maps it
     and reads only its shard's rows); where there are several or the autoscaler may add some (``info``: the
     :class:`nre_ray.cluster.session.Cluster`), through the object store (``folder`` is not on the others)."""
-    from nre_ray.data.pipeline import LAYOUT, MARKER
-
     if info.multi_node:
         return ray.put(split.flat)
     folder.mkdir(parents=True)

@@ -36,6 +36,7 @@ from nre_ray.data.subword import assets_folder, encode_subword_batch
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.tracking.store import download_model, model_store, registered_version
 
 #: The columns a prediction needs (``relation`` is not needed and is ignored when present).
 INPUT_COLUMNS = ("sentence", "head", "head_offset", "tail", "tail_offset")
@@ -291,8 +292,6 @@ def resolve_checkpoint(model: str, tracking_uri: str | None = None) -> ResolvedM
         return ResolvedModel(_checkpoint_in(path, model), model)
     from mlflow.exceptions import MlflowException
 
-    from nre_ray.tracking.store import download_model
-
     temp = tempfile.TemporaryDirectory(prefix="nre_ray_model_")
     try:
         local = download_model(_alias_uri(model), tracking_uri, temp.name)
@@ -331,8 +330,6 @@ def identify_model(model: str, tracking_uri: str | None = None) -> ModelIdentity
     if not match or (match.group(2) and match.group(2).lower() in _STAGES):
         return ModelIdentity(model, model)  # a stage name: MLflow resolves it when the model is loaded
     from mlflow.exceptions import MlflowException
-
-    from nre_ray.tracking.store import model_store, registered_version
 
     name = match.group(1)
     try:

@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nre_ray import storage
+from nre_ray import console, storage
 from nre_ray.checkpoint import load_checkpoint
-from nre_ray.cluster.session import Cluster, Resources, UsageError, local_cluster, local_node, size_workers
-from nre_ray.data.chunks import PREFIX, InputPlan, canonical_part, input_part, plan_chunks
+from nre_ray.cluster.session import Cluster, Resources, UsageError, cluster, local_cluster, local_node, size_workers
+from nre_ray.data.chunks import PREFIX, Chunk, InputPlan, canonical_part, input_part, plan_chunks
 from nre_ray.data.errors import DataError, Problem
+from nre_ray.data.pipeline import quiet_ray_data
 from nre_ray.data.read import parse_column_map, problems_of
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 from nre_ray.serving.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
@@ -74,8 +75,6 @@ class PredictSummary:
 def read_chunks(batch: pd.DataFrame, plan: Any) -> pd.DataFrame:
     """Ray Data stage: each row of ``batch`` names a chunk (start, end, first_line, rows); returns its records."""
     import ray
-
-    from nre_ray.data.chunks import Chunk
 
     plan = ray.get(plan) if isinstance(plan, ray.ObjectRef) else plan
     frames = [plan.read_chunk(Chunk(int(r.start), int(r.end), int(r.first_line), int(r.rows)))
@@ -292,9 +291,6 @@ def _run_ray(plan: InputPlan, loaded: Any, batch_size: int, num_workers: int, to
     import ray.data
     from ray.util.annotations import RayDeprecationWarning
 
-    from nre_ray.cluster.session import cluster
-    from nre_ray.data.pipeline import quiet_ray_data
-
     resources = _size_actors(cluster(), num_workers, use_gpu, cpus_per_worker)
     cpu = resources.per_worker["CPU"]
     quiet_ray_data(_ActorDeathFilter())
@@ -352,8 +348,6 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.Pat
     """Write the good rows (in order) to ``output`` (a local path or a URI); bad rows are collected (error) or
     written to ``<output>.rejected.csv`` (skip). Both are written in a staging folder and put in place at the end,
     or not at all."""
-    from nre_ray import console
-
     output = str(output)
     staging = Path(tempfile.mkdtemp(prefix=".nre_ray_predict_",
                                     dir=None if storage.is_uri(output) else storage.parent(output)))

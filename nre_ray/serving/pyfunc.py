@@ -22,6 +22,9 @@ import mlflow
 import mlflow.pyfunc
 import pandas as pd
 
+from nre_ray import tempfiles
+from nre_ray.data.errors import DataError
+from nre_ray.data.vocab import Vocab
 from nre_ray.tracking import store as tracking
 
 MODEL_NAME = "model"
@@ -49,14 +52,13 @@ class RelationModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         """Build the predictor from the logged checkpoint folder."""
+        # deferred: importing it loads torch
         from nre_ray.serving.inference import Predictor
 
         self.predictor = Predictor.from_checkpoint(context.artifacts["checkpoint"])
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Label the rows of ``model_input``."""
-        from nre_ray.data.errors import DataError
-
         top_k = int((params or {}).get("top_k") or 0)
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         try:
@@ -69,6 +71,7 @@ class RelationModel(mlflow.pyfunc.PythonModel):
 def answer_columns(top_k: int) -> list[str]:
     """The columns of the model's answer: ``predicted_relation, score`` and, with ``top_k > 0``, ``top_k_labels,
     top_k_scores``."""
+    # deferred: importing it loads torch
     from nre_ray.serving.inference import OUTPUT_COLUMNS, TOP_K_COLUMNS
 
     return list(OUTPUT_COLUMNS) + (list(TOP_K_COLUMNS) if top_k > 0 else [])
@@ -80,8 +83,6 @@ def rows_error(problems: list[Any]) -> Exception:
     400 and the rows' problems in words."""
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
-    from nre_ray.data.errors import DataError
 
     fixed = DataError(problems, hint="Fix these rows (head_offset / tail_offset: 0-based character offsets of head "
                                      "and tail in sentence) and send them again.")
@@ -112,7 +113,7 @@ def input_example(rows: int = 2, typed: bool = False) -> pd.DataFrame:
 
 def _typed(checkpoint: Path) -> bool:
     """Whether the checkpoint's model learnt typed entity markers (its vocabulary has them)."""
-    from nre_ray.data.vocab import Vocab
+    # deferred: importing it loads torch
     from nre_ray.serving.inference import learnt_types
 
     return learnt_types(Vocab.from_json(json.loads((checkpoint / "vocab.json").read_text(encoding="utf-8"))))
@@ -141,6 +142,7 @@ class LoggedModel:
 
 def _weights_only_copy(checkpoint: Path, folder: Path) -> Path:
     """The checkpoint without the optimizer and scheduler state (what predicting needs; about a third the size)."""
+    # deferred: importing it loads torch
     from nre_ray.checkpoint import load_checkpoint, save_checkpoint
 
     loaded = load_checkpoint(checkpoint)
@@ -156,7 +158,6 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
     (:func:`nre_ray.tracking.store.attach_model`). The run's status is left as it was. ``tracking_uri``: resolved
     and checked (:func:`nre_ray.tracking.store.resolve_tracking_uri`)."""
     import nre_ray
-    from nre_ray import tempfiles  # here: the model imports this module when served, and needs none of it
 
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("code")) as tmp:
         # The package without caches, so the model imports nre_ray in an environment that does not have it.

@@ -15,16 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray import console
+from nre_ray import storage as fs
+from nre_ray.cluster.ray_private import trial_statuses
 from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
+from nre_ray.tracking import store as tracking
 
 
 def collect(grid: Any, tracking_uri: str, parent: str, keys: list[str], metric: str, epochs: int) -> list[dict]:
     """One dict per trial: id, outcome, epochs reached, best validation score and its epoch, the searched values,
     the child run id, the Train run's folder and Tune's error if any."""
-    from nre_ray.cluster.ray_private import trial_statuses
-    from nre_ray.tracking import store as tracking
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tune.report import outcome
+
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tune.trial import child_runs
 
     children = child_runs(tracking_uri, parent)
@@ -54,7 +58,7 @@ def close_children(tracking_uri: str, trials: list[dict], cut: set[str] | None =
     """Close the child runs the trials could not close themselves (ASHA stops a trial by ending its actor): stopped
     and completed ones FINISHED, failed ones FAILED, and the runs still open of the trials in ``cut`` (an
     interrupted sweep's) KILLED, as ``unfinished``; each gets its outcome as the tag ``nre_ray.tune.outcome``."""
-    from nre_ray.tracking import store as tracking
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tune.report import ERROR, UNFINISHED
 
     for trial in trials:
@@ -74,6 +78,7 @@ def interrupted(trials: list[dict], num_samples: int, ended: set[str]) -> set[st
     continues them). Tune then returns early: trials not yet drawn are missing, and the running ones are stopped and
     marked TERMINATED like the ones that ended, so the cut ones are those that did not end (complete, or get stopped
     by ASHA) in this session, ``ended``, while their child run is still open (:func:`close_children` checks that)."""
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tune.report import UNFINISHED
 
     if len(trials) >= num_samples and not any(t["outcome"] == UNFINISHED for t in trials):
@@ -83,7 +88,7 @@ def interrupted(trials: list[dict], num_samples: int, ended: set[str]) -> set[st
 
 def close_running(tracking_uri: str, parent: str) -> None:
     """Mark the parent's child runs still RUNNING as KILLED (``--resume`` reopens them)."""
-    from nre_ray.tracking import store as tracking
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tune.trial import child_runs
 
     for run_id in child_runs(tracking_uri, parent).values():
@@ -97,9 +102,10 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
     it as the sweep's model; return the summary."""
     import ray.train
 
-    from nre_ray import storage as fs
+    # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.loop import SELECTION_RANK
-    from nre_ray.tracking import store as tracking
+
+    # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tune.report import COMPLETED, ERROR, STOPPED_EARLY, plot_parallel, trials_table, write_table
 
     keys = [d.key for d in space]
@@ -141,8 +147,13 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
     per-class report to the parent run, and log the checkpoint as its model."""
     import numpy as np
 
+    # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.serving.evaluation import evaluate_split
+
+    # deferred: importing it loads starlette, pandas, pyarrow, numpy
     from nre_ray.serving.pyfunc import log_model
+
+    # deferred: importing it loads matplotlib, pandas, pyarrow, numpy
     from nre_ray.tracking import reports
 
     test: dict[str, float] = {}

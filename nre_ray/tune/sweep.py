@@ -27,9 +27,25 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray import console
-from nre_ray.cluster.session import NodeType, Resources, UsageError, node_groups, plan_resources
+from nre_ray import storage as fs
+from nre_ray.cluster.session import (
+    NodeType,
+    Resources,
+    UsageError,
+    check_shared_paths,
+    cluster,
+    local_cluster,
+    node_groups,
+    placement_timeout,
+    plan_resources,
+    ray_phase,
+    start_ray,
+)
 from nre_ray.config import Config
 from nre_ray.redact import redact
+from nre_ray.runner import claim_run
+from nre_ray.tracking import store as tracking
+from nre_ray.tune.space import describe, load_space, to_tune
 
 log = logging.getLogger("nre_ray")
 
@@ -128,18 +144,12 @@ def _trial_dirname(trial: Any) -> str:
 def run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     """Run (or with ``--resume`` continue) the sweep, each step a console phase as in a training run; returns the
     summary. A sweep of the same ``--run-name`` running meanwhile on this machine is refused."""
-    from nre_ray.runner import claim_run
-
     with claim_run(cfg, "sweep"):
         return _run(cfg, opts)
 
 
 def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     """:func:`run`, its name held."""
-    from nre_ray import storage as fs
-    from nre_ray.cluster.session import ray_phase
-    from nre_ray.tune.space import describe, load_space, to_tune
-
     out = console.get()
     with out.phase("setup", "checking the search space, the settings and the sweep's storage") as step:
         space = load_space(opts.search_space, cfg)  # refused before anything starts
@@ -149,8 +159,12 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
 
         from nre_ray.runner import default_run_name, prepare_data, resolve_target, trainer_data
         from nre_ray.tracking import store as tracking
+
+        # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.report import ProgressPrinter
         from nre_ray.tune.results import close_children, close_running, collect, finish, interrupted
+
+        # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.trial import trial_trainable
 
         cfg.run.run_name = cfg.run.run_name or default_run_name(f"tune-{cfg.model.model}")
@@ -225,8 +239,6 @@ def check_scale(cfg: Config, opts: SweepOptions) -> None:
     """Before Ray starts: UsageError when not even one trial fits on the local Ray this command would start, by the
     planning of :func:`connect` over :func:`nre_ray.cluster.session.local_cluster`. Joining a cluster,
     :func:`connect` refuses it once joined."""
-    from nre_ray.cluster.session import local_cluster
-
     ahead = local_cluster(cfg.run.address, cfg.train.use_gpu)
     if ahead is not None:
         plan_trials(cfg.train.num_workers, cfg.train.use_gpu, ahead.nodes, cfg.train.cpus_per_worker,
@@ -237,8 +249,6 @@ def connect(cfg: Config, target: Any, requested: int | None, num_samples: int, s
     """Start or join Ray (workers' output stays in Ray's logs: the sweep prints one line per trial epoch), plan the
     trials (``requested``: ``--max-concurrent-trials``; at most ``num_samples`` by default) and their placement
     timeout, check the storage and tracking reach every node. ``step``: the console phase that says so."""
-    from nre_ray.cluster.session import check_shared_paths, cluster, placement_timeout, start_ray
-
     start_ray(cfg.run.address, log_to_driver=False)
     info = cluster()
     plan = plan_trials(cfg.train.num_workers, cfg.train.use_gpu, info.nodes, cfg.train.cpus_per_worker,
@@ -277,8 +287,8 @@ def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, spa
                 metric: str) -> str:
     """The sweep's MLflow parent run (reopened with ``--resume``): the fixed settings, the sweep options, the search
     space (param and ``search_space.json``), the data's sources and audit. Returns its run id."""
+    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.audit import write_audit
-    from nre_ray.tracking import store as tracking
 
     space_json = json.dumps([d.as_json() for d in space])
     if target.resumed is not None:

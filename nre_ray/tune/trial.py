@@ -18,6 +18,14 @@ from typing import Any
 import ray
 import ray.train
 
+from nre_ray.cluster.ray_private import function_trainable
+from nre_ray.cluster.session import Resources, root_cause
+from nre_ray.config import Config
+from nre_ray.console import NOTES_KEY
+from nre_ray.runner import Target, build_trainer, placement_tags
+from nre_ray.tracking import store as tracking
+from nre_ray.tune.space import apply
+
 #: Tags of a child run: the Tune trial it records, and (MLflow's own) the sweep's parent run.
 TRIAL_TAG, PARENT_TAG = "nre_ray.trial_id", "mlflow.parentRunId"
 #: How long a trial stopped after its last epoch waits for the loop to score and log its best checkpoint.
@@ -48,8 +56,6 @@ def trial_trainable(sweep: dict[str, Any]) -> type:
     """Tune's trainable: :func:`run_trial` with the sweep's settings, as a function trainable whose ``cleanup`` (run
     when Tune stops the trial) lets a trial past its last epoch finish, and aborts the Train run of any other."""
     from ray import tune
-
-    from nre_ray.cluster.ray_private import function_trainable
 
     base = function_trainable(tune.with_parameters(_run_trial_to_its_end, sweep=sweep), name="trial")
     epochs = int(sweep["config"]["train"]["epochs"])
@@ -94,8 +100,6 @@ def stop_train_run(last_result: dict[str, Any] | None, epochs: int) -> None:
 def _without_notes(callback: type) -> type:
     """Ray's ``TuneReportCallback`` passing on every report but the console's notes (``nre_ray.loop.tell_console``):
     a result without the sweep's metric would make Tune fail the trial."""
-    from nre_ray.console import NOTES_KEY
-
     class Report(callback):  # type: ignore[misc, valid-type]
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
             if not (metrics and NOTES_KEY in metrics[0]):
@@ -112,12 +116,6 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
     from ray.util.queue import Queue
-
-    from nre_ray.cluster.session import Resources, root_cause
-    from nre_ray.config import Config
-    from nre_ray.runner import Target, build_trainer, placement_tags
-    from nre_ray.tracking import store as tracking
-    from nre_ray.tune.space import apply
 
     context = ray.tune.get_context()
     trial_id, trial_name = context.get_trial_id(), context.get_trial_name()
@@ -148,8 +146,6 @@ def log_missed_epoch(tracking_uri: str, run_id: str, metrics: dict[str, Any] | N
     (at step ``epoch``); None when the child run has it. A trial whose process died after Ray registered an epoch's
     checkpoint but before the callbacks logged it (and passed it to Tune) resumes after that epoch: with no epoch
     left to train, nothing else would ever report it."""
-    from nre_ray.tracking import store as tracking
-
     if not metrics or "epoch" not in metrics:
         return None
     epoch = int(metrics["epoch"])
@@ -165,8 +161,6 @@ def open_child_run(tracking_uri: str, experiment: str, parent_run_id: str, sweep
     """The trial's MLflow child run: the one already there for this trial (a resumed sweep: marked RUNNING again,
     the loop continues its curves), else a new one under the parent, with the run parameters ``logged`` and the
     ``tags``. Returns its run id."""
-    from nre_ray.tracking import store as tracking
-
     found = find_child_run(tracking_uri, parent_run_id, trial_id)
     if found is not None:
         tracking.reopen_run(tracking_uri, found)
@@ -187,8 +181,6 @@ def find_child_run(tracking_uri: str, parent_run_id: str, trial_id: str) -> str 
 
 def child_runs(tracking_uri: str, parent_run_id: str) -> dict[str, str]:
     """``{trial id: run id}`` of the parent's child runs (the oldest run per trial, should there be two)."""
-    from nre_ray.tracking import store as tracking
-
     experiment_id = tracking.experiment_id(tracking_uri, parent_run_id)
     out: dict[str, str] = {}
     for run in tracking.search_runs(tracking_uri, experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'"):
