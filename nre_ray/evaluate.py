@@ -10,6 +10,7 @@ from typing import Any
 from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, CommandParser, choices
 from nre_ray.data.errors import DataError
+from nre_ray.storage import StorageError, write_text
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -87,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_report(report)
     if args.output:
-        from nre_ray.storage import StorageError, write_text
-
         try:
             write_text(args.output, json.dumps(report, indent=2, ensure_ascii=False))
         except StorageError as err:

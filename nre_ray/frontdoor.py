@@ -18,6 +18,7 @@ from nre_ray import console
 from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ConfigError
 from nre_ray.data.errors import DataError
+from nre_ray.storage import StorageError, write_text
 from nre_ray.tracking.store import run_page
 
 UI_ADDRESS = "http://127.0.0.1:5000"
@@ -65,8 +66,6 @@ def run_command(work: Work, show: Callable[[dict[str, Any]], None], interrupted:
         try:
             show(summary)
             if summary_json:
-                from nre_ray.storage import StorageError, write_text
-
                 try:
                     write_text(summary_json, json.dumps(summary, indent=2, ensure_ascii=False, default=str))
                 except StorageError as err:

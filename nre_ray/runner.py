@@ -433,7 +433,6 @@ def resolved_params(cfg: Config, target: Target, resources: Resources | None = N
     if not cfg.data.data_dir and not cfg.data.train:
         params["data.data_dir"] = str(sample_dir())
     if not cfg.data.format:
-        from nre_ray.data.errors import DataError
         from nre_ray.data.formats import detect_format  # pandas: when a run starts, not for --help
 
         try:

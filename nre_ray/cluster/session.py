@@ -19,15 +19,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nre_ray import storage
-from nre_ray.cluster import watchdog
-from nre_ray.cluster.ray_private import (
-    ask_gcs,
-    autoscaler_node_groups,
-    keep_ray_notices_off_console,
-    local_gpus,
-    loopback_node,
-    loopback_torch_config,
-)
 from nre_ray.config import MIN_CPUS_PER_WORKER
 
 log = logging.getLogger("nre_ray")
@@ -348,6 +339,8 @@ def start_ray(address: str | None, log_to_driver: bool = True,
     address."""
     import ray
 
+    from nre_ray.cluster.ray_private import keep_ray_notices_off_console
+
     quiet_environ()
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # lines Ray forwards from its processes: no colour codes
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")     # in a log file
@@ -427,6 +420,8 @@ def _check_answers(where: RayAddress) -> None:
     a Ray Client for 30 s); the GCS refuses this client's token (``ray.init`` says so only after about 20 s of C++
     warnings on the console); the port answers HTTP (the dashboard's port, 8265: ``ray.init`` waits there forever,
     repeating warnings), or accepts connections and answers nothing, or answers another protocol."""
+    from nre_ray.cluster.ray_private import ask_gcs
+
     port_name = "Ray Client server port (10001 by default)" if where.kind == "client" else "GCS port (6379 by default)"
     host, port = where.host or "", where.port or 0
     try:
@@ -510,6 +505,9 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
     ``num_cpus``."""
     import ray
 
+    from nre_ray.cluster import watchdog
+    from nre_ray.cluster.ray_private import loopback_node
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     node = local_node()
     watchdog.start()  # what a SIGKILL of this process would leave of its Ray is stopped
@@ -535,6 +533,8 @@ def torch_config() -> Any:
     import ray
     from ray.train.torch import TorchConfig
 
+    from nre_ray.cluster.ray_private import loopback_torch_config
+
     hosts = {str(n.get("NodeManagerAddress")) for n in ray.nodes() if n.get("Alive")}
     try:
         on_loopback = bool(hosts) and all(ipaddress.ip_address(host).is_loopback for host in hosts)
@@ -550,6 +550,7 @@ def local_node(gpus: bool = True) -> dict[str, float]:
     before its start-up can overlap it with the other imports)."""
     if not gpus:
         return {"CPU": float(os.cpu_count() or 1)}
+    from nre_ray.cluster.ray_private import local_gpus
 
     gpus_found = local_gpus()
     return {"CPU": float(os.cpu_count() or 1), **({"GPU": float(gpus_found)} if gpus_found else {})}
@@ -613,6 +614,8 @@ def autoscaler_node_types() -> tuple[list[NodeType], str | None]:
     driver). ``([], None)`` when neither is visible: the cluster is taken to be as large as it is now.
     """
     import ray
+
+    from nre_ray.cluster.ray_private import autoscaler_node_groups
 
     groups = autoscaler_node_groups()
     if groups is not None:

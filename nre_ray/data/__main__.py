@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nre_ray import storage as fs
-from nre_ray.cluster.session import UsageError, quiet_environ
+from nre_ray.cluster.session import UsageError, quiet_environ, start_ray
 from nre_ray.config import CommandParser, ConfigError, build_parser, choices, config_from_args
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 
@@ -61,8 +61,6 @@ def inspect(args: argparse.Namespace) -> int:
                                                        cfg.run.allow_local_storage)
     if not pipeline.is_cached(cfg.data, cfg.train.seed, shared_cache=shared):
         pipeline.check_inputs(cfg.data)  # bad files, headers and columns fail here, before Ray starts
-        from nre_ray.cluster.session import start_ray
-
         start_ray(cfg.run.address, log_to_driver=False)
     prepared = pipeline.prepare(cfg.data, cfg.train.seed, shared_cache=shared)
     sys.stdout.write(data_audit.to_markdown(prepared.audit))

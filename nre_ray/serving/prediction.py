@@ -35,7 +35,16 @@ import pandas as pd
 
 from nre_ray import console, storage
 from nre_ray.checkpoint import load_checkpoint
-from nre_ray.cluster.session import Cluster, Resources, UsageError, cluster, local_cluster, local_node, size_workers
+from nre_ray.cluster.session import (
+    Cluster,
+    Resources,
+    UsageError,
+    cluster,
+    local_cluster,
+    local_node,
+    size_workers,
+    start_ray,
+)
 from nre_ray.data.chunks import PREFIX, Chunk, InputPlan, canonical_part, input_part, plan_chunks
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.pipeline import quiet_ray_data
@@ -256,8 +265,6 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
         start = time.perf_counter()
         batches = _run_here(plan, predictor, top_k)
     else:
-        from nre_ray.cluster.session import start_ray
-
         start_ray(address)
         start = time.perf_counter()
         batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu, cpus_per_worker)

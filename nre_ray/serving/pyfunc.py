@@ -22,6 +22,7 @@ import mlflow
 import mlflow.pyfunc
 import pandas as pd
 
+import nre_ray
 from nre_ray import tempfiles
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
@@ -157,8 +158,6 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
     and register it under ``registered_model_name``; its test and validation scores are linked to it
     (:func:`nre_ray.tracking.store.attach_model`). The run's status is left as it was. ``tracking_uri``: resolved
     and checked (:func:`nre_ray.tracking.store.resolve_tracking_uri`)."""
-    import nre_ray
-
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("code")) as tmp:
         # The package without caches, so the model imports nre_ray in an environment that does not have it.
         code = Path(tmp) / "nre_ray"

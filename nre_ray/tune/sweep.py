@@ -43,7 +43,7 @@ from nre_ray.cluster.session import (
 )
 from nre_ray.config import Config
 from nre_ray.redact import redact
-from nre_ray.runner import claim_run
+from nre_ray.runner import claim_run, default_run_name, prepare_data, resolve_target, trainer_data
 from nre_ray.tracking import store as tracking
 from nre_ray.tune.space import describe, load_space, to_tune
 
@@ -156,9 +156,6 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         searcher = resolve_searcher(opts.searcher)
         check_scale(cfg, opts)  # workers the local Ray can never hold: before Ray starts
         from ray import tune  # (seconds: after the first line)
-
-        from nre_ray.runner import default_run_name, prepare_data, resolve_target, trainer_data
-        from nre_ray.tracking import store as tracking
 
         # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.report import ProgressPrinter
