@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray.cluster import processes, standin
+from nre_ray.cluster import processes
+from nre_ray.cluster import standin_cluster as standin
 from tests.procs import env, environ, free_port, free_port_between, mentioning, wait_for, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from nre_ray.cluster import processes, standin
+from nre_ray.cluster import processes, standin_cluster
 from nre_ray.standin import main as standin_main
 from tests.procs import alive, free_port, kill_all, wait_for
 
@@ -46,12 +46,12 @@ def test_up_refuses_a_bad_port_in_one_line_and_starts_nothing(tmp_path, capsys, 
 
 
 def test_the_head_workers_ports_leave_out_the_standins_ports():
-    low, high = standin.RAY_WORKER_PORTS
+    low, high = standin_cluster.RAY_WORKER_PORTS
     assert (low, high) == (10002, 19999)  # ray start's own defaults
-    assert standin.worker_ports([9000, 6379, 8265, 5000]) == (low, high)
-    assert standin.worker_ports([12345, 9000]) == (12346, high)
-    assert standin.worker_ports([18000, 11000, 40000]) == (11001, 17999)
-    assert standin.worker_ports([low, high]) == (low + 1, high - 1)
+    assert standin_cluster.worker_ports([9000, 6379, 8265, 5000]) == (low, high)
+    assert standin_cluster.worker_ports([12345, 9000]) == (12346, high)
+    assert standin_cluster.worker_ports([18000, 11000, 40000]) == (11001, 17999)
+    assert standin_cluster.worker_ports([low, high]) == (low + 1, high - 1)
 
 
 def _sleep(**env: str) -> subprocess.Popen:
@@ -66,7 +66,7 @@ def _identity(proc: subprocess.Popen) -> processes.Process:
 def test_down_stops_only_what_is_still_the_standins(tmp_path, capsys):
     session = secrets.token_hex(8)
     recorded, shell = _sleep(), subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
-    marked = _sleep(**{standin.SESSION_ENV: session})  # not recorded (as a worker node Ray started later)
+    marked = _sleep(**{standin_cluster.SESSION_ENV: session})  # not recorded (as a worker node Ray started later)
     restarted, renamed = _sleep(), _sleep()  # ids now held by other programs: another start time, command line
     others = [restarted, renamed]
     try:
@@ -76,7 +76,7 @@ def test_down_stops_only_what_is_still_the_standins(tmp_path, capsys):
         was = _identity(restarted)
         strangers = [processes.Process(was.pid, was.start + 1, was.cmdline),
                      processes.Process(renamed.pid, _identity(renamed).start, "moto_server -H 127.0.0.1 -p 9000")]
-        state = standin.Standin(str(tmp_path), "b", 1, 2, 3, 4, str(tmp_path / "ray"), session, (10002, 19999),
+        state = standin_cluster.Standin(str(tmp_path), "b", 1, 2, 3, 4, str(tmp_path / "ray"), session, (10002, 19999),
                                 [*ours, *strangers])
         state.save()
         (tmp_path / "logs").mkdir()  # (as `up` leaves it)
@@ -92,7 +92,7 @@ def test_down_stops_only_what_is_still_the_standins(tmp_path, capsys):
             assert proc.wait(timeout=10) is not None
         assert not alive(child)
         assert all(alive(p.pid) for p in others)
-        assert not (tmp_path / standin.STATE_FILE).exists()
+        assert not (tmp_path / standin_cluster.STATE_FILE).exists()
         # Run again, it says so, and succeeds (it once failed with "no stand-in in ..." and exit 2); a folder where no
         # stand-in ever was is still an error.
         assert standin_main(["down", "--dir", str(tmp_path)]) == 0
@@ -122,14 +122,16 @@ def test_a_wait_takes_a_program_that_is_not_http_for_not_up_yet_and_stops_when_i
                 conn.sendall(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x04\x00@\x00\x00")
 
         threading.Thread(target=answer_in_binary, daemon=True).start()
-        with pytest.raises(standin.UsageError, match=r"did not come up within 2 s: OSError: .*Address already in use"):
-            standin._wait("the server", lambda: standin._http_ok(f"http://127.0.0.1:{port}/health"), 2, log)
+        with pytest.raises(standin_cluster.UsageError,
+                           match=r"did not come up within 2 s: OSError: .*Address already in use"):
+            standin_cluster._wait("the server", lambda: standin_cluster._http_ok(f"http://127.0.0.1:{port}/health"),
+                                  2, log)
 
     gone = subprocess.Popen(["false"])
     gone.wait()
     checks: list[None] = []
-    with pytest.raises(standin.UsageError, match=r"the server exited \(status 1\) before it answered: OSError"):
-        standin._wait("the server", lambda: checks.append(None), 60, log, gone)
+    with pytest.raises(standin_cluster.UsageError, match=r"the server exited \(status 1\) before it answered: OSError"):
+        standin_cluster._wait("the server", lambda: checks.append(None), 60, log, gone)
     assert len(checks) == 1  # it stopped at the first look that found the server gone, not at the 60 s timeout
 
 
