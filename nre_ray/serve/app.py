@@ -447,7 +447,7 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
         os.environ.update(ingress_env(ingress, str(scratch)))
         runtime_env = serve_runtime_env()
     try:
-        where = start_ray(options.address, log_to_driver=False, runtime_env=runtime_env)
+        where = start_ray(options.address, log_to_driver=False, runtime_env=runtime_env, share=False)
         _serve(options, identity, tracking_uri, own_ray=where.kind == "local" and ahead is not None)
     finally:
         if scratch is not None:
