@@ -68,7 +68,7 @@ LOCK_WAIT_S = START_WAIT_S + 60.0
 #: of one user for no reason: left out of the :func:`fingerprint`.
 VOLATILE = {"PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COLUMNS", "LINES", "RAY_COLOR_PREFIX", "PS1",
             "PS2", "PROMPT_COMMAND", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "WINDOWID", "HISTFILE",
-            "COLORTERM", "LS_COLORS", "TMUX_PANE", "STY", "WINDOW"}
+            "COLORTERM", "LS_COLORS", "TMUX_PANE", "STY", "WINDOW", OWN_RAY_ENV}
 VOLATILE_PREFIXES = ("TERM",)
 
 log = logging.getLogger("nre_ray")
@@ -97,16 +97,30 @@ def registry() -> Path:
 
 
 def fingerprint(environ: dict[str, str] | None = None) -> str:
-    """What decides how the shared Ray's workers run: every environment variable but the volatile ones
-    (:data:`VOLATILE`, ``TERM*``), the Python interpreter, and where nre_ray and Ray are imported from. Two commands
-    with the same fingerprint get the same workers from either's Ray."""
+    """What decides how the shared Ray's workers run: every variable of ``environ`` (default :func:`ray_environ`) but
+    the volatile ones (:data:`VOLATILE`, ``TERM*``), the Python interpreter, and where nre_ray and Ray are imported
+    from. Two commands with the same fingerprint get the same workers from either's Ray."""
     import nre_ray
 
-    env = os.environ if environ is None else environ
+    env = ray_environ() if environ is None else environ
     kept = sorted((k, v) for k, v in env.items() if k not in VOLATILE and not k.startswith(VOLATILE_PREFIXES))
     what = {"env": kept, "python": sys.executable, "nre_ray": str(Path(nre_ray.__file__).parent),
             "ray": _ray_location()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def ray_environ() -> dict[str, str]:
+    """The environment the shared Ray is started with, and whose :func:`fingerprint` a command compares: this
+    process's environment, without the variables that appeared after it started (some import in a thread of the
+    command's, MLflow's own) other than those nre_ray sets before Ray starts (:data:`session.QUIET_ENV`,
+    RAY_AUTH_MODE). Two commands started alike then agree however far their start-up had got."""
+    from nre_ray.cluster.session import QUIET_ENV
+
+    initial = processes.environ(os.getpid())
+    if not initial:  # not readable here: the environment as it is
+        return dict(os.environ)
+    ours = {*QUIET_ENV, "RAY_AUTH_MODE", "RAY_COLOR_PREFIX", OWN_RAY_ENV}
+    return {k: v for k, v in os.environ.items() if k in initial or k in ours}
 
 
 def _ray_location() -> str:
@@ -218,8 +232,8 @@ def _start_host(folder: Path, cpus: int, gpus: int, mine: str) -> dict[str, Any]
     host_log = open(folder / "host.log", "wb")  # handed to the host process
     with host_log:
         proc = subprocess.Popen([sys.executable, "-m", "nre_ray.cluster.shared_ray", str(folder), str(cpus),
-                                 str(gpus), mine], cwd=folder, stdin=subprocess.DEVNULL, stdout=host_log,
-                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                                 str(gpus), mine], cwd=folder, env=ray_environ(), stdin=subprocess.DEVNULL,
+                                stdout=host_log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         record = read(folder) or {}

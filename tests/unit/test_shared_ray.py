@@ -108,3 +108,11 @@ def test_the_opt_out(monkeypatch: pytest.MonkeyPatch) -> None:
     for value, shared in (("", True), ("0", True), ("1", False), ("true", False), ("YES", False)):
         monkeypatch.setenv(shared_ray.OWN_RAY_ENV, value)
         assert shared_ray.wanted() is shared
+
+
+def test_variables_set_after_start_up_do_not_count_but_nre_rays_own_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = shared_ray.fingerprint()
+    monkeypatch.setenv("SET_BY_SOME_IMPORT", "1")  # not in this process's initial environment
+    assert "SET_BY_SOME_IMPORT" not in shared_ray.ray_environ() and shared_ray.fingerprint() == before
+    monkeypatch.setenv("RAY_AUTH_MODE", "token-or-whatever")  # nre_ray's own setting before Ray starts
+    assert shared_ray.ray_environ()["RAY_AUTH_MODE"] == "token-or-whatever" and shared_ray.fingerprint() != before
