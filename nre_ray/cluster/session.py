@@ -277,7 +277,8 @@ def _check_fits(num_workers: int, cpus_per_worker: float, room: int, what: str, 
 
 @dataclass(frozen=True)
 class RayAddress:
-    """Where a command's Ray is: ``local`` (a private Ray the command starts), ``auto`` (the Ray that ``ray start``
+    """Where a command's Ray is: ``local`` (a Ray on this machine: the one nre_ray commands share, or a private one,
+    :func:`start_ray`), ``auto`` (the Ray that ``ray start``
     runs on this machine), ``gcs`` (``HOST:PORT`` of a cluster head's GCS, as a ``ray job`` driver gets it in
     RAY_ADDRESS) or ``client`` (``ray://HOST:PORT``, Ray Client). ``given``: the address as written (None for
     ``local``); ``source``: ``--address`` or ``RAY_ADDRESS``."""
@@ -289,7 +290,7 @@ class RayAddress:
     port: int | None = None
 
     def joining(self) -> str:
-        """What the console's ``ray`` phase says it does."""
+        """What the console's ``ray`` phase says it does (for a local Ray the commands share: :func:`ray_phase`)."""
         if self.kind == "local":
             return "starting a local Ray"
         if self.kind == "auto":
