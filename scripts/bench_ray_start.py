@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,15 +66,18 @@ def main() -> int:
     base.pop("RAY_ADDRESS", None)
     base.pop("RAY_API_SERVER_ADDRESS", None)
     times: dict[str, list[float]] = {"own": [], "start shared": [], "join shared": []}
-    for _ in range(args.rounds):
-        times["own"].append(probe({**base, "NRE_RAY_OWN_RAY": "1"})[0])
-        shared = {**base, "NRE_RAY_OWN_RAY": ""}
-        times["start shared"].append(probe(shared)[0])
-        wait_stopped(tmp)
-        _, holder = probe(shared, hold=True)
-        times["join shared"].append(probe(shared)[0])
-        holder.communicate("")
-        wait_stopped(tmp)
+    try:
+        for _ in range(args.rounds):
+            times["own"].append(probe({**base, "NRE_RAY_OWN_RAY": "1"})[0])
+            shared = {**base, "NRE_RAY_OWN_RAY": ""}
+            times["start shared"].append(probe(shared)[0])
+            wait_stopped(tmp)
+            _, holder = probe(shared, hold=True)
+            times["join shared"].append(probe(shared)[0])
+            holder.communicate("")
+            wait_stopped(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     own = statistics.median(times["own"])
     print(f"{args.rounds} rounds on {os.cpu_count()} CPUs, 1-minute load average {os.getloadavg()[0]:.1f}")
     print("| a command's Ray | start_ray, median (s) | all rounds (s) | vs. a private Ray |")
