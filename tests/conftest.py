@@ -20,7 +20,10 @@ for key, value in {"RAY_USAGE_STATS_ENABLED": "0",
                    # import MLflow at collection would write ~/.config/mlflow/telemetry.json.
                    "MLFLOW_DISABLE_TELEMETRY": "true",
                    # Keeps Train's placement-group cleaner from asking another cluster's dashboard (stack.md).
-                   "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}.items():
+                   "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
+                   # Each command a test starts (in this process or as a subprocess) starts a private local Ray, as
+                   # before commands shared one (nre_ray.cluster.shared_ray); test_runs_at_once clears it.
+                   "NRE_RAY_OWN_RAY": "1"}.items():
     os.environ.setdefault(key, value)
 
 

@@ -277,7 +277,8 @@ def _check_fits(num_workers: int, cpus_per_worker: float, room: int, what: str, 
 
 @dataclass(frozen=True)
 class RayAddress:
-    """Where a command's Ray is: ``local`` (a private Ray the command starts), ``auto`` (the Ray that ``ray start``
+    """Where a command's Ray is: ``local`` (a Ray on this machine: the one nre_ray commands share, or a private one,
+    :func:`start_ray`), ``auto`` (the Ray that ``ray start``
     runs on this machine), ``gcs`` (``HOST:PORT`` of a cluster head's GCS, as a ``ray job`` driver gets it in
     RAY_ADDRESS) or ``client`` (``ray://HOST:PORT``, Ray Client). ``given``: the address as written (None for
     ``local``); ``source``: ``--address`` or ``RAY_ADDRESS``."""
@@ -289,7 +290,7 @@ class RayAddress:
     port: int | None = None
 
     def joining(self) -> str:
-        """What the console's ``ray`` phase says it does."""
+        """What the console's ``ray`` phase says it does (for a local Ray the commands share: :func:`ray_phase`)."""
         if self.kind == "local":
             return "starting a local Ray"
         if self.kind == "auto":
@@ -324,19 +325,25 @@ def resolve_address(address: str | None) -> RayAddress:
 def ray_phase(address: str | None) -> str:
     """What the console's ``ray`` phase says :func:`start_ray` does with ``address``: use the Ray this process has
     already joined (a test session, a script that called ``ray.init``), join a cluster, or start one."""
+    from nre_ray.cluster import shared_ray
+
     ray = sys.modules.get("ray")  # not imported yet: not initialised either (the phase times the import)
     if ray is not None and ray.is_initialized():
         return "using the Ray this process has already joined"
-    return resolve_address(address).joining()
+    where = resolve_address(address)
+    if where.kind == "local" and shared_ray.wanted():  # a note in the phase says which (:func:`_start_shared`)
+        return "joining the local Ray shared by nre_ray runs on this machine, or starting it"
+    return where.joining()
 
 
 def start_ray(address: str | None, log_to_driver: bool = True,
-              runtime_env: dict[str, Any] | None = None) -> RayAddress:
-    """Join ``address`` (or RAY_ADDRESS; see :func:`resolve_address`), else start a local Ray sized to this machine;
-    nothing when this process has joined a Ray already. ``log_to_driver=False``: the workers' output stays in Ray's
-    log files (for commands whose own output is the point). ``runtime_env``: the job's, on a local Ray this call
-    starts only (a cluster's jobs keep their own). Returns where Ray is; UsageError when nothing answers at the
-    address."""
+              runtime_env: dict[str, Any] | None = None, share: bool = True) -> RayAddress:
+    """Join ``address`` (or RAY_ADDRESS; see :func:`resolve_address`), else the local Ray that nre_ray commands on
+    this machine share, starting it where none runs (:func:`_start_shared`; ``share=False`` or
+    ``NRE_RAY_OWN_RAY=1``: a private local Ray, :func:`_start_local`); nothing when this process has joined a Ray
+    already. ``log_to_driver=False``: the workers' output stays in Ray's log files (for commands whose own output is
+    the point). ``runtime_env``: the job's, on a local Ray only (a cluster's jobs keep their own). Returns where Ray
+    is; UsageError when nothing answers at the address."""
     import ray
 
     from nre_ray.cluster.ray_private import keep_ray_notices_off_console
@@ -353,7 +360,12 @@ def start_ray(address: str | None, log_to_driver: bool = True,
         # address would fail it), and so do the State API's clients in this process.
         os.environ.pop("RAY_ADDRESS", None)
     if where.kind == "local":
-        _start_local(log_to_driver, runtime_env)
+        from nre_ray.cluster import shared_ray
+
+        if share and shared_ray.wanted():
+            _start_shared(log_to_driver, runtime_env)
+        else:
+            _start_local(log_to_driver, runtime_env)
         return where
     if where.host is not None:
         _check_answers(where)
@@ -519,10 +531,68 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
     except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
         if "timed out during startup" not in str(err):
             raise
-        raise UsageError(f"the local Ray did not start: its node did not register within Ray's fixed 30 s "
-                         f"(1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The "
-                         "machine is too busy; try again when it is quieter, or start Ray once with "
-                         "`ray start --head` and pass --address auto.") from None
+        raise UsageError(_not_started()) from None
+
+
+def _not_started() -> str:
+    """The refusal when the local Ray's node did not register in time."""
+    return (f"the local Ray did not start: its node did not register within Ray's fixed 30 s (1-minute load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs). The machine is too busy; try again when it is "
+            "quieter, or start Ray once with `ray start --head` and pass --address auto.")
+
+
+#: Whether this process runs on the local Ray shared by nre_ray commands (:func:`_start_shared`): its node has
+#: :data:`shared_ray.CPU_FACTOR` logical CPUs per core, which :func:`cluster` divides back.
+_on_shared_ray = False
+
+
+def _start_shared(log_to_driver: bool, runtime_env: dict[str, Any] | None = None) -> None:
+    """Join the local Ray that the nre_ray commands of this user on this machine share, or start it
+    (:mod:`nre_ray.cluster.shared_ray`): a Ray on the loopback address like :func:`_start_local`'s, run by a host
+    process of its own that stops it when the last command using it has ended. Where one runs with another
+    environment (its workers would not get this command's), a private Ray (:func:`_start_local`). The console's
+    ``ray`` phase says which it did. ``runtime_env``: this command's job's, passed as it joins."""
+    import ray
+
+    from nre_ray.cluster import shared_ray
+    from nre_ray.cluster.ray_private import loopback_node
+
+    global _on_shared_ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    node = local_node()
+    try:
+        outcome, record = shared_ray.join_or_start(int(node["CPU"]), int(node.get("GPU", 0)),
+                                                   shared_ray.fingerprint())
+    except RuntimeError as err:
+        raise UsageError(_not_started() if "timed out during startup" in str(err) else str(err)) from None
+    except (OSError, TimeoutError) as err:
+        raise UsageError(f"the local Ray shared by nre_ray runs: {err}; set {shared_ray.OWN_RAY_ENV}=1 to start a "
+                         "private one") from None
+    if outcome == "own" or record is None:
+        _say("the local Ray shared by nre_ray runs on this machine runs with another environment (its workers "
+             "would not get this command's): starting a private local Ray")
+        _start_local(log_to_driver, runtime_env)
+        return
+    if not os.environ.get("RAY_API_SERVER_ADDRESS") and record.get("dashboard"):
+        os.environ["RAY_API_SERVER_ADDRESS"] = record["dashboard"]  # the State API asks the shared Ray's dashboard
+    with loopback_node() as on_loopback:  # the driver on the node's own address, 127.0.0.1
+        ray.init(address=record["gcs"], logging_level=logging.WARNING, log_to_driver=log_to_driver,
+                 runtime_env=runtime_env, _node_ip_address=on_loopback["_node_ip_address"])
+    _on_shared_ray = True
+    _say(f"started a local Ray (shared with later runs; it stops when its last run ends; process {record['host'][0]})"
+         if outcome == "started" else
+         f"joined the local Ray shared by nre_ray runs on this machine (process {record['host'][0]}; "
+         f"{len(record.get('runs', []))} run(s) on it)")
+
+
+def _say(text: str) -> None:
+    """A note in the console's running ``ray`` phase, if there is one."""
+    from nre_ray import console
+
+    for phase in console.get().running:
+        if phase.name == "ray":
+            phase.note(text)
+            return
 
 
 def torch_config() -> Any:
@@ -601,6 +671,11 @@ def cluster() -> Cluster:
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     types, provider = autoscaler_node_types()
+    if _on_shared_ray:  # each command sizes its workers as if it had the machine to itself (shared_ray's docstring)
+        from nre_ray.cluster.shared_ray import CPU_FACTOR
+
+        return Cluster([{**n["Resources"], "CPU": n["Resources"].get("CPU", 0.0) / CPU_FACTOR} for n in alive],
+                       types, provider, {str(n.get("NodeManagerAddress")) for n in alive})
     return Cluster([n["Resources"] for n in alive], types, provider,
                    {str(n.get("NodeManagerAddress")) for n in alive})
 

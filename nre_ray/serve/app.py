@@ -458,7 +458,9 @@ def serve_until_interrupted(args: argparse.Namespace) -> dict[str, Any]:
         os.environ.update(ingress_env(ingress, str(scratch)))
         runtime_env = serve_runtime_env()
     try:
-        where = start_ray(options.address, log_to_driver=False, runtime_env=runtime_env)
+        # a private local Ray, never the one runs share: Serve is one per Ray cluster (its controller, its proxies on
+        # the port), and this command shuts it down when it stops
+        where = start_ray(options.address, log_to_driver=False, runtime_env=runtime_env, share=False)
         _serve(options, identity, tracking_uri, own_ray=where.kind == "local" and ahead is not None)
     finally:
         if scratch is not None:

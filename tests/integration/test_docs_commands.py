@@ -101,7 +101,8 @@ class Session:
         self.servers: list[subprocess.Popen] = []
         self.env = env(PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
                        NRE_RAY_DOCS_TEST="1")
-        for key in ("MLFLOW_TRACKING_URI", "RAY_API_SERVER_ADDRESS", "VIRTUAL_ENV"):
+        # as a user runs them: the local Ray shared by the commands (the test session's NRE_RAY_OWN_RAY cleared)
+        for key in ("MLFLOW_TRACKING_URI", "RAY_API_SERVER_ADDRESS", "VIRTUAL_ENV", "NRE_RAY_OWN_RAY"):
             self.env.pop(key, None)
         shutil.copytree(sample_dir(), folder / "sample")
         frame = (folder / "sample" / "test.csv").read_text(encoding="utf-8").splitlines()
