@@ -27,7 +27,7 @@ FEWREL_TRAIN = SHARED / "fewrel" / "csv" / "train.csv"
 FEWREL_TEST = SHARED / "fewrel" / "csv" / "test.csv"
 
 #: Environment of every benchmarked subprocess: quiet Ray. (nre_ray pins Ray Train's placement-group cleaner to its
-#: own cluster: ``nre_ray.cluster.session.pin_state_api``.)
+#: own cluster: ``nre_ray.cluster.local_settings.pin_state_api``.)
 BENCH_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DATA_DISABLE_PROGRESS_BARS": "1",

@@ -19,31 +19,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nre_ray import storage
+from nre_ray.cluster.local_settings import QUIET_ENV, TELEMETRY_ENV, pin_state_api
 from nre_ray.config import MIN_CPUS_PER_WORKER
 
 log = logging.getLogger("nre_ray")
-
-#: MLflow's switch for its telemetry (:data:`QUIET_ENV` turns it off).
-TELEMETRY_ENV = "MLFLOW_DISABLE_TELEMETRY"
-
-#: The settings every command gives itself, and the processes it starts, before Ray and MLflow are imported, where the
-#: user has not set them (:func:`quiet_environ`).
-QUIET_ENV = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
-    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
-    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
-    "PYTHONWARNINGS": "ignore::DeprecationWarning",
-    "MLFLOW_LOGGING_LEVEL": "WARNING",  # read when mlflow is imported: no INFO lines about its store and models
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # no "View run ... at:" lines when a run ends on a server
-    # Tune's legacy output engine, which verbose=0 silences; the new one prints its configuration table and
-    # "View detailed results here" whatever the verbosity (ray.tune.experimental.output)
-    "RAY_AIR_NEW_OUTPUT": "0",
-    # MLflow's telemetry: without it, MLflow 3.17 writes an installation id to ~/.config/mlflow/telemetry.json when
-    # it is first imported and sends usage events to MLflow's servers (mlflow.telemetry). A user's own setting wins
-    # (MLFLOW_DISABLE_TELEMETRY=false turns it back on); DO_NOT_TRACK=true turns it off as well.
-    TELEMETRY_ENV: "true",
-}
 
 #: Ray Train's wait for a worker group to be placed: its controller reads it from this variable only
 #: (:func:`set_placement_timeout`).
@@ -636,26 +615,6 @@ def local_cluster(address: str | None, use_gpu: bool = True) -> Cluster | None:
     if (ray is not None and ray.is_initialized()) or resolve_address(address).kind != "local":
         return None
     return Cluster([local_node(gpus=use_gpu)], addresses={"127.0.0.1"})
-
-
-def pin_state_api() -> dict[str, int]:
-    """Point Ray's State API at the dashboard of the local Ray about to start, for every process of it.
-
-    Ray Train's placement-group cleaner (an actor) asks the State API whether the run's controller is alive. Without
-    an address it looks for a Ray on this machine, and with another Ray instance running here (another user's, a
-    test's) it fails with ``ConnectionError: Found multiple active Ray instances`` and a traceback in the middle of
-    a good run, or asks the other cluster and removes a live run's workers. Choosing the dashboard's port now and
-    setting ``RAY_API_SERVER_ADDRESS`` before ``ray.init`` (Ray's processes inherit the environment) pins every
-    query to this run's own cluster. A user's own ``RAY_API_SERVER_ADDRESS`` is left as it is. Returns the
-    ``ray.init`` arguments to pass.
-    """
-    if os.environ.get("RAY_API_SERVER_ADDRESS"):
-        return {}
-    with socket.socket() as sock:  # a free port (the dashboard binds it a moment later)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-    return {"dashboard_port": port}
 
 
 def alive_nodes() -> list[dict[str, float]]:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray.cluster import processes
+from nre_ray.cluster.local_settings import QUIET_ENV, pin_state_api
 
 #: Set to 1 (or true, yes): every command starts a private local Ray, as before sharing (tests that need one, or a
 #: user who wants a run apart). ``serve`` always starts a private one: Serve is one per Ray cluster.
@@ -112,9 +113,8 @@ def fingerprint(environ: dict[str, str] | None = None) -> str:
 def ray_environ() -> dict[str, str]:
     """The environment the shared Ray is started with, and whose :func:`fingerprint` a command compares: this
     process's environment, without the variables that appeared after it started (some import in a thread of the
-    command's, MLflow's own) other than those nre_ray sets before Ray starts (:data:`session.QUIET_ENV`,
+    command's, MLflow's own) other than those nre_ray sets before Ray starts (:data:`local_settings.QUIET_ENV`,
     RAY_AUTH_MODE). Two commands started alike then agree however far their start-up had got."""
-    from nre_ray.cluster.session import QUIET_ENV
 
     initial = processes.environ(os.getpid())
     if not initial:  # not readable here: the environment as it is
@@ -267,7 +267,6 @@ def host(folder: Path, cpus: int, gpus: int, mine: str) -> int:
 
     from nre_ray.cluster import watchdog
     from nre_ray.cluster.ray_private import loopback_node
-    from nre_ray.cluster.session import pin_state_api
 
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)

@@ -21,8 +21,8 @@ COMPLETED, STOPPED_EARLY, ERROR, UNFINISHED = "completed", "stopped early (ASHA)
 
 class ProgressPrinter(Callback):
     """A console line when a trial starts, for each epoch it reports and when it ends (Tune's own output is off:
-    ``verbose=0`` and its legacy output engine, :data:`nre_ray.cluster.session.QUIET_ENV`), in the running console
-    phase, whose progress counts the trials that ended (a bar on a terminal)."""
+    ``verbose=0`` and its legacy output engine, :data:`nre_ray.cluster.local_settings.QUIET_ENV`), in the running
+    console phase, whose progress counts the trials that ended (a bar on a terminal)."""
 
     def __init__(self, metric: str, epochs: int, keys: list[str]) -> None:
         self.metric, self.epochs, self.keys = metric, epochs, keys
