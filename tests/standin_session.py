@@ -1,7 +1,7 @@
 """One stand-in (``nre_ray.cluster.standin``) for every test of the session that only needs a cluster to run on.
 
-* :func:`standin_cluster` (session fixture): the stand-in on free ports, started on first use and stopped at the end
-  of the session, with the bundled sample in ``s3://nre-ray/nre_ray/data``. Authentication on (the default): a Ray
+* :func:`standin_cluster` (session fixture): the stand-in on free ports, started on first use and stopped right after
+  its last user, with the bundled sample in ``s3://nre-ray/nre_ray/data``. Authentication on (the default): a Ray
   token, an MLflow password and object store keys of its own. It does not log this process's MLflow client in
   (that would reach every later test of the session): a module that talks to its MLflow server does so in its own
   fixture, ``environ(state.mlflow_login())``.
@@ -62,33 +62,73 @@ def left_of(state: standin.Standin) -> dict[int, str]:
     return {pid: p.cmdline for pid in pids | set(mentioning(state.ray_temp)) if (p := processes.identify(pid))}
 
 
+#: The session's stand-in while it runs (started by :func:`standin_cluster`, stopped by :func:`_stop_shared`).
+_ACTIVE: list[SharedStandin] = []
+#: Whether it was stopped after its last user (a user after that would find it gone).
+_STOPPED: list[bool] = []
+
+
 @pytest.fixture(scope="session")
 def standin_cluster() -> Iterator[SharedStandin]:
     """The stand-in on free ports, its GCS port among the ports ``ray start`` would give its workers. Its folder is
     made open to all (0755, as a user's own folder may be) before ``up``, which makes it private and says so once.
-    At the end, ``down`` leaves nothing of it, nor any process with its object store's endpoint in its environment
-    (every process of the stand-in has it, and so has every command a test ran against it)."""
+    It is stopped right after its last user (:func:`pytest_runtest_teardown`), not at the end of the session: its
+    idle processes (a Ray head, an MLflow server, the store) would take CPU from every later test."""
     folder = Path(tempfile.mkdtemp(prefix="nrs_", dir="/tmp"))  # short: Ray's socket paths live under it
     folder.chmod(0o755)
     said: list[str] = []
     state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port_between(*standin.RAY_WORKER_PORTS),
                                       "dashboard": free_port(), "mlflow": free_port()}, say=said.append)
     shared = SharedStandin(folder, state, {state.endpoint})
+    _ACTIVE.append(shared)
     try:
         assert said == [f"made {folder} private (mode 700, was 755): it holds the stand-in's MLflow store, logs and "
                         "secrets"], said
         upload_sample(state)
         yield shared
     finally:
-        # (the one started again by a test that stopped before it called restarted())
-        last = standin.Standin.load(folder) if (folder / standin.STATE_FILE).exists() else shared.state
-        standin.down(folder)
-        left = {**left_of(state), **left_of(shared.state), **left_of(last)}
-        strays = {pid: processes.cmdline(pid) for endpoint in shared.endpoints | {last.endpoint}
-                  for pid in with_env("AWS_ENDPOINT_URL", endpoint)}
-        kill_all(strays)
-        assert not left, f"stand-in processes left behind after down: {left}"
-        assert not strays, f"processes with the stand-in's store endpoint left behind after down: {strays}"
+        _stop_shared()
+
+
+def _stop_shared() -> None:
+    """``down`` for the session's stand-in, if it runs; then nothing of it may be left, nor any process with its
+    object store's endpoint in its environment (every process of the stand-in has it, and so has every command a
+    test ran against it)."""
+    if not _ACTIVE:
+        return
+    shared = _ACTIVE.pop()
+    _STOPPED.append(True)
+    folder, state = shared.folder, shared.state
+    # (the one started again by a test that stopped before it called restarted())
+    last = standin.Standin.load(folder) if (folder / standin.STATE_FILE).exists() else state
+    standin.down(folder)
+    left = {**left_of(state), **left_of(last)}
+    strays = {pid: processes.cmdline(pid) for endpoint in shared.endpoints | {last.endpoint}
+              for pid in with_env("AWS_ENDPOINT_URL", endpoint)}
+    kill_all(strays)
+    assert not left, f"stand-in processes left behind after down: {left}"
+    assert not strays, f"processes with the stand-in's store endpoint left behind after down: {strays}"
+
+
+def _uses(item: pytest.Item | None) -> bool:
+    return item is not None and FIXTURE in getattr(item, "fixturenames", ())
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A user of the stand-in after its last one (they run one after the other: see below) would find it stopped."""
+    if _uses(item) and _STOPPED:
+        raise RuntimeError("the session's stand-in was stopped after what looked like its last user; its users must "
+                           "run one after the other (tests/standin_session.py orders them)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After the last user of the stand-in (the next test does not use it), and that user's module fixtures: stop
+    it (a leftover is an error of that test's teardown)."""
+    result = yield
+    if _uses(item) and not _uses(nextitem):
+        _stop_shared()
+    return result
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
