@@ -3,8 +3,7 @@ run as written, in one shell, against the stand-in they start. The only changes:
 temporary ``--dir`` (the defaults may be taken on a test machine).
 
 It starts a stand-in of its own, not the session's (tests/standin_session.py): ``standin up`` and ``down`` as the
-section has them are part of what it checks. The section's job trains one epoch (``--epochs 1``): enough for what a
-user looks for in its log (the autoscaled node, an epoch line, the test scores and the summary)."""
+section has them are part of what it checks."""
 
 from __future__ import annotations
 
