@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.objectstore"]  # the object_store fixture: a real S3-compatible server (moto_server)
+pytest_plugins = ["tests.objectstore",  # object_store: a real S3-compatible server (moto_server)
+                  "tests.standin_session"]  # standin_cluster: one stand-in for the session
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "datasets"

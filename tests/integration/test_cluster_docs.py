@@ -1,6 +1,9 @@
 """docs/cluster.md cannot go stale: the commands of its rehearsal section ("### 0. Rehearse on this machine first")
 run as written, in one shell, against the stand-in they start. The only changes: free ports for ``up`` and a
-temporary ``--dir`` (the defaults may be taken on a test machine)."""
+temporary ``--dir`` (the defaults may be taken on a test machine).
+
+It starts a stand-in of its own, not the session's (tests/standin_session.py): ``standin up`` and ``down`` as the
+section has them are part of what it checks."""
 
 from __future__ import annotations
 

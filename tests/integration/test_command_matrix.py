@@ -19,12 +19,14 @@ The paths of a cell: the data (``--data-dir``, ``--data``, ``--input``), the che
 model (a checkpoint folder or an ``s3://`` checkpoint) and the output (``--output``, ``--json``). ``--summary-json``
 and ``--search-space`` stay local: they are this test's record and fixture, not the subject.
 
-Cost (about 8 minutes on 2 cores): one stand-in for every cell, started and stopped with ``python -m nre_ray.standin
-up``/``down``; a few hundred rows of the bundled sample, on this disk and in the bucket; one epoch, one worker, a
-tiny CNN, a sweep of one trial. The commands run in two lanes at once, each in order (:attr:`Cell.lane`); a test
-waits for its own cell's command and checks it. evaluate and predict use the checkpoints of ``train-local-none`` and
-``train-s3-none``. predict always takes the Ray path (``--local-max-rows 0``) and ``data inspect`` always
-preprocesses (``--no-cache``): otherwise neither would start or join Ray, and the address would not matter.
+Cost (about 8 minutes on 2 cores): the session's stand-in (tests/standin_session.py, shared with
+tests/integration/test_standin.py, which runs ``standin down`` and ``up`` as a user types them) for every cell, the
+data uploaded to it with ``python -m nre_ray.standin upload``; a few hundred rows of the bundled sample, on this
+disk and in the bucket; one epoch, one worker, a tiny CNN, a sweep of one trial. The commands run in two lanes at
+once, each in order (:attr:`Cell.lane`); a test waits for its own cell's command and checks it. evaluate and
+predict use the checkpoints of ``train-local-none`` and ``train-s3-none``. predict always takes the Ray path
+(``--local-max-rows 0``) and ``data inspect`` always preprocesses (``--no-cache``): otherwise neither would start or
+join Ray, and the address would not matter.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster import standin_cluster as standin
 from nre_ray.cluster.processes import cmdline
-from tests.procs import RAY_ENV, environ, free_port, kill_all, stop_tree, with_env
+from tests.procs import RAY_ENV, environ, kill_all, stop_tree, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
@@ -161,31 +163,39 @@ def standin_cli(folder: Path, *args: str, cwd: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def matrix():
-    """One stand-in for every cell (free ports), and the tiny data set on this disk and in its bucket."""
-    base = Path(tempfile.mkdtemp(prefix="nrm_", dir="/tmp"))  # short: Ray's socket paths live under the stand-in
-    folder, work = base / "standin", base / "work"
+def matrix(standin_cluster):
+    """The session's stand-in (tests/standin_session.py) for every cell, and the tiny data set on this disk and in
+    its bucket (uploaded with ``standin upload``). At the end, no process of a cell is left: none that has the
+    store's endpoint in its environment (as every cell's command has) and is not the stand-in's."""
+    state = standin_cluster.state
+    base = Path(tempfile.mkdtemp(prefix="nrm_", dir="/tmp"))
+    work = base / "work"
     (work / "data").mkdir(parents=True)
     for split, rows in ROWS.items():
         frame = pd.read_csv(SAMPLE / f"{split}.csv")
         frame.iloc[:: len(frame) // rows].head(rows).to_csv(work / "data" / f"{split}.csv", index=False)
     (work / "data" / "relation.txt").write_bytes((SAMPLE / "relation.txt").read_bytes())
     (work / "space.toml").write_text(SPACE, encoding="utf-8")
-    ports = [f"--{name}-port={free_port()}" for name in ("s3", "gcs", "dashboard", "mlflow")]
-    standin_cli(folder, "up", *ports, cwd=work)
-    state = standin.Standin.load(folder)
+    folder = Path(state.folder)
     try:
         with environ(state.mlflow_login()):  # this test's own MLflow client
             standin_cli(folder, "upload", str(work / "data"), f"s3://{state.bucket}/matrix/data", cwd=work)
             yield Matrix(state, folder, work)
     finally:
-        standin_cli(folder, "down", cwd=work)
-        # Every process of the stand-in and of the cells has the store's endpoint (a port of its own) in its
-        # environment: none may be left, whether `down` knew of it or not.
-        left = {pid: cmdline(pid) for pid in with_env("AWS_ENDPOINT_URL", state.endpoint)}
+        left = _cells_left(state)
+        deadline = time.monotonic() + 15  # (a command's own Ray may still be on its way out)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = _cells_left(state)
         kill_all(left)
         shutil.rmtree(base, ignore_errors=True)
-        assert not left, f"processes left behind after `standin down`: {left}"
+        assert not left, f"processes of the cells left behind: {left}"
+
+
+def _cells_left(state: standin.Standin) -> dict[int, str]:
+    """Processes with the store's endpoint in their environment that are not the stand-in's."""
+    own = {p.pid for p in standin.own_processes(state)}
+    return {pid: cmdline(pid) for pid in with_env("AWS_ENDPOINT_URL", state.endpoint) if pid not in own}
 
 
 @dataclass

@@ -4,9 +4,11 @@ with its artifacts in that store.
 
 The job is submitted with ``ray job submit --working-dir .`` exactly as docs/cluster.md says. Inputs, checkpoints and
 artifacts live only in the object store (the fake nodes share this host's disk, so a local path would work by
-accident): the tests check that nothing lands in the job's working directory. Teardown stops exactly the stand-in's
-processes (never ``ray stop``). The last test stops the stand-in as a user does, checks /proc for anything left, and
-starts it again on the same ports.
+accident): the tests check that nothing lands in the job's working directory. The stand-in is the session's
+(tests/standin_session.py, shared with tests/integration/test_command_matrix.py); its teardown stops exactly the
+stand-in's processes (never ``ray stop``). These tests run first among its users, in this order; the last
+(``standin_order(2)``: after every other user) stops the stand-in as a user does, checks /proc for anything left,
+and starts it again on the same ports.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -30,9 +31,10 @@ from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster import processes
 from nre_ray.cluster import standin_cluster as standin
-from tests.procs import env, environ, free_port, free_port_between, mentioning, wait_for, with_env
+from tests.procs import env, environ, free_port, wait_for
+from tests.standin_session import left_of
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.standin_order(0)]
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 SAMPLE = REPO / "nre_ray" / "data" / "sample"
@@ -41,40 +43,15 @@ LOCAL_LEFTOVERS = {"ray_results", "mlflow.db", "mlruns", ".nre_ray_cache", "reje
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The stand-in on free ports, its GCS port among the ports ``ray start`` would give its workers, with the
-    bundled sample uploaded to s3://nre-ray/nre_ray/data. Authentication on (the default): a Ray token, an MLflow
-    password and object store keys of its own; this test's MLflow client logs in. Its folder is made open to all
-    (0755, as a user's own folder may be) before ``up``, which makes it private."""
-    folder = Path(tempfile.mkdtemp(prefix="nrs_", dir="/tmp"))
-    folder.chmod(0o755)
-    said: list[str] = []
-    state = standin.up(folder, ports={"s3": free_port(), "gcs": free_port_between(*standin.RAY_WORKER_PORTS),
-                                      "dashboard": free_port(), "mlflow": free_port()}, say=said.append)
-    try:
-        assert said == [f"made {folder} private (mode 700, was 755): it holds the stand-in's MLflow store, logs and "
-                        "secrets"], said
-        fs = state.filesystem()
-        for path in SAMPLE.iterdir():
-            with fs.open_output_stream(f"{state.bucket}/nre_ray/data/{path.name}") as out:
-                out.write(path.read_bytes())
-        with environ(state.mlflow_login()):
-            yield state
-    finally:
-        _stop(folder, state)
+def cluster(standin_cluster):
+    """The session's stand-in (tests/standin_session.py: started on free ports with its folder open to all, which
+    ``up`` made private; the bundled sample in s3://nre-ray/nre_ray/data), as ``up`` left it: this module's tests
+    run first among its users (``standin_order(0)``). This test's MLflow client logs in."""
+    with environ(standin_cluster.state.mlflow_login()):
+        yield standin_cluster.state
 
 
-def _stop(folder: Path, state: standin.Standin) -> None:
-    last = standin.Standin.load(folder) if (folder / standin.STATE_FILE).exists() else state  # (started again)
-    standin.down(folder)
-    assert not _left(state) and not _left(last), "stand-in processes left behind"
-
-
-def _left(state: standin.Standin) -> dict[int, str]:
-    """What runs of ``state``'s stand-in: its recorded processes, those with its session mark or naming its Ray
-    folder (as /proc shows them)."""
-    pids = {p.pid for p in state.processes if p.current()} | set(with_env(standin.SESSION_ENV, state.session))
-    return {pid: p.cmdline for pid in pids | set(mentioning(state.ray_temp)) if (p := processes.identify(pid))}
+_left = left_of
 
 
 def _standin_cli(folder: Path, *args: str) -> str:
@@ -472,8 +449,10 @@ def test_a_local_ray_beside_the_standin_does_not_take_its_node_types(cluster, ra
     assert info.node_types == [] and not info.can_grow
 
 
-def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster):
-    """Run last: it stops the module's stand-in and starts it again (the fixture stops that one)."""
+@pytest.mark.standin_order(2)
+def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster, standin_cluster):
+    """Run last among the users of the session's stand-in: it stops it and starts it again (the session's fixture
+    stops that one, and gives it to any user after this one with the sample uploaded again)."""
     first, last = cluster.worker_ports
     assert not first <= cluster.gcs_port <= last  # the head's workers keep off the GCS port
     raylet = [p for p in cluster.processes if p.cmdline.split(" ")[0].endswith("/raylet")]
@@ -509,3 +488,5 @@ def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster):
     with environ(again.mlflow_login()):  # the server answers to its new password, with no run of before
         client = MlflowClient(again.tracking_uri)
         assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
+    standin_cluster.restarted()
+
