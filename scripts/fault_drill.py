@@ -266,13 +266,14 @@ class Drill:
         shutil.copyfile(SAMPLE / "relation.txt", self.data / "relation.txt")
 
     def env(self) -> dict[str, str]:
-        """The commands' environment: this checkout's nre_ray, a local Ray each (no RAY_ADDRESS), its own State API
+        """The commands' environment: this checkout's nre_ray, a local Ray each (no RAY_ADDRESS, NRE_RAY_OWN_RAY=1: the
+        drill's faults strike runs as separate as separate machines would keep them), its own State API
         address (nre_ray pins one per run), the working folder's temporary folder for everything but Ray's session
         folders, unbuffered output."""
         out = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
         out.setdefault("RAY_TMPDIR", tempfile.gettempdir())  # Ray's sessions where they would be (short socket paths)
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        out.update(TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", PYTHONPATH=path)
+        out.update(TMPDIR=str(self.tmp), PYTHONUNBUFFERED="1", PYTHONPATH=path, NRE_RAY_OWN_RAY="1")
         return out
 
     def command(self, run: Run, resume: bool) -> list[str]:
