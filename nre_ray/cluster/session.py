@@ -556,7 +556,8 @@ def _start_shared(log_to_driver: bool, runtime_env: dict[str, Any] | None = None
         os.environ["RAY_API_SERVER_ADDRESS"] = record["dashboard"]  # the State API asks the shared Ray's dashboard
     with loopback_node() as on_loopback:  # the driver on the node's own address, 127.0.0.1
         ray.init(address=record["gcs"], logging_level=logging.WARNING, log_to_driver=log_to_driver,
-                 runtime_env=runtime_env, _node_ip_address=on_loopback["_node_ip_address"])
+                 runtime_env=shared_ray.job_runtime_env(runtime_env, os.getcwd()),
+                 _node_ip_address=on_loopback["_node_ip_address"])
     _on_shared_ray = True
     _say(f"started a local Ray (shared with later runs; it stops when its last run ends; process {record['host'][0]})"
          if outcome == "started" else

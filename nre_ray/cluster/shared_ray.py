@@ -202,6 +202,42 @@ def answers(gcs: str, wait: float = ANSWER_S) -> bool:
         return False
 
 
+#: The working folder of the command whose job's workers :func:`enter_command_folder` moves there.
+FOLDER_ENV = "NRE_RAY_COMMAND_FOLDER"
+#: A worker setup hook of the command's own, run after :func:`enter_command_folder`.
+NEXT_HOOK_ENV = "NRE_RAY_NEXT_SETUP_HOOK"
+
+
+def job_runtime_env(runtime_env: dict[str, Any] | None, folder: str) -> dict[str, Any]:
+    """The job ``runtime_env`` a command joins the shared Ray with: its own ``runtime_env`` plus a worker setup hook
+    (:func:`enter_command_folder`) that starts each worker of its job in ``folder``, the command's working folder.
+    A private local Ray's workers start there because its raylet was started by the command; the shared Ray's
+    raylet was started from the first command's folder, where another command's relative paths (``--data-dir data``
+    read by a Ray Data task) name nothing. A hook of the command's own runs after it."""
+    env = dict(runtime_env or {})
+    env_vars = {**env.get("env_vars", {}), FOLDER_ENV: folder}
+    if env.get("worker_process_setup_hook"):
+        hook = env["worker_process_setup_hook"]
+        if not isinstance(hook, str):
+            raise ValueError("a worker setup hook joined to the shared Ray is given by its module path")
+        env_vars[NEXT_HOOK_ENV] = hook
+    return {**env, "env_vars": env_vars, "worker_process_setup_hook": f"{__name__}.enter_command_folder"}
+
+
+def enter_command_folder() -> None:
+    """Worker setup hook (:func:`job_runtime_env`): move this worker into its command's working folder, then run the
+    command's own hook, if any."""
+    folder = os.environ.get(FOLDER_ENV)
+    if folder and os.path.isdir(folder):
+        os.chdir(folder)
+    hook = os.environ.get(NEXT_HOOK_ENV)
+    if hook:
+        import importlib
+
+        module, _, name = hook.rpartition(".")
+        getattr(importlib.import_module(module), name)()
+
+
 def join_or_start(cpus: int, gpus: int, mine: str) -> tuple[str, dict[str, Any] | None]:
     """Register this process with the shared local Ray, starting its host first where none runs.
 

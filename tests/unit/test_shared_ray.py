@@ -116,3 +116,20 @@ def test_variables_set_after_start_up_do_not_count_but_nre_rays_own_do(monkeypat
     assert "SET_BY_SOME_IMPORT" not in shared_ray.ray_environ() and shared_ray.fingerprint() == before
     monkeypatch.setenv("RAY_AUTH_MODE", "token-or-whatever")  # nre_ray's own setting before Ray starts
     assert shared_ray.ray_environ()["RAY_AUTH_MODE"] == "token-or-whatever" and shared_ray.fingerprint() != before
+
+
+def test_a_joined_commands_workers_start_in_its_folder_and_its_own_hook_runs_after(tmp_path, monkeypatch):
+    """The shared Ray's raylet runs where the first command started; a later command's workers must read its relative
+    paths (``--data-dir data``) from its own folder, as a private Ray's would (docs/data.md's inspect block)."""
+    env = shared_ray.job_runtime_env({"env_vars": {"A": "1"}, "worker_process_setup_hook": "os.getpid"}, str(tmp_path))
+    assert env["worker_process_setup_hook"] == "nre_ray.cluster.shared_ray.enter_command_folder"
+    assert env["env_vars"] == {"A": "1", shared_ray.FOLDER_ENV: str(tmp_path), shared_ray.NEXT_HOOK_ENV: "os.getpid"}
+    assert shared_ray.job_runtime_env(None, "/x") == {
+        "env_vars": {shared_ray.FOLDER_ENV: "/x"},
+        "worker_process_setup_hook": "nre_ray.cluster.shared_ray.enter_command_folder"}
+    monkeypatch.chdir("/")
+    for key, value in env["env_vars"].items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv(shared_ray.NEXT_HOOK_ENV, "os.getcwd")  # (a function the hook then runs)
+    shared_ray.enter_command_folder()
+    assert os.getcwd() == str(tmp_path)
