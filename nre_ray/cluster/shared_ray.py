@@ -175,20 +175,22 @@ def me() -> list[int]:
     return [os.getpid(), found.start if found else 0]
 
 
+def process_of(entry: list[int] | None) -> processes.Process | None:
+    """The process ``[pid, start time]`` while it still runs (not another program under its id), else None."""
+    if not entry or len(entry) != 2:
+        return None
+    found = processes.identify(int(entry[0]))
+    return found if found is not None and found.start == int(entry[1]) else None
+
+
 def running(entry: list[int] | None) -> bool:
     """Whether the process ``[pid, start time]`` still runs (not another program under its id)."""
-    if not entry or len(entry) != 2:
-        return False
-    found = processes.identify(int(entry[0]))
-    return found is not None and found.start == int(entry[1])
+    return process_of(entry) is not None
 
 
 def host_of(record: dict[str, Any]) -> processes.Process | None:
     """The record's host process while it runs, else None."""
-    host = record.get("host")
-    if not running(host):
-        return None
-    return processes.identify(int(host[0]))
+    return process_of(record.get("host"))
 
 
 def answers(gcs: str, wait: float = ANSWER_S) -> bool:
