@@ -11,8 +11,8 @@ size: a run resumed at step ``s`` with another number of workers neither skips n
 float summation order (and dropout's masks, drawn per rank) depend on ``w``.
 
 The one all-reduce of a step also carries each rank's view of a preemption notice
-(:func:`nre_ray.cluster.ray_private.preemption_notice`), so
-every rank learns of it at the same step and the loop saves one mid-epoch checkpoint there
+(:func:`nre_ray.cluster.ray_private.preemption_notice`) and the seconds to its deadline, so
+every rank learns of it at the same step, with the same deadline, and the loop saves one mid-epoch checkpoint there
 (:func:`nre_ray.loop.train_loop_per_worker`).
 """
 
@@ -71,23 +71,28 @@ def accumulate(model: nn.Module, dataset: EncodedDataset, parts: list[torch.Tens
     return loss_sum, seen
 
 
-def reduce_gradients(model: nn.Module, notice: bool) -> bool:
+def reduce_gradients(model: nn.Module, notice: bool, seconds_left: float | None = None) -> tuple[bool, float | None]:
     """Sum the gradients of ``model`` over the ranks (one all-reduce of one flat buffer; a parameter without a
-    gradient on some rank counts as zeros there), and this rank's ``notice`` of a preemption with them. Returns
-    whether any rank has a notice."""
+    gradient on some rank counts as zeros there), and this rank's view of a preemption with them: ``notice`` (it has
+    one) and ``seconds_left`` (to its deadline, when the notice has one). Returns whether any rank has a notice, and
+    the mean of the ranks' ``seconds_left`` (None when no rank's notice has a deadline): every rank then says the
+    same, whichever of them heard first (each polls Ray on its own)."""
     params = [p for p in model.parameters() if p.requires_grad]
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if not several:
-        return notice
+        return notice, seconds_left if notice else None
+    timed = notice and seconds_left is not None
+    heard = [1.0 if notice else 0.0, 1.0 if timed else 0.0, float(seconds_left) if timed else 0.0]
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
-                     + [torch.tensor([1.0 if notice else 0.0], device=params[0].device)])
+                     + [torch.tensor(heard, device=params[0].device)])
     dist.all_reduce(flat)
     offset = 0
     for p in params:
         size = p.numel()
         p.grad = flat[offset:offset + size].view_as(p).to(p.dtype)
         offset += size
-    return bool(flat[-1].item() > 0)
+    noticed, with_deadline, left = (float(v) for v in flat[-3:].tolist())
+    return noticed > 0, left / with_deadline if with_deadline > 0 else None
 
 
 def broadcast_parameters(model: nn.Module) -> None:

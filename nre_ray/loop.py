@@ -368,8 +368,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             train_loader.sampler.set_epoch(epoch)
         start, cpu_start = time.perf_counter(), time.process_time()
         if cfg.elastic:
-            def save_position(step: int, partial: list[float], info: Any, epoch: int = epoch) -> None:
-                _report_position(rank, model, optimizer, scheduler, scaler, state, epoch, step, partial, info, cfg,
+            def save_position(step: int, partial: list[float], left: float | None, epoch: int = epoch) -> None:
+                _report_position(rank, model, optimizer, scheduler, scaler, state, epoch, step, partial, left, cfg,
                                  vocab, labels, spec, assets, tracker)
 
             train_loss, seen = _train_elastic_epoch(model, train_set, epoch, state.pop("position") or {}, steps, cfg,
@@ -471,11 +471,12 @@ def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
 def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int, position: dict[str, Any],
                          steps: int, cfg: Config, optimizer: torch.optim.Optimizer, scheduler: Schedule,
                          scaler: torch.amp.GradScaler, rank: int, world_size: int, state: dict[str, Any],
-                         save_position: Callable[[int, list[float], Any], None]) -> tuple[float, float]:
+                         save_position: Callable[[int, list[float], float | None], None]) -> tuple[float, float]:
     """One epoch of an elastic run (:mod:`nre_ray.elastic`), from step ``position["step"]`` (0: the start) on.
     After the step at which any rank heard of a preemption, ``save_position(steps done, [global loss sum, global
-    examples] so far, this rank's notice)`` saves a mid-epoch checkpoint, once (``state["saved_on_notice"]``: the
-    notice stays until Ray restarts the worker group); training goes on until then. Returns (mean loss over the
+    examples] so far, seconds to the notice's deadline or None)`` saves a mid-epoch checkpoint, once
+    (``state["saved_on_notice"]``: the notice stays until Ray restarts the worker group); training goes on until
+    then. Returns (mean loss over the
     epoch's examples, examples trained on in this call: the epoch's less those before ``position``)."""
     model.train()
     device = ray.train.torch.get_device()
@@ -490,7 +491,9 @@ def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int
             cfg.train.label_smoothing)
         loss_sum, seen = loss_sum + step_loss, seen + step_seen
         notice = preemption_notice()
-        anyone = elastic.reduce_gradients(model, notice is not None)
+        deadline_ms = getattr(notice, "deadline_ms", None)
+        anyone, seconds_left = elastic.reduce_gradients(
+            model, notice is not None, deadline_ms / 1000 - time.time() if deadline_ms else None)
         if cfg.train.grad_clip > 0:
             scaler.unscale_(optimizer)
             nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
@@ -501,22 +504,21 @@ def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int
         if anyone and not state["saved_on_notice"]:
             state["saved_on_notice"] = True
             totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
-            save_position(step + 1, totals.tolist(), notice)
+            save_position(step + 1, totals.tolist(), seconds_left)
     totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
     return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item() - before
 
 
 def _report_position(rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                      scaler: torch.amp.GradScaler, state: dict[str, Any], epoch: int, step: int,
-                     partial: list[float], notice: Any, cfg: Config, vocab: Vocab, labels: list[str],
+                     partial: list[float], seconds_left: float | None, cfg: Config, vocab: Vocab, labels: list[str],
                      spec: ModelSpec, assets: dict[str, bytes] | None, tracker: Tracker) -> None:
     """Every rank reports a just-in-time checkpoint of the middle of ``epoch`` (``step`` of its steps done,
     ``partial``: the global sums of the losses and examples so far), and the console hears of the preemption in one
     line; rank 0 writes the checkpoint and counts the preemption in the MLflow tag ``preemptions``. The metrics have no
     ``epoch``: the epoch is logged once, when it ends."""
     state["preemptions"] += 1
-    deadline = getattr(notice, "deadline_ms", None)
-    left = f", {max(0.0, deadline / 1000 - time.time()):.0f} s before the node goes" if deadline else ""
+    left = f", {max(0.0, seconds_left):.0f} s before the node goes" if seconds_left is not None else ""
     line = (f"preemption {state['preemptions']}: a node of the worker group is being taken back; saved a mid-epoch "
             f"checkpoint at step {step} of epoch {epoch}{left}")
     metrics = {"mid_epoch": epoch, "mid_epoch_step": step, SELECTION_RANK: 0, NOTES_KEY: [line] if rank == 0 else []}

@@ -165,3 +165,48 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_learns_as_one_never_interrupt
         assert {k: v for k, v in mine.items() if k not in volatile and not k.startswith("startup_")} == \
             pytest.approx({k: v for k, v in theirs.items() if k not in volatile and not k.startswith("startup_")},
                           rel=1e-6)
+
+
+def _rank_of_two(rank: int, port: int, notices: list[tuple[bool, float | None]], out: str) -> None:
+    """One rank of a real two-process gloo group on 127.0.0.1: this rank's gradients and view of a preemption notice
+    through :func:`nre_ray.elastic.reduce_gradients`; what it returns is written to ``out``.RANK."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model = torch.nn.Linear(2, 1)
+        answers, grads = [], []
+        for notice in notices[rank::2]:
+            for p in model.parameters():
+                p.grad = torch.full_like(p, float(rank + 1))
+            answers.append(elastic.reduce_gradients(model, *notice))
+            grads.append([p.grad.flatten().tolist() for p in model.parameters()])
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as fh:
+        json.dump({"answers": answers, "grads": grads}, fh)
+
+
+def test_every_rank_hears_of_a_preemption_and_its_deadline_whichever_rank_polled_first(tmp_path):
+    """Each rank polls Ray for a notice on its own, so at a given step one rank may have it and another not yet (seen
+    on a loaded machine: rank 0 saved the mid-epoch checkpoint without the node's deadline). The step's all-reduce
+    carries the notice and the seconds to its deadline: every rank gets both."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from tests.procs import free_port
+
+    # per call, rank 0's view then rank 1's: (has a notice, seconds to its deadline)
+    notices = [(False, None), (True, 12.0),  # only rank 1 heard: both learn of it, 12 s left
+               (True, None), (True, 10.0),  # a notice without a deadline on rank 0: the deadline of rank 1's
+               (True, 8.0), (True, 6.0),  # both: the mean
+               (False, None), (False, None)]  # nobody
+    out = str(tmp_path / "answers")
+    mp.start_processes(_rank_of_two, args=(free_port(), notices, out), nprocs=2, start_method="spawn")
+    answers = [json.loads((tmp_path / f"answers.{rank}").read_text()) for rank in (0, 1)]
+    wanted = [[True, 12.0], [True, 10.0], [True, 7.0], [False, None]]
+    assert [a["answers"] for a in answers] == [wanted, wanted]
+    assert answers[0]["grads"] == answers[1]["grads"] == [[[3.0, 3.0], [3.0]]] * 4  # the gradients summed, as before
