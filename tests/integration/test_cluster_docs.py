@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nre_ray.cluster import standin_cluster as standin
-from tests.procs import alive, env, free_port, mentioning
+from tests.procs import alive, env, free_port, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +44,8 @@ def test_the_rehearsal_section_has_the_commands_a_user_runs():
 
 def test_the_rehearsal_commands_run_as_written(tmp_path):
     folder = Path(tempfile.mkdtemp(prefix="nrd_", dir="/tmp"))
-    ports = f"--s3-port {free_port()} --gcs-port {free_port()} --dashboard-port {free_port()} " \
+    s3_port = free_port()
+    ports = f"--s3-port {s3_port} --gcs-port {free_port()} --dashboard-port {free_port()} " \
             f"--mlflow-port {free_port()}"
     script = "\n".join(rehearsal_commands(DOC.read_text()))
     script = re.sub(r"python -m nre_ray\.standin up(?=\s)", f"python -m nre_ray.standin up {ports}", script)
@@ -53,7 +54,6 @@ def test_the_rehearsal_commands_run_as_written(tmp_path):
     shell_env = env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     for key in ("RAY_API_SERVER_ADDRESS", "AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI"):  # as in a fresh shell
         shell_env.pop(key, None)
-    before = set(mentioning("/tmp/nre_standin_"))
     try:
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=shell_env,
                               capture_output=True, text=True, timeout=400)
@@ -69,4 +69,7 @@ def test_the_rehearsal_commands_run_as_written(tmp_path):
     assert plain.count("look at it: open http://127.0.0.1:") == 2  # the summary, streamed then from `ray job logs`
     assert re.search(r"head \+ [1-9] autoscaled worker node", out), out[-2000:]  # `status` after the job
     assert "stopped" in out and "processes of the stand-in" in out  # `down`
-    assert not [p for p in mentioning("/tmp/nre_standin_") if p not in before and alive(p)]
+    # Nothing of this stand-in is left: every process of it has its object store's endpoint in its environment (the
+    # session's stand-in may run beside it: tests/standin_session.py)
+    endpoint = f"http://127.0.0.1:{s3_port}"
+    assert not [p for p in with_env("AWS_ENDPOINT_URL", endpoint) if alive(p)]
