@@ -21,11 +21,14 @@ $(STAMP): pyproject.toml
 train: venv
 	$(BIN)/python -m nre_ray.train --num-workers 2 $(ARGS)
 
+# The suite in TEST_WORKERS processes (pytest-xdist); the users of the session's stand-in stay together in one
+# (tests/standin_session.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: venv
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(ARGS)
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not integration" $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not integration" $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

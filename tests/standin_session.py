@@ -5,8 +5,9 @@
   token, an MLflow password and object store keys of its own. It does not log this process's MLflow client in
   (that would reach every later test of the session): a module that talks to its MLflow server does so in its own
   fixture, ``environ(state.mlflow_login())``.
-* Its users run one after the other, in the order of their ``standin_order`` marker (0, 1 by default, 2), at the
-  place of the first of them: the tests of an order-0 module (tests/integration/test_standin.py) see the stand-in as
+* Its users run first, one after the other, in the order of their ``standin_order`` marker (0, 1 by default, 2),
+  and in one process when pytest-xdist runs the suite in several (``make test``:
+  :class:`StandinTogether`): the tests of an order-0 module (tests/integration/test_standin.py) see the stand-in as
   ``up`` left it (no autoscaled node yet); an order-2 test (``down`` and ``up`` again) runs last.
 
 Tests of the stand-in's start as a user types it keep a stand-in of their own: the rehearsal of docs/cluster.md
@@ -19,14 +20,19 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from nre_ray.cluster import processes
 from nre_ray.cluster import standin_cluster as standin
 from tests.procs import free_port, free_port_between, kill_all, mentioning, with_env
 
 FIXTURE = "standin_cluster"
+#: The test modules whose tests use :func:`standin_cluster` (collection fails for a user elsewhere): with pytest-xdist
+#: they run in one process (:class:`StandinTogether`).
+USER_MODULES = ("tests/integration/test_standin.py", "tests/integration/test_command_matrix.py")
 SAMPLE = Path(__file__).resolve().parents[1] / "nre_ray" / "data" / "sample"
 
 
@@ -133,8 +139,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The users of :func:`standin_cluster` run one after the other, by their ``standin_order`` marker (stable
-    within one order), where the first of them was."""
+    """The users of :func:`standin_cluster` run first, one after the other, by their ``standin_order`` marker
+    (stable within one order): first because they take longest, which matters when pytest-xdist shares the tests out
+    (:class:`StandinTogether`)."""
     users = [item for item in items if FIXTURE in getattr(item, "fixturenames", ())]
     if not users:
         return
@@ -143,11 +150,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = item.get_closest_marker("standin_order")
         return marker.args[0] if marker else 1
 
-    first = items.index(users[0])
     others = [item for item in items if FIXTURE not in getattr(item, "fixturenames", ())]
-    items[:] = others[:first] + sorted(users, key=order) + others[first:]
+    items[:] = sorted(users, key=order) + others
+    strays = sorted({item.nodeid.split("::")[0] for item in users} - set(USER_MODULES))
+    if strays:  # pytest-xdist would run them in another process, with a stand-in of its own
+        raise pytest.UsageError(f"{', '.join(strays)} use the session's stand-in: add them to USER_MODULES in "
+                                "tests/standin_session.py")
+
+
+class StandinTogether(LoadScopeScheduling):
+    """How pytest-xdist hands out the tests when ``make test`` runs them in several processes (``-n 2``): a module at
+    a time (``--dist loadscope``: its module fixtures, a trained model or a server, are set up once), to whichever
+    process is free, in the order of collection (the stand-in's users first, then tests/integration, then
+    tests/unit), except that the modules that use the stand-in (:data:`USER_MODULES`) go to one process as one unit,
+    in their order. (``--dist loadgroup`` with
+    ``xdist_group`` marks would group them too, but pytest-xdist 3.8 writes the group into ``Item._nodeid``, which
+    pytest 9.2 no longer reads.)"""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        config.option.loadscopereorder = False  # (by the number of tests: unit modules first, the longest last)
+
+    def _split_scope(self, nodeid: str) -> str:
+        return "standin" if nodeid.split("::")[0] in USER_MODULES else super()._split_scope(nodeid)
+
+
+class _Scheduling:
+    """The plugin that gives pytest-xdist :class:`StandinTogether` (registered only where pytest-xdist is loaded)."""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+        return StandinTogether(config, log) if config.getvalue("dist") == "load" else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_Scheduling(), "standin-together")
     config.addinivalue_line("markers", "standin_order(n): where a user of the session's stand-in runs among its "
                                        "users: 0 first (it needs the stand-in as up left it), 1, 2 last (it stops it)")
