@@ -78,12 +78,52 @@ CPUS_PER_WORKER_HELP = (
     "e.g. --num-workers 8 --cpus-per-worker 0.25 on 2 CPUs.")
 
 
-def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None,
-       cli: bool = True) -> Any:
+#: The default of an option that has none: its flag is required (``--model`` of predict, evaluate and serve).
+REQUIRED: Any = dataclasses.MISSING
+
+
+def option(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None,
+           cli: bool = True) -> Any:
+    """A field of a command's typed options (a section of :class:`Config`, or the options of predict, evaluate,
+    serve): its default (:data:`REQUIRED`: none), the help of its flag ``--field-name``, the values it accepts, and
+    ``cli=False`` for a field that has no flag. :func:`add_options` makes the flags of a class of them."""
     meta = {"help": help, "choices": choices, "flag": flag, "cli": cli}
+    if default is REQUIRED:
+        return field(metadata=meta)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+_f = option  # the short name of the many fields below
+
+#: The input formats every command that reads rows accepts (--format).
+FORMATS = ("csv", "tsv", "jsonl", "parquet", "deepke", "opennre", "semeval")
+
+#: The options that mean the same in several commands, each with its one default, help and choices; a command's
+#: options take one with :func:`shared` (tests/unit/test_config.py checks that each command's flag says the same).
+SHARED: dict[str, dict[str, Any]] = {
+    "address": {"default": None, "help": ADDRESS_HELP},
+    "tracking_uri": {"default": None, "help": "MLflow tracking URI: sqlite:///PATH or a server http://HOST:PORT "
+                                              "(default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the "
+                                              "working directory)."},
+    "cpus_per_worker": {"default": None, "help": CPUS_PER_WORKER_HELP},
+    "format": {"default": None, "help": "Input format; detected from the file when not given.", "choices": FORMATS},
+    "columns": {"default": None, "help": "Column mapping for files with other column names, e.g. "
+                                         "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'."},
+    "trained_model": {"default": REQUIRED,
+                      "help": "A checkpoint folder (a local path or a URI such as "
+                              "s3://BUCKET/runs/RUN/checkpoint_...), an MLflow model URI runs:/<run_id>/model, or a "
+                              "registered model models:/<name>/<version> or models:/<name>@<alias> (an alias is "
+                              "pinned to the version it names when the command starts); runs:/ and models:/ are "
+                              "looked up at --tracking-uri."},
+}
+
+
+def shared(name: str) -> Any:
+    """The field of the option ``name`` of :data:`SHARED` (``"trained_model"``: the ``--model`` of the commands that
+    use a trained model), for a command's options class."""
+    return option(**SHARED[name])
 
 
 @dataclass
@@ -96,10 +136,8 @@ class DataConfig:
     valid: str | None = _f(None, "Explicit validation file.")
     test: str | None = _f(None, "Explicit test file.")
     labels: str | None = _f(None, "Label file (relation.txt: one label per line, in class order).")
-    format: str | None = _f(None, "Input format; detected from the file when not given.",
-                            choices=("csv", "tsv", "jsonl", "parquet", "deepke", "opennre", "semeval"))
-    columns: str | None = _f(None, "Column mapping for files with other column names, e.g. "
-                                   "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
+    format: str | None = shared("format")
+    columns: str | None = shared("columns")
     tokenizer: str = _f("regex", "'regex': words and punctuation for alphabetic scripts, one token per character "
                                  "for Chinese/Japanese/Korean; 'jieba': Chinese word segmentation, each entity kept "
                                  "as one token.", choices=("regex", "jieba"))
@@ -181,7 +219,7 @@ class TrainConfig:
                              "preemption notice makes it save a mid-epoch checkpoint. In a TOML file: \"1-3\".")
     min_workers: int | None = _f(None, "The MIN of --num-workers MIN-MAX (None: a fixed number of workers).", cli=False)
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
-    cpus_per_worker: float | None = _f(None, CPUS_PER_WORKER_HELP)
+    cpus_per_worker: float | None = shared("cpus_per_worker")
     keep_checkpoints: int = _f(2, "Checkpoints kept besides the latest: the best by the selection metric (an epoch "
                                   "that only ties an earlier best does not count as better).")
     max_failures: int = _f(0, "Restart the worker group from the latest checkpoint up to this many times.")
@@ -207,11 +245,10 @@ class RunConfig:
     experiment_name: str = _f("nre_ray", "MLflow experiment.")
     run_name: str | None = _f(None, "Name of the run (Ray Train run and MLflow run); default: model, time and a "
                                     "random suffix.")
-    tracking_uri: str | None = _f(None, "MLflow tracking URI: sqlite:///PATH or a server http://HOST:PORT (default: "
-                                        "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
+    tracking_uri: str | None = shared("tracking_uri")
     storage_path: str | None = _f(None, "Where Ray Train writes checkpoints (shared storage on a cluster, e.g. "
                                         "s3://bucket/path); default ./ray_results.")
-    address: str | None = _f(None, ADDRESS_HELP)
+    address: str | None = shared("address")
     summary_json: str | None = _f(None, "Write the run id, best checkpoint, best epoch and metrics here as JSON.")
     resume: bool = _f(False, "Continue the interrupted run --run-name in --storage-path from its latest checkpoint, "
                              "logging into the same MLflow run (same data and model settings required).")
@@ -450,34 +487,61 @@ def build_parser(
         if only is not None and section not in only:
             continue
         group = parser.add_argument_group(f"{section} options", section_cls.__doc__)
-        defaults = section_cls()
-        types_ = field_types(section_cls)
-        for f in dataclasses.fields(section_cls):
-            if only is not None and only[section] is not None and f.name not in only[section]:
-                continue
-            if not f.metadata.get("cli", True):
-                continue
-            tp = types_[f.name]
-            default = getattr(defaults, f.name)
-            escaped = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
-            # None means "not given": the help says what happens then; an off switch needs no default either
-            shown = default is not None and default is not False and "default" not in escaped
-            per_model = "".join(f"; {m}: {v[section][f.name]}" for m, v in MODEL_DEFAULTS.items()
-                                if f.name in v.get(section, {}))
-            dest = f"{section}.{f.name}"
-            help_text = (helps or {}).get(dest, escaped + (f" (default: {default}{per_model})" if shown else ""))
-            if tp is bool and default:
-                group.add_argument(_flag(f.name), dest=dest, action=argparse.BooleanOptionalAction, default=None,
-                                   help=help_text)
-            elif tp is bool:
-                group.add_argument(_flag(f.name), dest=dest, action="store_const", const=True, default=None,
-                                   help=help_text)
-            else:
-                choices = f.metadata.get("choices")
-                group.add_argument(_flag(f.name), dest=dest, type=worker_count if dest == "train.num_workers" else tp,
-                                   default=None, help=help_text, choices=choices,
-                                   metavar="{" + ",".join(choices) + "}" if choices else f.name.upper())
+        add_options(group, section_cls, section=section, names=None if only is None else only[section],
+                    helps=helps)
     return parser
+
+
+def command_parser(prog: str, options_cls: type, description: str, epilog: str) -> CommandParser:
+    """The parser of a command whose flags are the fields of ``options_cls`` (:func:`add_options`, defaults the
+    fields'), with ``epilog`` (the examples) as written."""
+    parser = CommandParser(prog=prog, description=description, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(parser, options_cls)
+    return parser
+
+
+def add_options(parser: Any, options_cls: type, section: str | None = None, names: tuple[str, ...] | None = None,
+                helps: dict[str, str] | None = None) -> None:
+    """One flag ``--field-name`` per :func:`option` field of the dataclass ``options_cls`` on ``parser`` (a parser or
+    an argument group): the only place flags of a typed config are made. Its help is the field's, with ``(default:
+    X)`` after it unless the help speaks of the default or there is none to show; a bool field is a switch
+    (``--no-...`` too when it is on by default); a field without a default is a required flag.
+
+    ``section``: the :class:`Config` section of the fields (train's flags): dests ``section.field``, defaults None (=
+    not given: :func:`config_from_args` merges the given ones over a --config file), the models' own defaults in
+    the help. Without it: dests the field names and defaults the fields' (``options_cls(**vars(args))``).
+    ``names``: only these fields. ``helps``: the help of flags that mean something else in this command, by dest.
+    """
+    types_ = field_types(options_cls)
+    for f in dataclasses.fields(options_cls):
+        if (names is not None and f.name not in names) or not f.metadata.get("cli", True):
+            continue
+        tp = types_[f.name]
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
+        required = default is REQUIRED
+        escaped = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
+        # None means "not given": the help says what happens then; an off switch needs no default either
+        shown = not required and default is not None and default is not False and "default" not in escaped
+        per_model = "".join(f"; {m}: {v[section][f.name]}" for m, v in MODEL_DEFAULTS.items()
+                            if section and f.name in v.get(section, {}))
+        dest = f"{section}.{f.name}" if section else f.name
+        help_text = (helps or {}).get(dest, escaped + (f" (default: {default}{per_model})" if shown else ""))
+        given = {"default": None} if section else {} if required else {"default": default}
+        if tp is bool and default:
+            parser.add_argument(_flag(f.name), dest=dest, action=argparse.BooleanOptionalAction, help=help_text,
+                                **given)
+        elif tp is bool:
+            parser.add_argument(_flag(f.name), dest=dest, action="store_const", const=True, help=help_text,
+                                **{"default": False, **given})
+        else:
+            choices = f.metadata.get("choices")
+            parser.add_argument(_flag(f.name), dest=dest, type=worker_count if dest == "train.num_workers" else tp,
+                                help=help_text, choices=choices, required=required,
+                                metavar="{" + ",".join(choices) + "}" if choices else f.name.upper(), **given)
 
 
 def choices(dest: str) -> tuple[str, ...]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from nre_ray.cluster.session import UsageError, quiet_environ
-from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, CommandParser, choices
+from nre_ray.config import REQUIRED, choices, command_parser, option, shared
 from nre_ray.data.errors import DataError
 from nre_ray.storage import StorageError, write_text
 
@@ -30,41 +31,43 @@ def print_report(report: dict[str, Any]) -> None:
               f"{r['support']:7d}  {r['predicted']:9d}")
 
 
+@dataclass
+class EvaluateOptions:
+    """The options of ``python -m nre_ray.evaluate``, one flag each."""
+
+    model: str = shared("trained_model")
+    data: str = option(REQUIRED, "A labelled file in any format training reads.")
+    num_workers: int = option(1, "Ray Train workers (default: 1).")
+    cpus_per_worker: float | None = shared("cpus_per_worker")
+    negative_label: str | None = option(None, "The 'no relation' label for the positive-class scores (default: the "
+                                              "one the model was trained with, if any).")
+    output: str | None = option(None, "Write the scores, the per-class table and the confusion matrix here as JSON.")
+    format: str | None = shared("format")
+    columns: str | None = shared("columns")
+    on_bad_rows: str = option("error", "'error' (default): list the bad rows and stop; 'skip': evaluate on the other "
+                                       "rows.", choices=choices("data.on_bad_rows"))
+    tracking_uri: str | None = shared("tracking_uri")
+    address: str | None = shared("address")
+
+
+EXAMPLES = ("examples:\n"
+            "  python -m nre_ray.evaluate --model runs:/RUN_ID/model --data test.csv\n"
+            "  python -m nre_ray.evaluate --model ray_results/RUN/checkpoint_DIR --data test.jsonl "
+            "--negative-label Other --output scores.json\n"
+            "  python -m nre_ray.evaluate --model models:/NAME/1 --data big.parquet --num-workers 4\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m nre_ray.evaluate`` options."""
-    parser = CommandParser(
-        prog="python -m nre_ray.evaluate",
+    """The ``python -m nre_ray.evaluate`` options: the fields of :class:`EvaluateOptions`."""
+    return command_parser(
+        "python -m nre_ray.evaluate", EvaluateOptions, epilog=EXAMPLES,
         description="Evaluate a trained checkpoint on a labelled file with the evaluation code of training "
-                    "(every row counted once, whatever the number of workers).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  python -m nre_ray.evaluate --model runs:/RUN_ID/model --data test.csv\n"
-               "  python -m nre_ray.evaluate --model ray_results/RUN/checkpoint_DIR --data test.jsonl "
-               "--negative-label Other --output scores.json\n"
-               "  python -m nre_ray.evaluate --model models:/NAME/1 --data big.parquet --num-workers 4\n")
-    parser.add_argument("--model", required=True, help="A checkpoint folder (or runs:/<run_id>/model, "
-                        "models:/<name>/<version>).")
-    parser.add_argument("--data", required=True, help="A labelled file in any format training reads.")
-    parser.add_argument("--num-workers", type=int, default=1, help="Ray Train workers (default: 1).")
-    parser.add_argument("--cpus-per-worker", type=float, help=CPUS_PER_WORKER_HELP)
-    parser.add_argument("--negative-label", help="The 'no relation' label for the positive-class scores (default: the "
-                        "one the model was trained with, if any).")
-    parser.add_argument("--output", help="Write the scores, the per-class table and the confusion matrix here as "
-                        "JSON.")
-    parser.add_argument("--format", choices=choices("data.format"),
-                        help="Input format; detected from the file when not given.")
-    parser.add_argument("--columns", help="Column mapping for other column names, e.g. 'text=sentence,label=relation'.")
-    parser.add_argument("--on-bad-rows", choices=choices("data.on_bad_rows"), default="error",
-                        help="'error' (default): list the bad rows and stop; 'skip': evaluate on the other rows.")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ (default: "
-                        "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
-    parser.add_argument("--address", help=ADDRESS_HELP)
-    return parser
+                    "(every row counted once, whatever the number of workers).")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage)."""
-    args = build_parser().parse_args(argv)
+    args = EvaluateOptions(**vars(build_parser().parse_args(argv)))
     # torch, pandas and Ray only now: --help and a usage error answer at once
 
     quiet_environ()  # before Ray and MLflow are imported

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
 from nre_ray import storage
 from nre_ray.cluster.session import UsageError, quiet_environ
-from nre_ray.config import ADDRESS_HELP, CPUS_PER_WORKER_HELP, CommandParser, choices
+from nre_ray.config import REQUIRED, choices, command_parser, option, shared
 from nre_ray.data.errors import DataError
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 
@@ -20,52 +21,50 @@ examples:
 """
 
 
+@dataclass
+class PredictOptions:
+    """The options of ``python -m nre_ray.predict``, one flag each."""
+
+    model: str = shared("trained_model")
+    input: str = option(REQUIRED, "Rows to label, a local path or a URI (s3://BUCKET/rows.csv): any format training "
+                                  "reads (CSV, TSV, JSON Lines, Parquet, DeepKE, OpenNRE, SemEval); a relation column "
+                                  "is not needed and is ignored.")
+    output: str = option(REQUIRED, "Where to write, a local path or a URI: .csv, .tsv, .jsonl or .parquet. It "
+                                   "appears when complete; nothing is written when the run fails.")
+    batch_size: int = option(256, "Rows per forward pass (default: 256).")
+    num_workers: int = option(1, "Ray actors, each holding the model once (default: 1).")
+    cpus_per_worker: float | None = shared("cpus_per_worker")
+    top_k: int = option(0, "Also write the K most likely labels and their probabilities (top_k_labels, "
+                           "top_k_scores as JSON lists in CSV).")
+    format: str | None = shared("format")
+    columns: str | None = shared("columns")
+    on_bad_rows: str = option("error", "'error' (default): write nothing and list the bad rows; 'skip': label the "
+                                       "good rows and list the bad ones in OUTPUT.rejected.csv.",
+                              choices=choices("data.on_bad_rows"))
+    tracking_uri: str | None = shared("tracking_uri")
+    address: str | None = shared("address")
+    chunk_rows: int = option(DEFAULT_CHUNK_ROWS, f"Rows read at a time (memory per chunk in flight; default "
+                                                 f"{DEFAULT_CHUNK_ROWS}).")
+    local_max_rows: int = option(LOCAL_MAX_ROWS, "Inputs of at most this many rows are labelled in this process, "
+                                                 "without starting Ray (faster for small files; --num-workers and "
+                                                 "--address then do not apply); larger ones stream through Ray Data. "
+                                                 f"0: always Ray (default: {LOCAL_MAX_ROWS}).")
+    use_gpu: bool = option(False, "One GPU per worker.")
+    no_progress: bool = option(False, "No progress lines.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m nre_ray.predict`` options."""
-    parser = CommandParser(
-        prog="python -m nre_ray.predict",
+    """The ``python -m nre_ray.predict`` options: the fields of :class:`PredictOptions`."""
+    return command_parser(
+        "python -m nre_ray.predict", PredictOptions, epilog=EXAMPLES,
         description="Label the rows of a file with a trained relation classifier. The output keeps the input's "
                     "columns, in order, and adds predicted_relation and score. A small file is labelled in this "
-                    "process; a large one streams through Ray Data.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
-    parser.add_argument("--model", required=True, help="A checkpoint folder (a local path or a URI such as "
-                        "s3://BUCKET/runs/RUN/checkpoint_...), an MLflow model URI runs:/<run_id>/model, or a "
-                        "registered model models:/<name>/<version> (or models:/<name>@<alias>).")
-    parser.add_argument("--input", required=True, help="Rows to label, a local path or a URI (s3://BUCKET/rows.csv): "
-                        "any format training reads (CSV, TSV, JSON Lines, Parquet, DeepKE, OpenNRE, SemEval); a "
-                        "relation column is not needed and is ignored.")
-    parser.add_argument("--output", required=True, help="Where to write, a local path or a URI: .csv, .tsv, .jsonl or "
-                        ".parquet. It appears when complete; nothing is written when the run fails.")
-    parser.add_argument("--batch-size", type=int, default=256, help="Rows per forward pass (default: 256).")
-    parser.add_argument("--num-workers", type=int, default=1, help="Ray actors, each holding the model once "
-                        "(default: 1).")
-    parser.add_argument("--cpus-per-worker", type=float, help=CPUS_PER_WORKER_HELP)
-    parser.add_argument("--top-k", type=int, default=0, help="Also write the K most likely labels and their "
-                        "probabilities (top_k_labels, top_k_scores as JSON lists in CSV).")
-    parser.add_argument("--format", choices=choices("data.format"),
-                        help="Input format; detected from the file when not given.")
-    parser.add_argument("--columns", help="Column mapping for other column names, e.g. "
-                        "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
-    parser.add_argument("--on-bad-rows", choices=choices("data.on_bad_rows"), default="error",
-                        help="'error' (default): write nothing and list the bad rows; 'skip': label the good rows "
-                             "and list the bad ones in OUTPUT.rejected.csv.")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI for runs:/ and models:/ (default: "
-                        "MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory).")
-    parser.add_argument("--address", help=ADDRESS_HELP)
-    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
-                        help=f"Rows read at a time (memory per chunk in flight; default {DEFAULT_CHUNK_ROWS}).")
-    parser.add_argument("--local-max-rows", type=int, default=LOCAL_MAX_ROWS,
-                        help=f"Inputs of at most this many rows are labelled in this process, without starting Ray "
-                             f"(faster for small files; --num-workers and --address then do not apply); larger ones "
-                             f"stream through Ray Data. 0: always Ray (default: {LOCAL_MAX_ROWS}).")
-    parser.add_argument("--use-gpu", action="store_true", help="One GPU per worker.")
-    parser.add_argument("--no-progress", action="store_true", help="No progress lines.")
-    return parser
+                    "process; a large one streams through Ray Data.")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad input or usage, 130 interrupted)."""
-    args = build_parser().parse_args(argv)
+    args = PredictOptions(**vars(build_parser().parse_args(argv)))
     # torch, pandas and Ray only now: --help and a usage error answer at once
 
     quiet_environ()  # before Ray and MLflow are imported

