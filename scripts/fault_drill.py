@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nre_ray.cluster import processes
 from nre_ray.cluster.processes import cmdline, stat_fields
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,15 +87,14 @@ class Proc:
 
 def identity(pid: int) -> Proc | None:
     """``pid`` as a :class:`Proc`, or None when it is gone or a zombie."""
-    fields = stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return Proc(pid, int(fields[19]))
+    found = processes.identify(pid)
+    return Proc(pid, found.start) if found is not None else None
 
 
 def alive(proc: Proc) -> bool:
-    """True while that very process runs (not a zombie, not a later process with the same PID)."""
-    return identity(proc.pid) == proc
+    """True while that very process runs (not a zombie, not a later process with the same PID): nre_ray's one
+    liveness check."""
+    return processes.alive(proc.pid, proc.start)
 
 
 def process_table() -> dict[int, tuple[int, int, str]]:

@@ -53,8 +53,8 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    return processes.identify(pid) is not None
+    """True while ``pid`` exists and is not a zombie (:func:`nre_ray.cluster.processes.alive`)."""
+    return processes.alive(pid)
 
 
 def descendants(root: int) -> list[int]:
