@@ -4,7 +4,7 @@
 built in a private folder too, then its file renamed).
 
 * **Private folder, one rename.** A builder works in a private folder next to the target,
-  ``<name>.tmp-<pid>-<random>-<host>`` (:func:`private_folder`; the same file system), and publishes it with one
+  ``<name>.tmp-<pid>.<start>-<random>-<host>`` (:func:`private_folder`; the same file system), and publishes it with one
   atomic rename onto ``<name>`` (:func:`publish`). A reader sees a complete folder or none; no builder touches
   another's files.
 * **Builders on one machine take turns** (:func:`turn`: an advisory file lock per target, kept outside the target's
@@ -13,15 +13,15 @@ built in a private folder too, then its file renamed).
   the published one.
 * **Builders that are gone leave nothing for long.** A private folder whose builder's process no longer runs on
   this machine, or (another machine's, whose process cannot be checked) in which nothing changed for
-  :data:`PRIVATE_MAX_AGE` seconds, is removed by the next builder (:func:`remove_stale`); so are the private folders
-  of builds in an object store, which follow the same naming.
+  :data:`PRIVATE_MAX_AGE` seconds, is removed by the next builder (:func:`remove_stale`, through the one sweeper
+  :func:`nre_ray.tempfiles.remove_stale`); so are the private folders of builds in an object store, which follow the
+  same naming.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -29,29 +29,28 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nre_ray import storage
+from nre_ray import storage, tempfiles
+from nre_ray.tempfiles import HOST
 
 log = logging.getLogger(__name__)
 
 PRIVATE_MAX_AGE = 24 * 3600
 """Seconds after which a private build folder whose builder cannot be checked (another machine's) counts as stale."""
-HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-"""This machine, in the names of private build folders (a process id means something on its own machine only)."""
-_PRIVATE = re.compile(r"(?P<name>[^/]+)\.tmp-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{8})")
-"""The name of a private build folder: ``<name>.tmp-<pid>-<random>-<host>`` next to the target ``<name>`` (a key in
-hex digits for the cache's and the copies' folders, ``mlflow.db`` for a local MLflow store)."""
+_PRIVATE = re.compile(rf"(?P<name>[^/]+)\.tmp-{tempfiles.MAKER}-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{{8}})")
+"""The name of a private build folder: ``<name>.tmp-<pid>.<start>-<random>-<host>`` next to the target ``<name>`` (a
+key in hex digits for the cache's and the copies' folders, ``mlflow.db`` for a local MLflow store); the builder's
+process as :data:`nre_ray.tempfiles.MAKER` names it (``<pid>`` alone in an older nre_ray's names), ``<host>`` its
+machine (:data:`HOST`)."""
 _PUBLISH_TRIES = 20
 
 
 def private_name(name: str) -> str:
     """A new private name for a build of ``name`` by this process (:data:`_PRIVATE`)."""
-    return f"{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}-{HOST}"
+    return f"{name}.tmp-{tempfiles.maker()}-{secrets.token_hex(4)}-{HOST}"
 
 
 class Busy(Exception):
@@ -61,27 +60,23 @@ class Busy(Exception):
 @contextlib.contextmanager
 def turn(target: Path | str, waiting: Callable[[], None] | None = None, wait: bool = True) -> Iterator[None]:
     """Hold the turn to build ``target`` (a local path or a URI) among this machine's processes (a ``flock`` on a
-    lock file of this user's under the temporary folder, named after the target's absolute path): a second builder
-    waits until the first one is done, then finds its result. ``waiting`` is called once when this one has to wait;
-    with ``wait=False`` it does not wait but raises :class:`Busy`. The lock goes with the process that holds it,
-    killed or not."""
+    lock file of this user's under the temporary folder, named after the target's absolute path:
+    :func:`nre_ray.storage.locked`): a second builder waits until the first one is done, then finds its result.
+    ``waiting`` is called once when this one has to wait; with ``wait=False`` it does not wait but raises
+    :class:`Busy`. The lock goes with the process that holds it, killed or not."""
     locks = Path(tempfile.gettempdir()) / f"nre_ray-{os.getuid()}" / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     where = str(target) if storage.is_uri(target) else str(Path(target).absolute())
     name = hashlib.sha256(where.encode()).hexdigest()[:24]
-    with (locks / f"{name}.lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise Busy(where) from None
-            if waiting is not None:
-                waiting()
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
+    held = False
+    try:
+        with storage.locked(locks / f"{name}.lock", wait=None if wait else 0, waiting=waiting if wait else None):
+            held = True
             yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    except storage.LockTimeout:
+        if held:  # not this turn's: raised by the block
+            raise
+        raise Busy(where) from None
 
 
 @contextlib.contextmanager
@@ -138,54 +133,8 @@ def remove_stale(root: Path | str) -> None:
     """Remove the private build folders in ``root`` (a local folder, or a folder in an object store) whose builder is
     gone: its process no longer runs on this machine, or (another machine's) nothing in it changed for
     :data:`PRIVATE_MAX_AGE` seconds. Never a live builder's folder on this machine, nor a folder not named like a
-    private build folder."""
-    try:
-        entries = storage.list_folders(root)
-    except (OSError, storage.StorageError):
-        return
-    for entry in entries:
-        match = _PRIVATE.fullmatch(storage.name_of(entry))
-        if match is None:
-            continue
-        if match["host"] == HOST:
-            stale = not process_alive(int(match["pid"]))
-        else:
-            stale = time.time() - _last_change(entry) > PRIVATE_MAX_AGE
-        if stale:
-            log.info("removing %s, left by a build that did not finish", entry)
-            try:
-                storage.remove_tree(entry)
-            except storage.StorageError as err:
-                log.warning("cannot remove %s (%s)", entry, err)
-
-
-def process_alive(pid: int) -> bool:
-    """True while a process ``pid`` runs on this machine (another user's counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
-
-
-def _last_change(folder: Path | str) -> float:
-    """The newest modification time of ``folder`` and what it holds, one level down (a build adds files to its
-    folder and to its subfolders); in an object store, of every object under it (0 when there is none)."""
-    if storage.is_uri(folder):
-        try:
-            return max((row[2] for row in storage.stamp(folder) if row[2]), default=0) / 1e9
-        except storage.StorageError:
-            return time.time()  # vanishing or unreadable: not stale
-    folder = Path(folder)
-    try:
-        times = [folder.stat().st_mtime]
-        for child in folder.iterdir():
-            times.append(child.lstat().st_mtime)
-    except OSError:
-        return time.time()  # vanishing or unreadable: not stale
-    return max(times)
+    private build folder (:func:`nre_ray.tempfiles.remove_stale`, the one sweeper)."""
+    tempfiles.remove_stale(root, _PRIVATE, max_age=PRIVATE_MAX_AGE, folders_only=True)
 
 
 def default_cache_root() -> Path:

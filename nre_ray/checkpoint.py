@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 
 import torch
 
+from nre_ray import storage
 from nre_ray.config import Config
 from nre_ray.data.vocab import Vocab
 from nre_ray.redact import redact
@@ -80,12 +80,9 @@ def pretrained_assets(folder: str | Path | None) -> dict[str, bytes] | None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write one file of the checkpoint whole or not at all (:func:`nre_ray.storage.write_atomic`); the tests strike
+    their faults here."""
+    storage.write_atomic(path, data)
 
 
 def _file_record(path: Path) -> dict[str, Any]:
@@ -104,12 +101,8 @@ def save_checkpoint(folder: Path, state: dict[str, Any], config: Config, vocab: 
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / "state.pt.tmp"
-    with open(tmp, "wb") as fh:
+    with storage.replacing(folder / "state.pt") as fh:
         torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, folder / "state.pt")
     _write_atomic(folder / "config.json", json.dumps(redact(config.to_dict()), indent=2).encode())
     _write_atomic(folder / "vocab.json", json.dumps(vocab.as_json(), ensure_ascii=False).encode())
     _write_atomic(folder / "labels.json", json.dumps(labels, ensure_ascii=False).encode())

@@ -19,6 +19,7 @@ from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ConfigError
 from nre_ray.data.errors import DataError
 from nre_ray.storage import StorageError, write_text
+from nre_ray.tracking import uris
 from nre_ray.tracking.store import run_page
 
 UI_ADDRESS = "http://127.0.0.1:5000"
@@ -114,7 +115,7 @@ def print_model_and_ui(summary: dict[str, Any]) -> None:
                                                   if summary.get("registered_model_uri") else ""))
 
     uri = summary["tracking_uri"]
-    server = uri.startswith(("http://", "https://"))
+    server = uris.is_server(uri)
     page = run_page(uri if server else UI_ADDRESS, summary.get("experiment_id"), summary["run_id"])
     print(f"look at it: open {page}" if server
           else f"look at it: mlflow ui --backend-store-uri {uri} (or make ui), then open {page}", flush=True)

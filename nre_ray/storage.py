@@ -6,9 +6,10 @@ Every operation has one code path, through ``pyarrow.fs``: a URI is opened with 
 (``pathlib.Path("s3://b/x")`` would fold them to ``s3:/b/x``).
 
 Writes are whole or nothing: a file written here (:func:`write_bytes`, :func:`upload`, :func:`download`,
-:func:`move_file`) is written under a temporary name in its folder and renamed when complete (a local path, HDFS),
-or straight to the object in an object store, where an object appears only when its upload completes (and is
-removed again when the writing fails). No reader ever sees a partial file.
+:func:`move_file`) is written under a temporary name in its folder and renamed when complete (a local path, HDFS;
+a local file is synced to disk before its rename: :func:`replacing`, the one atomic writer of nre_ray), or straight to
+the object in an object store, where an object appears only when its upload completes (and is removed again when the
+writing fails). No reader ever sees a partial file.
 
 Where the store is and who you are come only from the environment, as the store's own tools read it: for S3,
 ``AWS_ENDPOINT_URL`` (an S3-compatible store such as MinIO), ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
@@ -513,15 +514,20 @@ def read_range(path: PathLike, start: int, length: int) -> bytes:
 
 @contextlib.contextmanager
 def _output(where: _Where) -> Iterator[Any]:
-    """A stream that writes the file ``where`` whole or not at all (see the module docstring): under a temporary
-    name in its folder (the folders made), renamed when the block ends; in an object store, straight to the object,
-    which is removed again when the block fails."""
+    """A stream that writes the file ``where`` whole or not at all (see the module docstring): a local file through
+    :func:`replacing` (a temporary beside it, synced to disk, renamed when the block ends); on HDFS, under a
+    temporary name in its folder, renamed when the block ends; in an object store, straight to the object, which is
+    removed again when the block fails."""
+    if where.fs.type_name == "local":
+        with _errors(where.name), replacing(where.path) as out:
+            yield out
+        return
     target = where.path
     if where.renames:
         folder, _, base = where.path.rpartition("/")
         with _errors(where.name):
             where.fs.create_dir(folder or "/", recursive=True)
-        target = f"{folder}/.{base}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
+        target = f"{folder}/{_partial_name(base)}"
     with _errors(where.name):
         stream = where.fs.open_output_stream(target, compression=None)
     try:
@@ -625,6 +631,106 @@ def remove_tree(path: PathLike) -> None:
     where = _where(path)
     with _errors(where.name), contextlib.suppress(FileNotFoundError):
         where.fs.delete_dir(where.path)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# this machine's disk only: files replaced at once, locks
+
+
+def _partial_name(name: str) -> str:
+    """The temporary name a write of the file ``name`` goes to before its rename: ``.<name>.<pid>-<random>.partial``
+    (hidden, this process's own, and never taken for a finished file)."""
+    return f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
+
+
+@contextlib.contextmanager
+def replacing(path: PathLike) -> Iterator[IO[bytes]]:
+    """A binary file to write that replaces the local file ``path`` at once when the block ends (the one atomic
+    writer of nre_ray). It is written under a temporary name beside ``path`` (:func:`_partial_name`; its folders are
+    made), flushed to disk (``fsync``), renamed onto ``path``, and then the folder is synced, so that the rename
+    outlives a crash of the machine too. A reader sees the old content or the new, never a part of it; when the block
+    fails, the old file (or none) stays and the temporary is removed. Errors are the OS's (OSError)."""
+    target = as_local_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(_partial_name(target.name))
+    try:
+        with open(temporary, "xb") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    _sync_folder(target.parent)
+
+
+def write_atomic(path: PathLike, data: bytes) -> None:
+    """Replace the local file ``path`` with ``data`` at once (:func:`replacing`); OSError as the OS raises it. (For a
+    path that may be a URI, with :class:`StorageError`: :func:`write_bytes`.)"""
+    with replacing(path) as out:
+        out.write(data)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush the entries of ``folder`` (a rename in it) to disk, where the system allows a folder to be synced."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a file system that cannot sync a folder (some network ones): the rename is done all the same
+        pass
+    finally:
+        os.close(fd)
+
+
+class LockTimeout(TimeoutError):
+    """The lock was held by another process for longer than the caller would wait (:func:`locked`)."""
+
+
+@contextlib.contextmanager
+def locked(path: PathLike, wait: float | None = None, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on the local file ``path`` (``fcntl.flock``; the file is made, mode 0600, where missing)
+    while the block runs: one process of this machine at a time. ``wait``: None waits as long as the lock is held;
+    a number of seconds, :class:`LockTimeout` after that long (0: at once). ``waiting`` is called once when this
+    process has to wait. The lock goes with the process that holds it, killed or not."""
+    import fcntl
+
+    fd = os.open(as_local_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            if wait is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                _wait_for_lock(fd, path, wait)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _wait_for_lock(fd: int, path: PathLike, wait: float) -> None:
+    """Take the lock of ``fd`` within ``wait`` s, trying every 0.1 s; :class:`LockTimeout` when it is not free by
+    then."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        if time.monotonic() >= deadline:
+            raise LockTimeout(f"the lock {os.fspath(path)} was held for more than {wait:g} s")
+        time.sleep(0.1)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
 
 
 # --------------------------------------------------------------------------------------------------------------------

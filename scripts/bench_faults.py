@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -114,14 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def free_ports(count: int) -> list[int]:
     """``count`` different ports the system has free now (the stand-in's defaults may be taken on a shared host)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    from nre_ray.cluster.ports import free_port
+
+    ports: list[int] = []
+    for _ in range(count):
+        ports.append(free_port(taken=ports))
+    return ports
 
 
 def upload_data(state: Any, rows: int, folder: Path) -> None:

@@ -63,11 +63,9 @@ def bodies(n: int = 64) -> list[bytes]:
 
 
 def free_port() -> int:
-    import socket
+    from nre_ray.cluster.ports import free_port as product_free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return product_free_port()
 
 
 class Server:

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nre_ray.cluster import processes
 from nre_ray.cluster.processes import cmdline, stat_fields
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,9 +62,10 @@ PHASE_LINE = re.compile(r"^\[\s*[\d.]+s\] (\w+): ")
 EPOCH_LINE = re.compile(r"^epoch\s+\d+/\d+ ")
 RESTART = "started again (a restart after a failure)"  # nre_ray.console's line for a worker-group restart
 RUN_ID = re.compile(r"(?:mlflow: run |\(MLflow run )([0-9a-f]{32})")
-#: Names of temporaries: checkpoint files mid-write (``*.tmp``), storage writes (``*.partial``), private build
-#: folders of the cache (``<key>.tmp-<pid>-...``).
-TEMP_NAME = re.compile(r"\.tmp$|\.partial$|\.tmp-\d+-")
+#: Names of temporaries: files mid-write (``*.partial``: nre_ray.storage's atomic writer, the checkpoint's files
+#: among them; ``*.tmp`` of an older nre_ray), private build folders of the cache (``<key>.tmp-<pid>.<start>-...``,
+#: or ``<key>.tmp-<pid>-...`` of an older nre_ray).
+TEMP_NAME = re.compile(r"\.tmp$|\.partial$|\.tmp-\d+[.-]")
 #: In the runs' TMPDIR but not nre_ray's leftovers: its lock files (kept on purpose, one per cache entry:
 #: nre_ray.buildonce), torch's compile cache (``torchinductor_<user>``, kept on purpose by torch), and the folders of
 #: the multiprocessing forkserver of Ray's dashboard (``pymp-*``: each local Ray leaves one, even after a clean
@@ -85,15 +87,14 @@ class Proc:
 
 def identity(pid: int) -> Proc | None:
     """``pid`` as a :class:`Proc`, or None when it is gone or a zombie."""
-    fields = stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return Proc(pid, int(fields[19]))
+    found = processes.identify(pid)
+    return Proc(pid, found.start) if found is not None else None
 
 
 def alive(proc: Proc) -> bool:
-    """True while that very process runs (not a zombie, not a later process with the same PID)."""
-    return identity(proc.pid) == proc
+    """True while that very process runs (not a zombie, not a later process with the same PID): nre_ray's one
+    liveness check."""
+    return processes.alive(proc.pid, proc.start)
 
 
 def process_table() -> dict[int, tuple[int, int, str]]:

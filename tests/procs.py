@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray.cluster import processes
+from nre_ray.cluster.ports import free_port  # noqa: F401 (the tests' free port is the product's)
 from nre_ray.cluster.processes import cmdline
 
 #: Environment for subprocess Ray drivers and nodes: quiet, no token auth on 127.0.0.1, and Train's placement-group
@@ -52,8 +53,8 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    return processes.identify(pid) is not None
+    """True while ``pid`` exists and is not a zombie (:func:`nre_ray.cluster.processes.alive`)."""
+    return processes.alive(pid)
 
 
 def descendants(root: int) -> list[int]:
@@ -176,13 +177,6 @@ def loopback(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     mapped = getattr(ip, "ipv4_mapped", None)
     return (mapped or ip).is_loopback
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def free_port_between(low: int, high: int) -> int:

@@ -1,11 +1,13 @@
 """Settings of a local Ray that both its starters share, the command's own (:mod:`nre_ray.cluster.session`) and the
 shared Ray's host (:mod:`nre_ray.cluster.shared_ray`): the quiet environment every command gives itself and the
-processes it starts, and the State API's pin to the Ray about to start. A leaf: it imports nothing of ours."""
+processes it starts, and the State API's pin to the Ray about to start. A leaf: it imports nothing of ours but the
+free-port helper (:mod:`nre_ray.cluster.ports`, a leaf too)."""
 
 from __future__ import annotations
 
 import os
-import socket
+
+from nre_ray.cluster.ports import free_port
 
 #: MLflow's switch for its telemetry (:data:`QUIET_ENV` turns it off).
 TELEMETRY_ENV = "MLFLOW_DISABLE_TELEMETRY"
@@ -43,8 +45,6 @@ def pin_state_api() -> dict[str, int]:
     """
     if os.environ.get("RAY_API_SERVER_ADDRESS"):
         return {}
-    with socket.socket() as sock:  # a free port (the dashboard binds it a moment later)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # the dashboard binds it a moment later
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     return {"dashboard_port": port}

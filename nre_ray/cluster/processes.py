@@ -74,6 +74,38 @@ def identify(pid: int) -> Process | None:
     return Process(pid, int(fields[19]), cmdline(pid))
 
 
+def find(pid: int, start: int | None = None) -> Process | None:
+    """The process running as ``pid`` while it is the one recorded: with ``start`` (its start time,
+    :attr:`Process.start`), only that very process, not another program the system gave its id to later; None when
+    it has ended (a zombie has), or runs no more as that one."""
+    found = identify(pid)
+    return found if found is not None and (start is None or found.start == start) else None
+
+
+def alive(pid: int, start: int | None = None) -> bool:
+    """Whether the process ``pid`` (with ``start``: that very one, see :func:`find`) still runs: the one liveness
+    check of nre_ray. A process of another user's that ``/proc`` hides (``hidepid``) cannot be told apart from a
+    later one: it counts as running. Without ``start`` (a record of an older nre_ray that kept only the id), any
+    process under that id counts."""
+    if find(pid, start) is not None:
+        return True
+    if stat_fields(pid) is not None:  # visible: ended (a zombie), or another program now
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's, hidden from this one: not to be judged
+        return True
+    return start is None  # not in /proc a moment ago: that one ended, and another has its id now
+
+
+def started(pid: int | None = None) -> int:
+    """The start time (:attr:`Process.start`) of ``pid`` (default: this process); 0 when it has ended."""
+    fields = stat_fields(os.getpid() if pid is None else pid)
+    return int(fields[19]) if fields is not None else 0
+
+
 def parents() -> dict[int, int]:
     """Every process id (but this process's) -> its parent's, from one look at /proc."""
     found = {}

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from nre_ray import storage
 from nre_ray.cluster.local_settings import QUIET_ENV, TELEMETRY_ENV, pin_state_api
 from nre_ray.config import MIN_CPUS_PER_WORKER
+from nre_ray.tracking import uris
 
 log = logging.getLogger("nre_ray")
 
@@ -740,11 +741,11 @@ def set_placement_timeout(seconds: float | None) -> None:
 def local_tracking(uri: str) -> bool:
     """An MLflow tracking URI that only this machine can reach: a sqlite file, a folder, or an HTTP server on the
     loopback address."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("file", "sqlite") or (not parsed.scheme and ("/" in uri or uri.startswith("."))):
+    scheme = uris.scheme(uri)
+    if scheme in ("file", "sqlite") or (not scheme and ("/" in uri or uri.startswith("."))):
         return True
-    if parsed.scheme in ("http", "https"):
-        host = parsed.hostname or ""
+    if uris.is_server(uri):
+        host = uris.server_host(uri)
         if host == "localhost":
             return True
         try:
@@ -769,7 +770,7 @@ def check_shared_paths(info: Cluster, storage_path: str, tracking_uri: str, allo
         problems.append(f"--storage-path {storage_path} is a folder on this machine, but the cluster has {nodes}: the "
                         "workers on other nodes write checkpoints there and a restarted run reads them back. Use "
                         "shared storage, e.g. --storage-path s3://BUCKET/nre_ray/checkpoints")
-    file_store = local_tracking(tracking_uri) and urlparse(tracking_uri).scheme not in ("http", "https")
+    file_store = local_tracking(tracking_uri) and not uris.is_server(tracking_uri)
     if file_store or (local_tracking(tracking_uri) and not info.one_host):
         problems.append(f"the MLflow tracking URI {tracking_uri} is only reachable from this machine, but rank 0 "
                         f"may run on another node ({nodes}). Run an MLflow server and give its address that every "

@@ -34,7 +34,6 @@ runs queue for them.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -44,10 +43,10 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nre_ray import storage
 from nre_ray.cluster import processes
 from nre_ray.cluster.local_settings import QUIET_ENV, pin_state_api
 
@@ -130,23 +129,10 @@ def _ray_location() -> str:
     return str(spec.origin) if spec is not None else ""
 
 
-@contextlib.contextmanager
-def locked(folder: Path, wait: float = LOCK_WAIT_S) -> Iterator[None]:
-    """Hold the registry's lock while the block runs; TimeoutError after ``wait`` s (another command holds it)."""
-    fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the lock {folder / 'lock'} was held for more than {wait:g} s") from None
-                time.sleep(0.1)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+def locked(folder: Path, wait: float = LOCK_WAIT_S) -> contextlib.AbstractContextManager[None]:
+    """Hold the registry's lock while the block runs; TimeoutError (:class:`nre_ray.storage.LockTimeout`) after
+    ``wait`` s (another command holds it)."""
+    return storage.locked(folder / "lock", wait=wait)
 
 
 def read(folder: Path) -> dict[str, Any] | None:
@@ -160,9 +146,7 @@ def read(folder: Path) -> dict[str, Any] | None:
 
 def write(folder: Path, record: dict[str, Any]) -> None:
     """Replace the record at once (a reader sees the old one or the new one, never half of one)."""
-    part = folder / f"record.json.{os.getpid()}"
-    part.write_text(json.dumps(record))
-    part.replace(folder / "record.json")
+    storage.write_atomic(folder / "record.json", json.dumps(record).encode())
 
 
 def remove(folder: Path) -> None:
@@ -171,16 +155,14 @@ def remove(folder: Path) -> None:
 
 def me() -> list[int]:
     """This process as the record keeps it: ``[pid, start time]``."""
-    found = processes.identify(os.getpid())
-    return [os.getpid(), found.start if found else 0]
+    return [os.getpid(), processes.started()]
 
 
 def process_of(entry: list[int] | None) -> processes.Process | None:
     """The process ``[pid, start time]`` while it still runs (not another program under its id), else None."""
     if not entry or len(entry) != 2:
         return None
-    found = processes.identify(int(entry[0]))
-    return found if found is not None and found.start == int(entry[1]) else None
+    return processes.find(int(entry[0]), int(entry[1]))
 
 
 def running(entry: list[int] | None) -> bool:

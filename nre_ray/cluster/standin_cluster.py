@@ -59,6 +59,7 @@ import yaml
 
 from nre_ray import storage
 from nre_ray.cluster import processes, ray_private
+from nre_ray.cluster.ports import free_port
 from nre_ray.cluster.processes import Process
 from nre_ray.cluster.session import UsageError
 
@@ -251,16 +252,6 @@ def autoscaler_config(gcs_address: str, max_workers: int, cpus_per_node: float, 
     }
 
 
-def _free_port(taken: Collection[int]) -> int:
-    """A port the system has free now, not among ``taken`` (ports chosen but not yet opened)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in taken:
-            return port
-
-
 def _port_free(port: int) -> bool:
     """True if a server could listen on ``port`` on every address now (as the stand-in's servers do, with
     SO_REUSEADDR: a connection just closed does not hold it)."""
@@ -412,8 +403,8 @@ def up(folder: Path, bucket: str = "nre-ray", max_workers: int = 3, cpus_per_nod
 def _up(folder: Path, bucket: str, max_workers: int, cpus_per_node: float, head_cpus: float, idle_minutes: float,
         ports: dict[str, int], heartbeat_timeout_s: int, auth: bool, say: Callable[[str], None]) -> Standin:
     """:func:`up` once its settings are checked, with this process's umask private."""
-    client_port = _free_port(ports.values())
-    agent_port = _free_port([*ports.values(), client_port])
+    client_port = free_port(taken=ports.values())
+    agent_port = free_port(taken=[*ports.values(), client_port])
     first, last = worker_ports([*ports.values(), client_port, agent_port])
     _make_private(folder, say)
     logs = folder / "logs"

@@ -35,6 +35,7 @@ from ray.serve import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from nre_ray.cluster.ports import free_port
 from nre_ray.cluster.session import (
     Cluster,
     Resources,
@@ -468,8 +469,8 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port("")),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port("")),
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
     }
     return {key: os.environ.get(key, value) for key, value in wanted.items()}
@@ -504,13 +505,6 @@ def scratch_folder() -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(mode=0o700)
     return folder
-
-
-def _free_port() -> int:
-    """A TCP port free on this machine now."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _stop(signum: int, frame: Any) -> None:

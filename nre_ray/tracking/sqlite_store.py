@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 
 from nre_ray import buildonce
-from nre_ray.tracking import mlflow_private
+from nre_ray.tracking import mlflow_private, uris
 
 #: Seconds a reader of the store's schema waits while a run writes to it.
 BUSY_TIMEOUT_S = 60.0
@@ -29,9 +29,9 @@ def ready(tracking_uri: str) -> None:
     """Make the sqlite store of ``tracking_uri`` ready for this MLflow: created, or migrated to its schema, once,
     under the turn of :func:`nre_ray.buildonce.turn` (see the module's docstring). Other tracking URIs (a server,
     another database) are MLflow's to open: nothing is done."""
-    if not tracking_uri.startswith("sqlite:///") or tracking_uri == "sqlite:///:memory:" or tracking_uri in _READY:
+    db = uris.sqlite_path(tracking_uri)
+    if db is None or tracking_uri in _READY:
         return
-    db = Path(tracking_uri[len("sqlite:///"):])
     with buildonce.turn(db):
         buildonce.remove_stale(db.parent)  # a builder killed after its rename, before removing its private folder
         if schema_version(db) != mlflow_private.latest_schema_revision():
@@ -43,9 +43,8 @@ def ready(tracking_uri: str) -> None:
 def default_artifact_location(tracking_uri: str) -> str | None:
     """For a local sqlite store: ``<folder of the db>/mlruns`` (absolute), where ``mlflow ui`` looks by default.
     For a server: None (the server decides)."""
-    if tracking_uri.startswith("sqlite:///"):
-        return (Path(tracking_uri[len("sqlite:///"):]).parent / "mlruns").absolute().as_uri()
-    return None
+    db = uris.sqlite_path(tracking_uri)
+    return (db.parent / "mlruns").absolute().as_uri() if db is not None else None
 
 
 def schema_version(db: Path) -> str | None:
@@ -73,11 +72,11 @@ def _build(db: Path, private: Path, tracking_uri: str) -> None:
     rename it onto ``db``: an existing ``db`` (an older MLflow's, or a sqlite file without MLflow's tables) is copied
     first, through sqlite's backup (a consistent copy), and migrated; a new one gets MLflow's tables and its Default
     experiment, with its artifacts where the runs' go (:func:`default_artifact_location`)."""
-    uri = f"sqlite:///{private}"
+    private_uri = uris.sqlite_uri(private)
     if db.is_file() and db.stat().st_size > 0:
         with contextlib.closing(sqlite3.connect(db)) as source, contextlib.closing(sqlite3.connect(private)) as copy:
             source.backup(copy)
         if schema_version(private) is not None:
-            mlflow_private.upgrade_schema(uri)
-    mlflow_private.create_tables(uri, default_artifact_location(tracking_uri))  # (and checks the schema)
+            mlflow_private.upgrade_schema(private_uri)
+    mlflow_private.create_tables(private_uri, default_artifact_location(tracking_uri))  # (and checks the schema)
     os.replace(private, db)

@@ -28,7 +28,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import sqlite3
 import ssl
 import sys
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from nre_ray import storage
 from nre_ray.cluster.session import UsageError
 from nre_ray.redact import redact
-from nre_ray.tracking import sqlite_store
+from nre_ray.tracking import sqlite_store, uris
 
 if TYPE_CHECKING:
     from mlflow.entities import DatasetInput, Run
@@ -123,8 +122,8 @@ def warm_up(tracking_uri: str) -> None:
     try:
         import mlflow.tracking  # noqa: F401
 
-        path = tracking_uri[len("sqlite:///"):] if tracking_uri.startswith("sqlite:///") else None
-        if path and Path(path).is_file():  # (a client of a new sqlite path would create the file)
+        path = uris.sqlite_path(tracking_uri)
+        if path is not None and path.is_file():  # (a client of a new sqlite path would create the file)
             _client(tracking_uri).get_experiment_by_name("Default")  # the store's engine, its schema checked
     except Exception:  # the run's own MLflow calls report it
         pass
@@ -220,10 +219,11 @@ def resolve_tracking_uri(uri: str | None) -> str:
     run could use (:func:`tracking_uri_problem`): found here, before Ray starts, not at the first MLflow call."""
     given = uri or os.environ.get(TRACKING_ENV)
     if not given:
-        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+        return uris.sqlite_uri(Path.cwd() / "mlflow.db")
     resolved = given
-    if given.startswith("sqlite:///") and not given.startswith("sqlite:////") and given != "sqlite:///:memory:":
-        resolved = f"sqlite:///{Path(given[len('sqlite:///'):]).expanduser().absolute()}"
+    db = uris.sqlite_path(given)
+    if db is not None and not db.is_absolute():
+        resolved = uris.sqlite_uri(db.expanduser().absolute())
     problem = tracking_uri_problem(resolved)
     if problem:
         raise UsageError(f"{'--tracking-uri ' if uri else TRACKING_ENV + '='}{given}: {problem}")
@@ -238,9 +238,9 @@ def model_store(model: str, tracking_uri: str | None) -> str:
     the store looked in and how to name another; nothing is created. Other stores (a server, a database) are
     MLflow's to answer."""
     uri = resolve_tracking_uri(tracking_uri)
-    if not uri.startswith("sqlite:///") or uri == "sqlite:///:memory:":
+    db = uris.sqlite_path(uri)
+    if db is None:
         return uri
-    db = Path(uri[len("sqlite:///"):])
     if sqlite_store.schema_version(db) is not None:
         return uri
     if tracking_uri:
@@ -268,8 +268,7 @@ def tracking_uri_problem(uri: str) -> str | None:
     """
     if uri in NAMED_STORES:
         return None
-    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
-    scheme = match.group(1).lower() if match else ""
+    scheme = uris.scheme(uri)
     if scheme in ("", "file"):
         return _path_problem(uri)
     if scheme == "sqlite":
@@ -285,8 +284,7 @@ def tracking_uri_problem(uri: str) -> str | None:
 
 def _path_problem(uri: str) -> str:
     """Why a path (or ``file:`` URI) is not a tracking URI, and what to give instead."""
-    text = re.sub(r"^file:(//[^/]*)?", "", uri) if uri.lower().startswith("file:") else uri
-    path = Path(text).expanduser().absolute()
+    path = Path(uris.file_path(uri)).expanduser().absolute()
     if path.is_file() or path.suffix in (".db", ".sqlite", ".sqlite3"):
         return f"a file is not a tracking URI; give sqlite:///{path}"
     if path.is_dir() and _holds_file_store(path):
@@ -310,11 +308,11 @@ def _holds_file_store(folder: Path) -> bool:
 
 def _sqlite_problem(uri: str) -> str | None:
     """What is wrong with a ``sqlite:`` URI (its path already absolute), or None."""
-    if not uri.startswith("sqlite:///"):
-        return "give a sqlite database as sqlite:///PATH (three slashes, then the path; four for an absolute one)"
-    if uri == "sqlite:///:memory:":
+    if uri == uris.MEMORY:
         return "a database in memory keeps nothing, and the workers cannot reach it; give a file: sqlite:///PATH"
-    path = Path(uri[len("sqlite:///"):])
+    path = uris.sqlite_path(uri)
+    if path is None:
+        return "give a sqlite database as sqlite:///PATH (three slashes, then the path; four for an absolute one)"
     if path.is_dir():
         return f"{path} is a folder; give the database file in it: sqlite:///{path / 'mlflow.db'}"
     if not path.parent.is_dir():

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from nre_ray import storage
+from nre_ray.cluster.ports import free_port
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import main as evaluate_main
 from nre_ray.predict import main as predict_main
@@ -109,15 +109,9 @@ def test_checkpoint_runs_registered_and_served_models_agree(trained, caplog):
     assert "trained with entity types" in caplog.text
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def served_predictions(trained: dict, rows: pd.DataFrame) -> pd.DataFrame:
     """``mlflow models serve`` in a subprocess (killed at the end, whatever happens), then POST /invocations."""
-    port = _free_port()
+    port = free_port()
     bin_dir = str(Path(sys.executable).parent)  # the server starts uvicorn from PATH
     env = {**os.environ, "MLFLOW_TRACKING_URI": trained["tracking_uri"], "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     log = open(trained["folder"] / "serve.log", "wb")  # closed in finally

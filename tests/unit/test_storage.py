@@ -237,3 +237,61 @@ def test_refused_credentials_and_a_stopped_store(monkeypatch: pytest.MonkeyPatch
         storage.exists("s3://some-bucket/x")
     assert "could not reach the store at http://127.0.0.1:9" in str(err.value) and "pw" not in str(err.value)
     assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
+
+
+def test_the_one_atomic_writer_leaves_the_old_or_the_new_content_and_no_temporary(tmp_path: Path) -> None:
+    """:func:`storage.replacing` is the atomic writer of the checkpoint's files, the shared Ray's record and every
+    local write of storage: a reader in another process, reading all the while, sees only whole old or whole new
+    contents; a block that fails leaves the old content; a writer killed half-way (SIGKILL) leaves the old content
+    too; and a finished or failed write leaves no temporary beside the file."""
+    target = tmp_path / "sub" / "f.bin"
+    old, new = b"o" * (1 << 20), b"n" * (1 << 20)
+    storage.write_atomic(target, old)  # the folder is made
+    assert target.read_bytes() == old and sorted(p.name for p in target.parent.iterdir()) == ["f.bin"]
+    reader = subprocess.Popen([sys.executable, "-c", "import sys, time\nseen = set()\nend = time.time() + 2\n"
+                               "while time.time() < end:\n    seen.add(open(sys.argv[1], 'rb').read())\n"
+                               "print(sorted((len(s), s[:1].decode()) for s in seen))", str(target)],
+                              stdout=subprocess.PIPE, text=True)
+    for i in range(41):  # the last one writes the old content again
+        storage.write_atomic(target, new if i % 2 else old)
+    seen = reader.communicate(timeout=30)[0].strip()
+    assert seen in ("[(1048576, 'n'), (1048576, 'o')]", "[(1048576, 'o')]"), seen
+    with pytest.raises(RuntimeError), storage.replacing(target) as out:
+        out.write(b"half of it")
+        raise RuntimeError("cut short")
+    assert target.read_bytes() == old and sorted(p.name for p in target.parent.iterdir()) == ["f.bin"]
+    killed = subprocess.Popen([sys.executable, "-c", "import os, signal, sys\nfrom nre_ray import storage\n"
+                               "with storage.replacing(sys.argv[1]) as out:\n    out.write(b'half')\n"
+                               "    out.flush()\n    os.kill(os.getpid(), signal.SIGKILL)", str(target)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert killed.wait(timeout=30) == -9
+    assert target.read_bytes() == old  # what the killed writer had written went to its temporary only
+
+
+def test_the_one_lock_is_held_by_one_process_at_a_time(tmp_path: Path) -> None:
+    """:func:`storage.locked` (the registry lock of the shared Ray, buildonce's turn): while another process holds
+    it, ``wait=0`` gives up at once and a number of seconds after that long (LockTimeout, a TimeoutError), the
+    ``waiting`` callback is told once, and ``wait=None`` waits until the holder lets go; the file is the user's
+    alone (0600)."""
+    lock = tmp_path / "the.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom nre_ray import storage\n"
+                               f"with storage.locked({str(lock)!r}):\n    print('held', flush=True)\n"
+                               "    sys.stdin.readline()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert lock.stat().st_mode & 0o777 == 0o600
+        told: list[str] = []
+        with pytest.raises(storage.LockTimeout, match="held for more than 0 s"), storage.locked(lock, wait=0):
+            pass
+        with pytest.raises(TimeoutError), storage.locked(lock, wait=0.3, waiting=lambda: told.append("wait")):
+            pass
+        assert told == ["wait"]
+        threading.Timer(0.5, holder.stdin.close).start()  # the holder reads its end, and lets go
+        with storage.locked(lock, waiting=lambda: told.append("wait")):  # waits for the holder to let go
+            assert holder.wait(timeout=30) == 0
+        assert told == ["wait", "wait"]
+    finally:
+        holder.kill()
+        holder.wait()

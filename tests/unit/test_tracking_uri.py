@@ -253,3 +253,31 @@ def test_the_workers_get_mlflows_telemetry_switch_as_the_driver_has_it(monkeypat
     quiet_environ(("MLFLOW_DISABLE_TELEMETRY",))  # (only that one: this is the test session's own environment)
     assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
     assert quiet_env_for_workers()["MLFLOW_DISABLE_TELEMETRY"] == "false"
+
+
+def test_one_parser_reads_every_tracking_uri(in_tmp):
+    """:mod:`nre_ray.tracking.uris` is where the commands, the sqlite store, the cluster checks and the summary read
+    a tracking URI: the scheme (case aside), a sqlite store's file (none for one in memory), a server and its host;
+    and what each of its users decides from it agrees."""
+    from nre_ray.cluster.session import local_tracking
+    from nre_ray.tracking import sqlite_store, uris
+
+    assert [uris.scheme(u) for u in ("sqlite:///x.db", "HTTP://h:1", "file:///m", "postgresql+psycopg2://h/d",
+                                      "databricks", "./mlruns", "/abs/mlruns")] == \
+        ["sqlite", "http", "file", "postgresql+psycopg2", "", "", ""]
+    assert uris.sqlite_path("sqlite:///rel/m.db") == Path("rel/m.db")
+    assert uris.sqlite_path("sqlite:////abs/m.db") == Path("/abs/m.db")
+    assert uris.sqlite_path(uris.MEMORY) is None and uris.sqlite_path("http://h:5000") is None
+    assert uris.sqlite_uri(in_tmp / "m.db") == f"sqlite:///{in_tmp / 'm.db'}"
+    assert uris.sqlite_path(uris.sqlite_uri(in_tmp / "m.db")) == in_tmp / "m.db"
+    assert uris.is_server("https://h") and uris.is_server("HTTP://h") and not uris.is_server("sqlite:///h")
+    assert uris.server_host("http://LocalHost:5000/x") == "localhost" and uris.server_host("http://[::1]:5") == "::1"
+    assert uris.file_path("file:///a/b") == "/a/b" and uris.file_path("file://host/a") == "/a"
+    assert uris.file_path("file:a") == "a" and uris.file_path("/a") == "/a"
+    # its users: the resolved default, a relative sqlite path made absolute, the artifact folder beside the store
+    assert tracking.resolve_tracking_uri(None) == uris.sqlite_uri(in_tmp / "mlflow.db")
+    (in_tmp / "sub").mkdir()
+    assert tracking.resolve_tracking_uri("sqlite:///sub/m.db") == uris.sqlite_uri(in_tmp / "sub" / "m.db")
+    assert sqlite_store.default_artifact_location(uris.sqlite_uri(in_tmp / "m.db")) == (in_tmp / "mlruns").as_uri()
+    assert sqlite_store.default_artifact_location("http://h:5000") is None
+    assert local_tracking("SQLITE:///x.db") and local_tracking("http://LOCALHOST:5000")
