@@ -18,17 +18,19 @@ from tests.procs import env
 
 pytestmark = pytest.mark.integration
 DRILL = Path(__file__).resolve().parents[2] / "scripts" / "fault_drill.py"
+#: The drill's own limit: 125 s alone, 230-245 s with the suite in two processes (make test), where 240 s once cut off
+#: a resume; 420 s leaves room.
 SEED = 1  # its faults: each kind once, struck at moments from Ray's start to the last epoch (see the drill's table)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_the_small_fault_drill_loses_nothing(tmp_path, capsys):
     out = tmp_path / "drill.json"
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(DRILL), "--runs", "3", "--faults", "4", "--epochs", "2",
                            "--seed", str(SEED), "--work-dir", str(tmp_path / "work"), "--json", str(out),
-                           "--timeout", "240"],
-                          capture_output=True, text=True, env=env(), timeout=290, check=False)
+                           "--timeout", "420"],
+                          capture_output=True, text=True, env=env(), timeout=470, check=False)
     seconds = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:]
     result = json.loads(out.read_text(encoding="utf-8"))
