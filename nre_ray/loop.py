@@ -4,6 +4,10 @@ Every rank runs the same code. Distribution shows up in three places only: ``pre
 (DDP and the DistributedSampler), the all-reduce of counts in :func:`evaluate` (so every example is counted exactly
 once whatever the number of workers), and rank 0 alone writing checkpoints and MLflow data. (Per-epoch metrics are
 logged by the controller when Ray registers the epoch's checkpoint: :mod:`nre_ray.tracking.callback`.)
+
+One worker's run is one object, :class:`WorkerRun` (settings, rank, data, model, optimizer, schedule, scaler,
+tracker) with its checkpointed progress, :class:`TrainState`; :func:`train_loop_per_worker` starts it and hands it to
+the epoch (:func:`_epoch`), the epoch's report (:func:`_report`) and the final scoring (:func:`_final`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +279,64 @@ def _load_own_copy(checkpoint: ray.train.Checkpoint) -> Any:
         return load_checkpoint(Path(checkpoint.to_directory(folder)))
 
 
+@dataclass
+class TrainState:
+    """The run's progress, as a checkpoint keeps it (:func:`_full_state`), all but ``saved_on_notice``.
+
+    ``epoch``: the epochs done. ``best_model``: the best epoch's weights, a copy on the CPU (name -> tensor, each of
+    its parameter's shape). ``position``: where in the next epoch a mid-epoch checkpoint left off (``step``: the
+    global steps done; ``partial``: [the global sum of the losses, the examples] before it), None at an epoch's
+    start. ``preemptions``: the notices the run has had (an elastic run's MLflow tag). ``saved_on_notice``: this
+    worker group has saved its mid-epoch checkpoint for the notice it has (the notice stays until Ray restarts it).
+    """
+
+    epoch: int = 0
+    best_score: float = -math.inf
+    best_epoch: int = 0
+    best_model: dict[str, torch.Tensor] | None = None
+    position: dict[str, Any] | None = None
+    preemptions: int = 0
+    saved_on_notice: bool = False
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any]) -> TrainState:
+        """The progress a checkpoint's ``state`` records; its weights are the best ones when it keeps no others."""
+        return cls(epoch=state["epoch"], best_score=state["best_score"], best_epoch=state["best_epoch"],
+                   best_model=state.get("best_model") or state["model"], position=state.get("position"),
+                   preemptions=state.get("preemptions", 0))
+
+
+@dataclass(eq=False)
+class WorkerRun:
+    """One worker's run: its settings, place among the ranks, data, model and what trains it, and its progress.
+
+    Built by :func:`_start`; the epochs (:func:`_epoch`), the reports (:func:`_report`, :func:`_report_position`)
+    and the final scoring (:func:`_final`) take it. ``model`` is the prepared one (DDP with several workers, except in
+    an elastic run); ``steps``: the optimizer steps an epoch has. The loaders hand out batches: dicts of (B, T)
+    ``tokens``, ``head_pos``, ``tail_pos``, ``segments`` and ``mask``, (B, 2) ``head_span`` and ``tail_span``, and
+    (B,) ``labels`` and ``index`` (:class:`nre_ray.data.encode.EncodedDataset`).
+    """
+
+    cfg: Config
+    rank: int
+    world_size: int
+    vocab: Vocab
+    labels: list[str]
+    spec: ModelSpec
+    assets: dict[str, bytes] | None  # files every checkpoint carries (a pretrained encoder's tokenizer and config)
+    splits: dict[str, EncodedSplit]
+    tracker: Tracker
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    scaler: torch.amp.GradScaler  # one for the run (active only for fp16): its scale carries over epochs and resumes
+    steps: int
+    state: TrainState = field(default_factory=TrainState)
+    train_set: EncodedDataset = field(init=False, repr=False)
+    train_loader: DataLoader = field(init=False, repr=False)
+    valid_loader: DataLoader = field(init=False, repr=False)
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Train on this worker's shard; called by TorchTrainer on every rank.
 
@@ -284,6 +347,27 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     split, which the controller logs at step 0, stamped with the first step's time).
     """
     entered = time.time()
+    run = _start(loop_config)
+    startup = loop_config.get("startup")
+    marks: dict[str, float] = {}  # the start-up split, reported with the first epoch (logged by the controller)
+    if startup and run.state.epoch == 0:  # the first training step is next (driver's marks: train.py)
+        now = time.time()
+        marks = {"startup_workers_s": now - startup["fit"], "startup_total_s": now - startup["command"],
+                 "startup_loop_setup_s": now - entered, FIRST_STEP_AT: now}
+    patience = run.cfg.train.patience
+    for epoch in range(run.state.epoch + 1, run.cfg.train.epochs + 1):
+        _report(run, {**_epoch(run, epoch), **marks})
+        marks = {}
+        # The epoch's metrics reach MLflow and the driver's console from the controller once Ray registers this
+        # checkpoint (tracking_callback): the epoch line and an early stop are printed there, not here.
+        if patience and epoch - run.state.best_epoch >= patience:  # epochs without improvement
+            break
+    _final(run)
+
+
+def _start(loop_config: dict[str, Any]) -> WorkerRun:
+    """This worker's run, from ``loop_config`` (see :func:`train_loop_per_worker`): built, resumed from Ray's
+    checkpoint when there is one (:func:`_resume`), placed on the device and restored (:func:`_place`)."""
     cfg = Config.from_dict(loop_config["config"])
     tempfiles.remove_stale()  # what killed workers left on this machine (a checkpoint save cut short, say)
     # One progress line per epoch, not Ray's per-report INFO logs (some go to the root logger under a file name).
@@ -296,119 +380,109 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     tracker = make_tracker(rank, loop_config.get("tracking_uri"), loop_config.get("run_id"))
 
     vocab, labels = Vocab.from_json(data["vocab"]), list(data["labels"])
-    assets = data.get("assets")  # files every checkpoint carries (a pretrained encoder's tokenizer and config)
     splits = open_splits(data)  # read by rows from the cache folder: this rank reads only the rows it is given
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = build_model(cfg.model, spec)
     # An elastic run's steps are global batches, the same number at every world size (nre_ray.elastic).
     steps = steps_per_epoch(len(splits["train"]), 1, elastic.global_batch(cfg), 1) if cfg.elastic else \
         steps_per_epoch(len(splits["train"]), world_size, cfg.train.batch_size, cfg.train.grad_accum)
-    optimizer, scheduler = build_optimizer(cfg, model, steps)
-    # One loss scaler for the run (active only for fp16 autocast): its scale carries over epochs and resumes.
-    scaler = grad_scaler(ray.train.torch.get_device(), cfg.train.amp)
-    # position: where in the next epoch a mid-epoch checkpoint left off (its step, and the global sums of the losses
-    # and examples before it); preemptions: the notices the run has had (an elastic run's MLflow tag).
-    state = {"epoch": 0, "best_score": -math.inf, "best_epoch": 0, "best_model": None, "position": None,
-             "preemptions": 0, "saved_on_notice": False}
+    optimizer, schedule = build_optimizer(cfg, model, steps)
+    run = WorkerRun(cfg=cfg, rank=rank, world_size=world_size, vocab=vocab, labels=labels, spec=spec,
+                    assets=data.get("assets"), splits=splits, tracker=tracker, model=model, optimizer=optimizer,
+                    schedule=schedule, scaler=grad_scaler(ray.train.torch.get_device(), cfg.train.amp), steps=steps)
+    _place(run, _resume(run))
+    return run
+
+
+def _resume(run: WorkerRun) -> dict[str, Any] | None:
+    """Take ``run``'s progress from Ray's checkpoint, if there is one, and return the checkpoint's state (loaded into
+    the model, optimizer, schedule and scaler once the model is placed: :func:`_place`); else (a fresh run) load
+    the word vectors, if any, and return None. Either is told on the driver's console."""
+    cfg, rank = run.cfg, run.rank
     restore: dict[str, Any] | None = None
     notes: list[str] = []  # lines for the driver's console (the same number on every rank: tell_console)
     resumed = ray.train.get_checkpoint()
     if resumed:
         loaded = _load_own_copy(resumed)
-        check_compatible(loaded, cfg.model.model, vocab, labels)
-        restore = loaded.state  # loaded into the model, optimizer, schedule and scaler once the model is placed
-        state.update({k: loaded.state[k] for k in ("epoch", "best_score", "best_epoch")})
-        state.update({k: loaded.state[k] for k in ("position", "preemptions") if k in loaded.state})
-        state["best_model"] = loaded.state.get("best_model") or loaded.state["model"]
-        at = f", step {state['position']['step']} of epoch {state['epoch'] + 1}," if state["position"] else ""
-        notes.append(f"{RESUME_NOTE} {state['epoch']}{at} from {resumed.path} with {world_size} worker(s)")
+        check_compatible(loaded, cfg.model.model, run.vocab, run.labels)
+        restore = loaded.state
+        run.state = TrainState.from_checkpoint(loaded.state)
+        position = run.state.position
+        at = f", step {position['step']} of epoch {run.state.epoch + 1}," if position else ""
+        notes.append(f"{RESUME_NOTE} {run.state.epoch}{at} from {resumed.path} with {run.world_size} worker(s)")
         if rank == 0:
-            tracker.set_tags({"nre_ray.resumed_from_epoch": str(state["epoch"])})
+            run.tracker.set_tags({"nre_ray.resumed_from_epoch": str(run.state.epoch)})
     else:
         hits = None
         if cfg.model.embeddings:  # every rank loads the same vectors (DDP would broadcast rank 0's anyway)
-            hits = load_word_vectors(cfg.model.embeddings, vocab.index, word_embedding(model),
+            hits = load_word_vectors(cfg.model.embeddings, run.vocab.index, word_embedding(run.model),
                                      lowercase=cfg.data.lowercase)
         # The run's parameters and tags were logged by the driver (nre_ray.runner, nre_ray.tune.trial): this process
         # imports MLflow only if it logs (vectors here, a resume above, the final reports), never before its first step.
         if hits is not None:
-            notes.append(f"embeddings: {hits} of {len(vocab) - 1} vocabulary words found in {cfg.model.embeddings}")
+            notes.append(f"embeddings: {hits} of {len(run.vocab) - 1} vocabulary words found in {cfg.model.embeddings}")
             if rank == 0:
-                tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
-
+                run.tracker.log_params({"embeddings.hits": hits, "embeddings.path": cfg.model.embeddings})
     if notes:  # every rank has the same number of notes (from the same checkpoint and settings), or none
         tell_console(notes, rank)
+    return restore
+
+
+def _place(run: WorkerRun, restore: dict[str, Any] | None) -> None:
+    """Put ``run``'s model on the device, restore the checkpoint's state ``restore`` (None: a fresh run) into it and
+    into the optimizer, schedule and scaler (:func:`place_and_restore`), and make the loaders."""
+    cfg = run.cfg
     if cfg.elastic:  # no DDP: nre_ray.elastic sums the gradients itself, over ranks that may hold no example
-        model = place_and_restore(model, optimizer, scheduler, scaler, restore,
-                                  prepare=lambda m: ray.train.torch.prepare_model(m, parallel_strategy=None))
-        elastic.broadcast_parameters(model)
+        run.model = place_and_restore(run.model, run.optimizer, run.schedule, run.scaler, restore,
+                                      prepare=lambda m: ray.train.torch.prepare_model(m, parallel_strategy=None))
+        elastic.broadcast_parameters(run.model)
     else:
-        model = place_and_restore(model, optimizer, scheduler, scaler, restore)
-    generator = torch.Generator().manual_seed(cfg.train.seed + state["epoch"])
+        run.model = place_and_restore(run.model, run.optimizer, run.schedule, run.scaler, restore)
+    generator = torch.Generator().manual_seed(cfg.train.seed + run.state.epoch)
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
     # With several workers prepare_data_loader keeps this DistributedSampler (the one it would add, leaner).
-    train_set = EncodedDataset(splits["train"])
-    sampler = LeanDistributedSampler(train_set, shuffle=True) if world_size > 1 else \
-        LeanRandomSampler(train_set, generator=generator)
-    train_loader = ray.train.torch.prepare_data_loader(DataLoader(
-        train_set, batch_size=cfg.train.batch_size, sampler=sampler, collate_fn=identity_collate,
+    run.train_set = EncodedDataset(run.splits["train"])
+    sampler = LeanDistributedSampler(run.train_set, shuffle=True) if run.world_size > 1 else \
+        LeanRandomSampler(run.train_set, generator=generator)
+    run.train_loader = ray.train.torch.prepare_data_loader(DataLoader(
+        run.train_set, batch_size=cfg.train.batch_size, sampler=sampler, collate_fn=identity_collate,
         generator=generator, pin_memory=cfg.train.use_gpu))
-    valid_loader = eval_loader(splits["valid"], rank, world_size)
-    select = cfg.select_metric
-    stale = state["epoch"] - state["best_epoch"]  # epochs without improvement (also after a resume)
-    startup = loop_config.get("startup")
-    marks: dict[str, float] = {}  # the start-up split, reported with the first epoch (logged by the controller)
-    if startup and state["epoch"] == 0:  # the first training step is next (driver's marks: train.py)
-        now = time.time()
-        marks = {"startup_workers_s": now - startup["fit"], "startup_total_s": now - startup["command"],
-                 "startup_loop_setup_s": now - entered, FIRST_STEP_AT: now}
+    run.valid_loader = eval_loader(run.splits["valid"], run.rank, run.world_size)
 
-    for epoch in range(state["epoch"] + 1, cfg.train.epochs + 1):
-        if hasattr(train_loader.sampler, "set_epoch"):
-            train_loader.sampler.set_epoch(epoch)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        if cfg.elastic:
-            def save_position(step: int, partial: list[float], left: float | None, epoch: int = epoch) -> None:
-                _report_position(rank, model, optimizer, scheduler, scaler, state, epoch, step, partial, left, cfg,
-                                 vocab, labels, spec, assets, tracker)
 
-            train_loss, seen = _train_elastic_epoch(model, train_set, epoch, state.pop("position") or {}, steps, cfg,
-                                                    optimizer, scheduler, scaler, rank, world_size, state,
-                                                    save_position)
-            state["position"] = None
-        else:
-            train_loss, seen = _train_epoch(model, train_loader, optimizer, cfg.train.grad_clip, cfg.train.amp,
-                                            scheduler, cfg.train.grad_accum, scaler, cfg.train.label_smoothing)
-        elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-        cm, valid_loss = evaluate(model, valid_loader, len(labels))
-        valid = shared_scores(cm, labels, cfg.data.negative_label, rank)
-        if select not in valid:
-            raise ValueError(f"--select-metric {select!r} is not a validation metric here; choose one of "
-                             f"{', '.join(sorted(valid))}")
-        score = _finite(valid[select])
-        scheduler.after_epoch(score)
-        improved = score > state["best_score"]
-        if improved:
-            state.update(best_score=score, best_epoch=epoch,
-                         best_model=copy.deepcopy({k: v.cpu() for k, v in unwrap(model).state_dict().items()}))
-            stale = 0
-        else:
-            stale += 1
-        metrics = {
-            "epoch": epoch, "train_loss": train_loss, "valid_loss": valid_loss,
-            **{f"valid_{k}": _finite(v) for k, v in valid.items()},
-            "lr": optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
-            "epoch_seconds": elapsed, "epoch_cpu_seconds": cpu_seconds, "best_epoch": state["best_epoch"],
-            "workers": world_size, SELECTION_RANK: epoch if improved else 0, **marks,
-        }
-        marks = {}
-        _report(rank, metrics, model, optimizer, scheduler, scaler, state, epoch, cfg, vocab, labels, spec, assets)
-        # The epoch's metrics reach MLflow and the driver's console from the controller once Ray registers this
-        # checkpoint (tracking_callback): the epoch line and an early stop are printed there, not here.
-        if cfg.train.patience and stale >= cfg.train.patience:
-            break
-
-    _final(model, state, splits, labels, cfg, rank, world_size, tracker, vocab, spec, assets)
+def _epoch(run: WorkerRun, epoch: int) -> dict[str, Any]:
+    """Train ``epoch`` and score it on the validation split; ``run.state`` then counts it (and keeps its weights if
+    it improved the selection metric). Returns the epoch's metrics, the same on every rank."""
+    cfg, state = run.cfg, run.state
+    if hasattr(run.train_loader.sampler, "set_epoch"):
+        run.train_loader.sampler.set_epoch(epoch)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if cfg.elastic:
+        train_loss, seen = _train_elastic_epoch(run, epoch)
+    else:
+        train_loss, seen = _train_epoch(run.model, run.train_loader, run.optimizer, cfg.train.grad_clip,
+                                        cfg.train.amp, run.schedule, cfg.train.grad_accum, run.scaler,
+                                        cfg.train.label_smoothing)
+    elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    cm, valid_loss = evaluate(run.model, run.valid_loader, len(run.labels))  # cm: (C, C)
+    valid = shared_scores(cm, run.labels, cfg.data.negative_label, run.rank)
+    if cfg.select_metric not in valid:
+        raise ValueError(f"--select-metric {cfg.select_metric!r} is not a validation metric here; choose one of "
+                         f"{', '.join(sorted(valid))}")
+    score = _finite(valid[cfg.select_metric])
+    run.schedule.after_epoch(score)
+    improved = score > state.best_score
+    if improved:
+        state.best_score, state.best_epoch = score, epoch
+        state.best_model = copy.deepcopy({k: v.cpu() for k, v in unwrap(run.model).state_dict().items()})
+    state.epoch = epoch
+    return {
+        "epoch": epoch, "train_loss": train_loss, "valid_loss": valid_loss,
+        **{f"valid_{k}": _finite(v) for k, v in valid.items()},
+        "lr": run.optimizer.param_groups[0]["lr"], "examples_per_sec": seen / max(elapsed, 1e-9),
+        "epoch_seconds": elapsed, "epoch_cpu_seconds": cpu_seconds, "best_epoch": state.best_epoch,
+        "workers": run.world_size, SELECTION_RANK: epoch if improved else 0,
+    }
 
 
 def tell_console(notes: list[str], rank: int) -> None:
@@ -424,6 +498,8 @@ def tell_console(notes: list[str], rank: int) -> None:
             print("\n".join(notes), flush=True)
         return
     ray.train.report({NOTES_KEY: notes if rank == 0 else []}, checkpoint=None)
+
+
 
 
 def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
@@ -468,26 +544,24 @@ def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
     return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item()
 
 
-def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int, position: dict[str, Any],
-                         steps: int, cfg: Config, optimizer: torch.optim.Optimizer, scheduler: Schedule,
-                         scaler: torch.amp.GradScaler, rank: int, world_size: int, state: dict[str, Any],
-                         save_position: Callable[[int, list[float], float | None], None]) -> tuple[float, float]:
-    """One epoch of an elastic run (:mod:`nre_ray.elastic`), from step ``position["step"]`` (0: the start) on.
-    After the step at which any rank heard of a preemption, ``save_position(steps done, [global loss sum, global
-    examples] so far, seconds to the notice's deadline or None)`` saves a mid-epoch checkpoint, once
-    (``state["saved_on_notice"]``: the notice stays until Ray restarts the worker group); training goes on until
-    then. Returns (mean loss over the
-    epoch's examples, examples trained on in this call: the epoch's less those before ``position``)."""
+def _train_elastic_epoch(run: WorkerRun, epoch: int) -> tuple[float, float]:
+    """One epoch of an elastic run (:mod:`nre_ray.elastic`), from step ``run.state.position["step"]`` (no position:
+    the start) on. After the step at which any rank heard of a preemption, a mid-epoch checkpoint is saved
+    (:func:`_report_position`), once (``run.state.saved_on_notice``: the notice stays until Ray restarts the worker
+    group); training goes on until then. Returns (mean loss over the epoch's examples, examples trained on in this
+    call: the epoch's less those before the position)."""
+    cfg, model, optimizer, scaler = run.cfg, run.model, run.optimizer, run.scaler
+    position, run.state.position = run.state.position or {}, None
     model.train()
     device = ray.train.torch.get_device()
     batch = elastic.global_batch(cfg)
-    order = elastic.epoch_order(len(train_set), cfg.train.seed, epoch)
-    loss_sum, seen = (position.get("partial") or [0.0, 0.0]) if rank == 0 else [0.0, 0.0]
+    order = elastic.epoch_order(len(run.train_set), cfg.train.seed, epoch)
+    loss_sum, seen = (position.get("partial") or [0.0, 0.0]) if run.rank == 0 else [0.0, 0.0]
     before = float((position.get("partial") or [0.0, 0.0])[1])  # the same on every rank
-    for step in range(int(position.get("step", 0)), steps):
-        parts, count = elastic.step_share(order, step, batch, rank, world_size, cfg.train.batch_size)
+    for step in range(int(position.get("step", 0)), run.steps):
+        parts, count = elastic.step_share(order, step, batch, run.rank, run.world_size, cfg.train.batch_size)
         step_loss, step_seen = elastic.accumulate(
-            model, train_set, parts, count, device, lambda: autocast_context(device, cfg.train.amp), scaler,
+            model, run.train_set, parts, count, device, lambda: autocast_context(device, cfg.train.amp), scaler,
             cfg.train.label_smoothing)
         loss_sum, seen = loss_sum + step_loss, seen + step_seen
         notice = preemption_notice()
@@ -500,58 +574,57 @@ def _train_elastic_epoch(model: nn.Module, train_set: EncodedDataset, epoch: int
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        scheduler.after_step()
-        if anyone and not state["saved_on_notice"]:
-            state["saved_on_notice"] = True
-            totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
-            save_position(step + 1, totals.tolist(), seconds_left)
-    totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))
+        run.schedule.after_step()
+        if anyone and not run.state.saved_on_notice:
+            run.state.saved_on_notice = True
+            totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))  # (2,)
+            _report_position(run, step + 1, totals.tolist(), seconds_left)
+    totals = _all_reduce(torch.tensor([loss_sum, seen], dtype=torch.float64, device=device))  # (2,)
     return (totals[0] / totals[1].clamp(min=1)).item(), totals[1].item() - before
 
 
-def _report_position(rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                     scaler: torch.amp.GradScaler, state: dict[str, Any], epoch: int, step: int,
-                     partial: list[float], seconds_left: float | None, cfg: Config, vocab: Vocab, labels: list[str],
-                     spec: ModelSpec, assets: dict[str, bytes] | None, tracker: Tracker) -> None:
-    """Every rank reports a just-in-time checkpoint of the middle of ``epoch`` (``step`` of its steps done,
-    ``partial``: the global sums of the losses and examples so far), and the console hears of the preemption in one
-    line; rank 0 writes the checkpoint and counts the preemption in the MLflow tag ``preemptions``. The metrics have no
-    ``epoch``: the epoch is logged once, when it ends."""
-    state["preemptions"] += 1
+def _report_position(run: WorkerRun, step: int, partial: list[float], seconds_left: float | None) -> None:
+    """Every rank reports a just-in-time checkpoint of the middle of the epoch in progress (``step`` of its steps
+    done, ``partial``: the global sums of the losses and examples so far; ``seconds_left``: to the notice's deadline,
+    None without one), and the console hears of the preemption in one line; rank 0 writes the checkpoint and counts
+    the preemption in the MLflow tag ``preemptions``. The metrics have no ``epoch``: the epoch is logged once, when
+    it ends."""
+    state = run.state
+    epoch = state.epoch + 1  # the epoch in progress
+    state.preemptions += 1
     left = f", {max(0.0, seconds_left):.0f} s before the node goes" if seconds_left is not None else ""
-    line = (f"preemption {state['preemptions']}: a node of the worker group is being taken back; saved a mid-epoch "
+    line = (f"preemption {state.preemptions}: a node of the worker group is being taken back; saved a mid-epoch "
             f"checkpoint at step {step} of epoch {epoch}{left}")
-    metrics = {"mid_epoch": epoch, "mid_epoch_step": step, SELECTION_RANK: 0, NOTES_KEY: [line] if rank == 0 else []}
-    if rank != 0:
+    metrics = {"mid_epoch": epoch, "mid_epoch_step": step, SELECTION_RANK: 0,
+               NOTES_KEY: [line] if run.rank == 0 else []}
+    if run.rank != 0:
         ray.train.report(metrics, checkpoint=None)
         return
-    tracker.set_tags({"preemptions": str(state["preemptions"])})
+    run.tracker.set_tags({"preemptions": str(state.preemptions)})
     position = {"step": step, "partial": partial}
-    full_state = {**_full_state(model, optimizer, scheduler, scaler, state, epoch - 1, {}),
-                  "best_model": state["best_model"], "position": position}
-    _save_and_report(metrics, full_state, cfg, vocab, labels, spec, epoch - 1, assets)
+    _save_and_report(run, metrics, {**_full_state(run, {}), "best_model": state.best_model, "position": position})
 
 
-def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
-                state: dict[str, Any], epoch: int, metrics: dict[str, Any]) -> dict[str, Any]:
-    """What a complete checkpoint holds after ``epoch`` epochs (see :mod:`nre_ray.checkpoint`); ``best_model`` is
-    left out (None) when the weights are the best epoch's."""
+def _full_state(run: WorkerRun, metrics: dict[str, Any]) -> dict[str, Any]:
+    """What a complete checkpoint holds after ``run.state.epoch`` epochs (see :mod:`nre_ray.checkpoint`), with the
+    epoch's ``metrics``; ``best_model`` is left out (None) when the weights are the best epoch's."""
+    state = run.state
     return {
-        "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch,
-        "best_score": state["best_score"], "best_epoch": state["best_epoch"],
+        "model": unwrap(run.model).state_dict(), "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.schedule.state_dict(), "scaler": run.scaler.state_dict(), "epoch": state.epoch,
+        "best_score": state.best_score, "best_epoch": state.best_epoch,
         "metrics": {k: float(v) for k, v in metrics.items()},
-        "best_model": None if state["best_epoch"] == epoch else state["best_model"],
-        "preemptions": state["preemptions"],
+        "best_model": None if state.best_epoch == state.epoch else state.best_model,
+        "preemptions": state.preemptions,
     }
 
 
-def _save_and_report(metrics: dict[str, Any], full_state: dict[str, Any], cfg: Config, vocab: Vocab,
-                     labels: list[str], spec: ModelSpec, epoch: int, assets: dict[str, bytes] | None) -> None:
+def _save_and_report(run: WorkerRun, metrics: dict[str, Any], full_state: dict[str, Any]) -> None:
     """Rank 0: write the checkpoint of ``full_state`` and report it with ``metrics``."""
     # Ray copies the folder to storage and then deletes it; in local mode (num_workers=0) the folder is the checkpoint.
     folder = tempfile.mkdtemp(prefix=tempfiles.prefix("ckpt"))
-    save_checkpoint(Path(folder), full_state, cfg, vocab, labels, _meta(cfg, spec, epoch), assets)
+    save_checkpoint(Path(folder), full_state, run.cfg, run.vocab, run.labels,
+                    _meta(run.cfg, run.spec, full_state["epoch"]), run.assets)
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder),
                      delete_local_checkpoint_after_upload=True)
 
@@ -561,34 +634,29 @@ def _meta(cfg: Config, spec: ModelSpec, epoch: int) -> dict[str, Any]:
             "num_classes": spec.num_classes, "num_positions": spec.num_positions}
 
 
-def _report(rank: int, metrics: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: Any, scaler: torch.amp.GradScaler, state: dict[str, Any], epoch: int, cfg: Config,
-            vocab: Vocab, labels: list[str],
-            spec: ModelSpec, assets: dict[str, bytes] | None = None) -> None:
-    """Every rank reports; rank 0 attaches a complete checkpoint."""
-    if rank != 0:
+def _report(run: WorkerRun, metrics: dict[str, Any]) -> None:
+    """Every rank reports the epoch's ``metrics``; rank 0 attaches a complete checkpoint (:func:`_full_state`)."""
+    if run.rank != 0:
         ray.train.report(metrics, checkpoint=None)
         return
-    _save_and_report(metrics, _full_state(model, optimizer, scheduler, scaler, state, epoch, metrics), cfg, vocab,
-                     labels, spec, epoch, assets)
+    _save_and_report(run, metrics, _full_state(run, metrics))
 
 
-def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSplit], labels: list[str],
-           cfg: Config, rank: int, world_size: int, tracker: Tracker, vocab: Vocab, spec: ModelSpec,
-           assets: dict[str, bytes] | None = None) -> None:
+def _final(run: WorkerRun) -> None:
     """Load the best weights, score valid and test once, and log reports and the best checkpoint (rank 0)."""
-    if state["best_model"] is None:
+    state, labels, cfg = run.state, run.labels, run.cfg
+    if state.best_model is None:
         return
-    unwrap(model).load_state_dict(state["best_model"])
-    matrices = {name: evaluate(model, eval_loader(splits[name], rank, world_size), len(labels))
-                for name in ("valid", "test") if name in splits}
-    if rank != 0:
+    unwrap(run.model).load_state_dict(state.best_model)
+    matrices = {name: evaluate(run.model, eval_loader(run.splits[name], run.rank, run.world_size), len(labels))
+                for name in ("valid", "test") if name in run.splits}  # name -> ((C, C) counts, mean loss)
+    if run.rank != 0:
         return
     results = {name: (cm, {**M.scores(cm, labels, cfg.data.negative_label), "loss": loss})
                for name, (cm, loss) in matrices.items()}
     final = {f"{name}_{k}": _finite(v) for name, (_, s) in results.items() for k, v in s.items()}
-    tracker.log_metrics({"best_epoch": state["best_epoch"], **{k: v for k, v in final.items()
-                                                               if k.startswith("test_")}}, step=state["best_epoch"])
+    run.tracker.log_metrics({"best_epoch": state.best_epoch, **{k: v for k, v in final.items()
+                                                                if k.startswith("test_")}}, step=state.best_epoch)
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("report")) as tmp:
         folder = Path(tmp)
         from nre_ray.tracking import reports  # matplotlib: imported when the run ends, not while the workers start
@@ -596,11 +664,12 @@ def _final(model: nn.Module, state: dict[str, Any], splits: dict[str, EncodedSpl
         for name, (cm, _) in results.items():
             reports.write_class_report(cm, labels, folder, name)
             reports.plot_confusion_matrix(cm, labels, folder / f"{name}_confusion_matrix.png",
-                                          f"{name} (best epoch {state['best_epoch']})")
-        tracker.log_artifacts(folder, "reports")
+                                          f"{name} (best epoch {state.best_epoch})")
+        run.tracker.log_artifacts(folder, "reports")
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("best")) as tmp:
-        best = {"model": state["best_model"], "epoch": state["best_epoch"], "best_score": state["best_score"],
-                "best_epoch": state["best_epoch"], "metrics": final}
-        save_checkpoint(Path(tmp), best, cfg, vocab, labels, _meta(cfg, spec, state["best_epoch"]), assets)
-        tracker.log_artifacts(Path(tmp), "best_checkpoint")
+        best = {"model": state.best_model, "epoch": state.best_epoch, "best_score": state.best_score,
+                "best_epoch": state.best_epoch, "metrics": final}
+        save_checkpoint(Path(tmp), best, cfg, run.vocab, run.labels, _meta(cfg, run.spec, state.best_epoch),
+                        run.assets)
+        run.tracker.log_artifacts(Path(tmp), "best_checkpoint")
     # The test scores are printed by the driver's summary (train.print_summary), from MLflow.

@@ -114,9 +114,9 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_learns_as_one_never_interrupt
     trained: list[tuple[int, list[int]]] = []  # (epoch, the examples of one step), one world: one call a step
     report, accumulate = loop._report, elastic.accumulate
 
-    def recording_report(rank, metrics, *args, **kwargs):
+    def recording_report(run, metrics, *args, **kwargs):
         reports.append(dict(metrics))
-        return report(rank, metrics, *args, **kwargs)
+        return report(run, metrics, *args, **kwargs)
 
     def recording_accumulate(model, dataset, parts, *args, **kwargs):
         trained.append((reports[-1]["epoch"] + 1 if reports else 1, [int(i) for p in parts for i in p]))
