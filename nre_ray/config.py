@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import re
 import tomllib
 import types
@@ -83,16 +84,33 @@ REQUIRED: Any = dataclasses.MISSING
 
 
 def option(default: Any, help: str, choices: tuple[str, ...] | None = None, flag: str | None = None,
-           cli: bool = True) -> Any:
+           cli: bool = True, metavar: str | None = None, parse: typing.Callable[[str], Any] | None = None,
+           env: str | None = None) -> Any:
     """A field of a command's typed options (a section of :class:`Config`, or the options of predict, evaluate,
-    serve): its default (:data:`REQUIRED`: none), the help of its flag ``--field-name``, the values it accepts, and
-    ``cli=False`` for a field that has no flag. :func:`add_options` makes the flags of a class of them."""
-    meta = {"help": help, "choices": choices, "flag": flag, "cli": cli}
+    serve, tune's sweep, ``nre_ray.data``'s subcommands, the stand-in, spot_watch): its default (:data:`REQUIRED`:
+    none), the help of its flag ``--field-name``, the values it accepts, and ``cli=False`` for a field that has no
+    flag. :func:`add_options` makes the flags of a class of them.
+
+    ``flag``: a name in capitals (``"INPUT"``) makes the field a positional argument of that name instead of a flag.
+    ``metavar``: the flag's value as its help shows it (default: the field's name in capitals). ``parse``: what turns
+    the text given into the value, when not the field's type (a number with a range checked, an ``N`` or
+    ``MIN-MAX``); its ``argparse.ArgumentTypeError`` is the usage error. ``env``: the environment variable whose
+    value, when set as the parser is made, is the default instead of ``default`` (parsed as given text)."""
+    if flag is not None and not re.fullmatch(r"[A-Z][A-Z_]*", flag):
+        raise ValueError(f"option flag {flag!r}: a positional argument's name in capitals, such as INPUT")
+    meta = {"help": help, "choices": choices, "flag": flag, "cli": cli, "metavar": metavar, "parse": parse,
+            "env": env}
     if default is REQUIRED:
         return field(metadata=meta)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def worker_count(text: str) -> int | str:
+    """The argparse type of ``--num-workers``: ``N`` as an int, ``MIN-MAX`` as it is (split by
+    :meth:`Config.from_dict`)."""
+    return int(text) if text.strip().isdigit() else text
 
 
 _f = option  # the short name of the many fields below
@@ -216,7 +234,8 @@ class TrainConfig:
                              "elastic run, which starts once MIN workers can be placed, grows towards MAX as room "
                              "appears and goes on with fewer when a node goes; its global batch (--batch-size x MAX "
                              "x --grad-accum) and so its learning-rate schedule are the same at every size, and a "
-                             "preemption notice makes it save a mid-epoch checkpoint. In a TOML file: \"1-3\".")
+                             "preemption notice makes it save a mid-epoch checkpoint. In a TOML file: \"1-3\".",
+                             parse=worker_count)
     min_workers: int | None = _f(None, "The MIN of --num-workers MIN-MAX (None: a fixed number of workers).", cli=False)
     use_gpu: bool = _f(False, "Train on GPUs, one per worker.")
     cpus_per_worker: float | None = shared("cpus_per_worker")
@@ -386,12 +405,6 @@ def _worker_range(text: str, source: str) -> dict[str, int]:
     return {"min_workers": int(found.group(1)), "num_workers": int(found.group(2))}
 
 
-def worker_count(text: str) -> int | str:
-    """The argparse type of ``--num-workers``: ``N`` as an int, ``MIN-MAX`` as it is (split by
-    :meth:`Config.from_dict`)."""
-    return int(text) if text.strip().isdigit() else text
-
-
 _DIRECTED = re.compile(r"^.+?\s*\((e1\s*,\s*e2|e2\s*,\s*e1)\)\s*$")  # as nre_ray.metrics tells directed labels
 
 
@@ -502,17 +515,23 @@ def command_parser(prog: str, options_cls: type, description: str, epilog: str) 
 
 
 def add_options(parser: Any, options_cls: type, section: str | None = None, names: tuple[str, ...] | None = None,
-                helps: dict[str, str] | None = None) -> None:
+                helps: dict[str, str] | None = None, suppress: bool = False, group: str | None = None) -> None:
     """One flag ``--field-name`` per :func:`option` field of the dataclass ``options_cls`` on ``parser`` (a parser or
     an argument group): the only place flags of a typed config are made. Its help is the field's, with ``(default:
     X)`` after it unless the help speaks of the default or there is none to show; a bool field is a switch
-    (``--no-...`` too when it is on by default); a field without a default is a required flag.
+    (``--no-...`` too when it is on by default); a field without a default is a required flag. A field whose
+    ``flag`` is a name (``INPUT``) is a positional argument, which argparse always requires.
 
     ``section``: the :class:`Config` section of the fields (train's flags): dests ``section.field``, defaults None (=
     not given: :func:`config_from_args` merges the given ones over a --config file), the models' own defaults in
     the help. Without it: dests the field names and defaults the fields' (``options_cls(**vars(args))``).
     ``names``: only these fields. ``helps``: the help of flags that mean something else in this command, by dest.
+    ``suppress``: a flag not given leaves the parsed namespace as it was (a subcommand's copy of a flag that is also
+    taken before the subcommand: the value given there, or its default, stays). ``group``: the title of the group
+    of the help that lists these flags (default: ``parser``'s own).
     """
+    if group is not None:
+        parser = parser.add_argument_group(group)
     types_ = field_types(options_cls)
     for f in dataclasses.fields(options_cls):
         if (names is not None and f.name not in names) or not f.metadata.get("cli", True):
@@ -522,6 +541,8 @@ def add_options(parser: Any, options_cls: type, section: str | None = None, name
             default = f.default_factory()
         else:
             default = f.default
+        if f.metadata.get("env") and os.environ.get(f.metadata["env"]) is not None:
+            default = os.environ[f.metadata["env"]]  # text, which argparse parses as if given
         required = default is REQUIRED
         escaped = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
         # None means "not given": the help says what happens then; an off switch needs no default either
@@ -530,7 +551,12 @@ def add_options(parser: Any, options_cls: type, section: str | None = None, name
                             if section and f.name in v.get(section, {}))
         dest = f"{section}.{f.name}" if section else f.name
         help_text = (helps or {}).get(dest, escaped + (f" (default: {default}{per_model})" if shown else ""))
-        given = {"default": None} if section else {} if required else {"default": default}
+        parse = f.metadata.get("parse") or tp
+        if f.metadata.get("flag"):
+            parser.add_argument(dest, metavar=f.metadata["flag"], type=parse, help=help_text)
+            continue
+        given = ({"default": argparse.SUPPRESS} if suppress else {"default": None} if section else {} if required
+                 else {"default": default})
         if tp is bool and default:
             parser.add_argument(_flag(f.name), dest=dest, action=argparse.BooleanOptionalAction, help=help_text,
                                 **given)
@@ -539,9 +565,17 @@ def add_options(parser: Any, options_cls: type, section: str | None = None, name
                                 **{"default": False, **given})
         else:
             choices = f.metadata.get("choices")
-            parser.add_argument(_flag(f.name), dest=dest, type=worker_count if dest == "train.num_workers" else tp,
-                                help=help_text, choices=choices, required=required,
-                                metavar="{" + ",".join(choices) + "}" if choices else f.name.upper(), **given)
+            metavar = f.metadata.get("metavar") or ("{" + ",".join(choices) + "}" if choices else f.name.upper())
+            parser.add_argument(_flag(f.name), dest=dest, type=parse, help=help_text, choices=choices,
+                                required=required, metavar=metavar, **given)
+
+
+def options_from(args: argparse.Namespace, options_cls: type) -> Any:
+    """The ``options_cls`` (a dataclass of :func:`option` fields) of parsed arguments: its fields' values, the
+    other attributes left (a subcommand's name, train's ``section.field`` flags, another class's fields). A field
+    without a flag, or one this parser did not make, keeps its default."""
+    return options_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(options_cls)
+                          if hasattr(args, f.name)})
 
 
 def choices(dest: str) -> tuple[str, ...]:

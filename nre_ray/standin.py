@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nre_ray.cluster.session import TELEMETRY_ENV, UsageError, quiet_environ
 from nre_ray.cluster.standin_cluster import STATE_FILE, Standin, down, kill_node, preempt_node, status, up, upload
-from nre_ray.config import CommandParser
+from nre_ray.config import REQUIRED, CommandParser, add_options, option, options_from
 
 #: The commands and what each does.
 COMMANDS = {
@@ -22,35 +22,46 @@ COMMANDS = {
                     "deadline) to a node that runs a training worker, then lose the node at the deadline",
     "down": "stop every process it started, nothing else",
 }
-#: The options: the commands each applies to, its flag, and its argparse settings.
-OPTIONS: list[tuple[tuple[str, ...], str, dict[str, Any]]] = [
-    (tuple(COMMANDS), "--dir", {"default": ".standin", "help": "Folder for the stand-in's state, logs and MLflow "
-                                                               "database (default: .standin)."}),
-    (("up",), "--bucket", {"default": "nre-ray", "help": "Bucket created in the object store (default: nre-ray)."}),
-    (("up",), "--max-workers", {"type": int, "default": 3, "help": "Worker nodes the autoscaler may add (default 3)."}),
-    (("up",), "--cpus-per-node", {"type": float, "default": 1.0, "help": "CPUs of each worker node (default 1)."}),
-    (("up",), "--idle-minutes", {"type": float, "default": 1.0,
-                                 "help": "Minutes before the autoscaler removes an idle node (default 1)."}),
-    (("up",), "--s3-port", {"type": int, "default": 9000,
-                            "help": "Port of the object store's S3 API on 127.0.0.1: AWS_ENDPOINT_URL in env.sh "
-                                    "(default 9000)."}),
-    (("up",), "--gcs-port", {"type": int, "default": 6379,
-                             "help": "Port of the Ray head (its GCS), the address nodes and `ray start --address` "
-                                     "join (default 6379)."}),
-    (("up",), "--dashboard-port", {"type": int, "default": 8265,
-                                   "help": "Port of the Ray dashboard, where `ray job submit` sends jobs: RAY_ADDRESS "
-                                           "in env.sh (default 8265)."}),
-    (("up",), "--mlflow-port", {"type": int, "default": 5000,
-                                "help": "Port of the MLflow tracking server: TRACKING_URI in env.sh (default 5000)."}),
-    (("up",), "--no-auth", {"dest": "auth", "action": "store_false",
-                            "help": "Start Ray without token authentication and MLflow without a password, as "
-                                    "before (default: a new Ray token and MLflow password in <dir>/secrets)."}),
-    (("kill-node", "preempt-node"), "--node",
-     {"help": "The id of the worker node to lose (default: one that runs a training worker)."}),
-    (("preempt-node",), "--deadline", {"type": float, "default": 120.0,
-                                       "help": "Seconds from the notice to the node's end (default 120, what AWS "
-                                               "gives a spot instance)."}),
-]
+
+
+@dataclass
+class StandinOptions:
+    """The command and the options of ``python -m nre_ray.standin``, one flag each (:data:`TAKEN_BY` says which
+    commands take which)."""
+
+    command: str = option(REQUIRED, "The command, one of COMMANDS.", cli=False)
+    dir: str = option(".standin", "Folder for the stand-in's state, logs and MLflow database (default: .standin).")
+    bucket: str = option("nre-ray", "Bucket created in the object store (default: nre-ray).")
+    max_workers: int = option(3, "Worker nodes the autoscaler may add (default 3).")
+    cpus_per_node: float = option(1.0, "CPUs of each worker node (default 1).")
+    idle_minutes: float = option(1.0, "Minutes before the autoscaler removes an idle node (default 1).")
+    s3_port: int = option(9000, "Port of the object store's S3 API on 127.0.0.1: AWS_ENDPOINT_URL in env.sh "
+                                "(default 9000).")
+    gcs_port: int = option(6379, "Port of the Ray head (its GCS), the address nodes and `ray start --address` join "
+                                 "(default 6379).")
+    dashboard_port: int = option(8265, "Port of the Ray dashboard, where `ray job submit` sends jobs: RAY_ADDRESS in "
+                                       "env.sh (default 8265).")
+    mlflow_port: int = option(5000, "Port of the MLflow tracking server: TRACKING_URI in env.sh (default 5000).")
+    no_auth: bool = option(False, "Start Ray without token authentication and MLflow without a password, as before "
+                                  "(default: a new Ray token and MLflow password in <dir>/secrets).")
+    node: str | None = option(None, "The id of the worker node to lose (default: one that runs a training worker).")
+    deadline: float = option(120.0, "Seconds from the notice to the node's end (default 120, what AWS gives a spot "
+                                    "instance).")
+    local: str | None = option(None, "A local file or folder.", flag="LOCAL")
+    uri: str | None = option(None, "Where it goes: s3://BUCKET/KEY.", flag="URI")
+
+
+#: The options (fields of :class:`StandinOptions`) by the commands that take them; each is taken after its command
+#: and, as before, also before it.
+TAKEN_BY: dict[tuple[str, ...], tuple[str, ...]] = {
+    tuple(COMMANDS): ("dir",),
+    ("up",): ("bucket", "max_workers", "cpus_per_node", "idle_minutes", "s3_port", "gcs_port", "dashboard_port",
+              "mlflow_port", "no_auth"),
+    ("kill-node", "preempt-node"): ("node",),
+    ("preempt-node",): ("deadline",),
+}
+#: The positional arguments of a command (fields of :class:`StandinOptions`), taken after it only.
+ARGUMENTS: dict[str, tuple[str, ...]] = {"upload": ("local", "uri")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,25 +80,22 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m nre_ray.standin down\n"
                "  python -m nre_ray.standin up --dir /tmp/second --s3-port 9100 --gcs-port 6400 --dashboard-port 8300 "
                "--mlflow-port 5100")
-    groups: dict[tuple[str, ...], Any] = {tuple(COMMANDS): parser}
-    for applies, flag, settings in OPTIONS:
-        if applies not in groups:
-            groups[applies] = parser.add_argument_group(f"options of {' and '.join(applies)}")
-        groups[applies].add_argument(flag, **settings)
+    for applies, names in TAKEN_BY.items():
+        add_options(parser, StandinOptions, names=names,
+                    group=None if applies == tuple(COMMANDS) else f"options of {' and '.join(applies)}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     for name, what in COMMANDS.items():
         command = commands.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]}.")
-        if name == "upload":
-            command.add_argument("local", metavar="LOCAL", help="A local file or folder.")
-            command.add_argument("uri", metavar="URI", help="Where it goes: s3://BUCKET/KEY.")
-        for applies, flag, settings in OPTIONS:
+        add_options(command, StandinOptions, names=ARGUMENTS.get(name, ()))
+        for applies, names in TAKEN_BY.items():
             if name in applies:  # given here, it wins; not given, the value before the command (or its default) stays
-                command.add_argument(flag, **{**settings, "default": argparse.SUPPRESS})
+                add_options(command, StandinOptions, names=names, suppress=True)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Entry point; returns the exit status (0 done, 2 a usage error, 130 interrupted)."""
+    args = options_from(build_parser().parse_args(argv), StandinOptions)
     # The stand-in's processes inherit this environment: its MLflow server and Ray nodes (whose workers import
     # MLflow) keep MLflow's telemetry off unless the user chose otherwise.
     quiet_environ((TELEMETRY_ENV,))
@@ -102,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: StandinOptions) -> None:
     """Do the command of ``args`` and say what it did."""
     folder = Path(args.dir)
     if args.command == "up":
         state = up(folder, args.bucket, args.max_workers, args.cpus_per_node, idle_minutes=args.idle_minutes,
                    ports={"s3": args.s3_port, "gcs": args.gcs_port, "dashboard": args.dashboard_port,
-                          "mlflow": args.mlflow_port}, auth=args.auth, say=print)
+                          "mlflow": args.mlflow_port}, auth=not args.no_auth, say=print)
         print(status(state))
         print(f"\nnext: source {folder}/env.sh, then submit a job as docs/cluster.md says; "
               f"`python -m nre_ray.standin down --dir {args.dir}` stops it all.")

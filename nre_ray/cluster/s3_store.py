@@ -18,7 +18,6 @@ moto does not, and nothing here can change a body on its way over the loopback).
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hmac
 import os
@@ -26,8 +25,11 @@ import signal
 import sys
 import urllib.parse
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
+
+from nre_ray.config import REQUIRED, CommandParser, add_options, option, options_from
 
 #: How far a request's signing time may lie from now (S3's own limit).
 MAX_SKEW = dt.timedelta(minutes=15)
@@ -183,12 +185,24 @@ def _request_handler():  # -> type[MotoRequestHandler]
     return PathOnlyLog
 
 
+@dataclass(kw_only=True)
+class S3StoreOptions:
+    """The options of ``python -m nre_ray.cluster.s3_store``, one flag each (in the order of its usage line)."""
+
+    host: str = option("127.0.0.1", "Address to listen on.")
+    port: int = option(REQUIRED, "Port to listen on.")
+
+
+def build_parser() -> CommandParser:
+    """The options of :class:`S3StoreOptions`."""
+    parser = CommandParser(prog="python -m nre_ray.cluster.s3_store", description=__doc__.split("\n")[0])
+    add_options(parser, S3StoreOptions)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve moto's S3 on ``--host``/``--port`` for the key pair of this process's environment."""
-    parser = argparse.ArgumentParser(prog="python -m nre_ray.cluster.s3_store", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args(argv)
+    args = options_from(build_parser().parse_args(argv), S3StoreOptions)
     access_key, secret_key = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
     if not access_key or not secret_key:
         print("error: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must hold the store's key pair", file=sys.stderr)

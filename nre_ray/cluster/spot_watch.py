@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 import urllib.error
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from nre_ray.cluster import ray_private
-from nre_ray.config import CommandParser
+from nre_ray.config import REQUIRED, CommandParser, add_options, option, options_from
 
 log = logging.getLogger("nre_ray.spot_watch")
 
@@ -152,27 +151,34 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+@dataclass
+class SpotWatchOptions:
+    """The options of ``python -m nre_ray.cluster.spot_watch``, one flag each."""
+
+    address: str = option(REQUIRED, "The Ray cluster's GCS, HOST:PORT (on cluster.yaml's nodes: $RAY_HEAD_IP:6379).")
+    node_id: str | None = option(None, "The Ray node to drain (default: the one node alive at this machine's IP "
+                                       "address).")
+    endpoint: str = option(METADATA, f"The instance metadata service (default: ${ENDPOINT_ENV}, else {METADATA}).",
+                           env=ENDPOINT_ENV)
+    interval: float = option(DEFAULT_INTERVAL_S, f"Seconds between polls (default: ${INTERVAL_ENV}, else "
+                                                 f"{DEFAULT_INTERVAL_S:g}).", parse=_positive_seconds, env=INTERVAL_ENV)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The options of :class:`SpotWatchOptions`."""
     parser = CommandParser(
         prog="python -m nre_ray.cluster.spot_watch",
         description="Watch the EC2 instance metadata for a spot interruption notice and drain this machine's Ray "
                     "node for preemption (reason DRAIN_NODE_REASON_PREEMPTION, the notice's time as deadline), so "
                     "that Ray Train saves a checkpoint and goes on without it. Exits after one drain, or at once on "
                     "an instance that is not spot. See docs/cluster.md.")
-    parser.add_argument("--address", required=True,
-                        help="The Ray cluster's GCS, HOST:PORT (on cluster.yaml's nodes: $RAY_HEAD_IP:6379).")
-    parser.add_argument("--node-id", help="The Ray node to drain (default: the one node alive at this machine's IP "
-                                          "address).")
-    parser.add_argument("--endpoint", default=os.environ.get(ENDPOINT_ENV, METADATA),
-                        help=f"The instance metadata service (default: ${ENDPOINT_ENV}, else {METADATA}).")
-    parser.add_argument("--interval", type=_positive_seconds,
-                        default=os.environ.get(INTERVAL_ENV, str(DEFAULT_INTERVAL_S)),
-                        help=f"Seconds between polls (default: ${INTERVAL_ENV}, else {DEFAULT_INTERVAL_S:g}).")
+    add_options(parser, SpotWatchOptions)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Entry point; returns the exit status (0 drained or not spot, 2 a usage error, 130 interrupted)."""
+    args = options_from(build_parser().parse_args(argv), SpotWatchOptions)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s spot_watch: %(message)s", stream=sys.stdout)
     metadata = Metadata(args.endpoint)
     try:

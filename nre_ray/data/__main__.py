@@ -18,12 +18,24 @@ import logging
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nre_ray import storage as fs
 from nre_ray.cluster.session import UsageError, quiet_environ, start_ray
-from nre_ray.config import CommandParser, ConfigError, build_parser, choices, config_from_args
+from nre_ray.config import (
+    REQUIRED,
+    CommandParser,
+    ConfigError,
+    add_options,
+    build_parser,
+    choices,
+    config_from_args,
+    option,
+    options_from,
+    shared,
+)
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 
 if TYPE_CHECKING:  # pandas and the readers are imported by the commands, not by --help
@@ -40,11 +52,22 @@ INSPECT_HELPS = {
                         "is ./.nre_ray_cache).",
     "run.allow_local_storage": "As for the training run: the cache is then <storage-path>/.nre_ray_cache.",
 }
+#: The training flags inspect takes (the sections of train's config and, per section, the fields; None: all).
+INSPECT_SECTIONS: dict[str, tuple[str, ...] | None] = {
+    "data": None, "train": ("seed",), "run": ("address", "storage_path", "allow_local_storage")}
 CONVERT_HINT = "Fix these rows, or pass --on-bad-rows skip to convert the good rows only."
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # inspect
+
+
+@dataclass
+class InspectOptions:
+    """inspect's own options, one flag each (its others are training's: :data:`INSPECT_SECTIONS`)."""
+
+    json: str | None = option(None, "Also write the audit as JSON.", metavar="FILE")
+    report: str | None = option(None, "Also write the audit as Markdown.", metavar="FILE.md")
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -55,7 +78,7 @@ def inspect(args: argparse.Namespace) -> int:
     # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data import pipeline
 
-    cfg = config_from_args(args)
+    cfg, opts = config_from_args(args), options_from(args, InspectOptions)
     # train's cache: the same --cache-dir, --storage-path and --allow-local-storage find the same folders
     cfg.data.cache_dir, shared = pipeline.cache_places(cfg.data.cache_dir, cfg.run.storage_path,
                                                        cfg.run.allow_local_storage)
@@ -68,10 +91,10 @@ def inspect(args: argparse.Namespace) -> int:
         where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""
         print(f"\n{prepared.rejected_count} bad rows were left out (--on-bad-rows skip){where}")
     try:
-        if args.json:
-            fs.write_text(args.json, json.dumps(prepared.audit, indent=2, ensure_ascii=False))
-        if args.report:
-            fs.write_text(args.report, data_audit.to_markdown(prepared.audit))
+        if opts.json:
+            fs.write_text(opts.json, json.dumps(prepared.audit, indent=2, ensure_ascii=False))
+        if opts.report:
+            fs.write_text(opts.report, data_audit.to_markdown(prepared.audit))
     except fs.StorageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -135,18 +158,32 @@ def _canonical(checked: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def convert(args: argparse.Namespace) -> int:
+@dataclass
+class ConvertOptions:
+    """The arguments and options of convert, one each."""
+
+    input: str = option(REQUIRED, "The file to read (a local path or a URI such as s3://...).", flag="INPUT")
+    output: str = option(REQUIRED, "The file to write, a local path or a URI (must not exist, unless --force).",
+                         flag="OUTPUT")
+    format: str | None = shared("format")
+    columns: str | None = shared("columns")
+    on_bad_rows: str = option("error", "'error' (default): write nothing and list the bad rows; 'skip': write the "
+                                       "good rows and count the bad ones.", choices=choices("data.on_bad_rows"))
+    force: bool = option(False, "Replace OUTPUT if it exists.")
+
+
+def convert(args: ConvertOptions) -> int:
     """Stream INPUT into OUTPUT in the canonical schema (see the module docstring)."""
     # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.read import (
         OPTIONAL,
-        REQUIRED,
         check_rows,
         parse_column_map,
         problems_of,
         read_chunks,
         split_problem,
     )
+    from nre_ray.data.read import REQUIRED as REQUIRED_COLUMNS  # (config's REQUIRED is "no default")
 
     source, target = args.input, args.output  # local paths or URIs
     suffix = Path(fs.name_of(target)).suffix
@@ -178,7 +215,7 @@ def convert(args: argparse.Namespace) -> int:
                 if len(shown) < MAX_SHOWN:
                     shown.extend(problems_of(flagged.head(MAX_SHOWN)))
             if columns is None:
-                columns = [c for c in REQUIRED if c in checked.columns] + [
+                columns = [c for c in REQUIRED_COLUMNS if c in checked.columns] + [
                     c for c in OPTIONAL if c in checked.columns and (checked[c].astype(str) != "").any()]
             if (args.on_bad_rows == "error" and total) or not (~bad).any():
                 continue
@@ -226,10 +263,8 @@ def build_cli() -> argparse.ArgumentParser:
                "  python -m nre_ray.data inspect --data-dir DATA --on-bad-rows skip --tokenizer jieba\n"
                "  python -m nre_ray.data inspect --data-dir s3://BUCKET/data --storage-path s3://BUCKET/checkpoints"
                "   # that run's cache\n")
-    build_parser(only={"data": None, "train": ("seed",), "run": ("address", "storage_path", "allow_local_storage")},
-                 parser=inspect_parser, helps=INSPECT_HELPS)
-    inspect_parser.add_argument("--json", metavar="FILE", help="Also write the audit as JSON.")
-    inspect_parser.add_argument("--report", metavar="FILE.md", help="Also write the audit as Markdown.")
+    build_parser(only=INSPECT_SECTIONS, parser=inspect_parser, helps=INSPECT_HELPS)
+    add_options(inspect_parser, InspectOptions)
     convert_parser = commands.add_parser(
         "convert", help="write a dataset in the canonical schema (CSV, TSV, JSON Lines or Parquet)",
         description="Read INPUT in any supported format and write its rows in the canonical schema "
@@ -241,16 +276,7 @@ def build_cli() -> argparse.ArgumentParser:
                "  python -m nre_ray.data convert semeval_train.txt train.csv       # SemEval-2010 Task 8 -> CSV\n"
                "  python -m nre_ray.data convert train.json train.parquet --format opennre\n"
                "  python -m nre_ray.data convert raw.csv clean.jsonl --on-bad-rows skip --force\n")
-    convert_parser.add_argument("input", metavar="INPUT", help="The file to read (a local path or a URI such as s3://...).")
-    convert_parser.add_argument("output", metavar="OUTPUT", help="The file to write, a local path or a URI "
-                                "(must not exist, unless --force).")
-    convert_parser.add_argument("--format", choices=choices("data.format"), help="INPUT's format (default: detected).")
-    convert_parser.add_argument("--columns", metavar="MAP", help="Map INPUT's column names to ours, e.g. "
-                                "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'.")
-    convert_parser.add_argument("--on-bad-rows", choices=("error", "skip"), default="error",
-                                help="'error' (default): write nothing and list the bad rows; 'skip': write the good "
-                                     "rows and count the bad ones.")
-    convert_parser.add_argument("--force", action="store_true", help="Replace OUTPUT if it exists.")
+    add_options(convert_parser, ConvertOptions)
     return parser
 
 
@@ -263,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("ray", "ray.data"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        return inspect(args) if args.command == "inspect" else convert(args)
+        return inspect(args) if args.command == "inspect" else convert(options_from(args, ConvertOptions))
     except DataError as err:
         print(f"error: bad input data\n{err}", file=sys.stderr)
     except (ConfigError, UsageError) as err:

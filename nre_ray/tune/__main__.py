@@ -9,13 +9,18 @@ import sys
 import time
 from typing import Any
 
-from nre_ray.config import Config, ConfigError, build_parser, config_from_args
+from nre_ray.config import Config, ConfigError, add_options, build_parser, config_from_args, options_from
 from nre_ray.frontdoor import print_model_and_ui, run_command
-from nre_ray.tune.sweep import SEARCHERS, SweepOptions, run
+from nre_ray.tune.sweep import SweepOptions, run
 
 #: A trial's epoch budget when --epochs is not given, whatever the --model (a single run's default is larger: early
 #: stopping ends it; in a sweep ASHA stops the weak trials instead).
 SWEEP_EPOCHS = 20
+
+#: The training flags that mean something else in a sweep, by dest (argparse.SUPPRESS: not in the help).
+HELPS = {"train.epochs": "The most epochs a trial trains; ASHA stops the weak trials sooner "
+                         f"(default: {SWEEP_EPOCHS}, whatever the --model).",
+         "train.patience": argparse.SUPPRESS}
 
 EXAMPLES = """\
 output: a line as each phase starts and ends ([seconds since the start] setup, ray, preprocess, mlflow, training,
@@ -42,31 +47,9 @@ def sweep_parser() -> argparse.ArgumentParser:
                                       "sweep and a child run per trial, and the best trial's checkpoint is scored "
                                       "on test once and logged as the sweep's model. --run-name names the sweep, "
                                       f"--epochs is the most a trial trains (default here: {SWEEP_EPOCHS}).",
-                          helps={"train.epochs": "The most epochs a trial trains; ASHA stops the weak trials sooner "
-                                                 f"(default: {SWEEP_EPOCHS}, whatever the --model).",
-                                 "train.patience": argparse.SUPPRESS})
+                          helps=HELPS)
     parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
-    group = parser.add_argument_group("sweep options")
-    group.add_argument("--search-space", metavar="SPACE.toml",
-                       help="TOML file (a local path or a URI): [model]/[train] tables with one distribution per "
-                            "option, e.g. "
-                            "lr = { loguniform = [1e-4, 1e-2] }, batch_size = { choice = [32, 64] }, "
-                            "dropout = { uniform = [0.1, 0.5] }, hidden_size = { int = [128, 320] }. "
-                            "Default: a space for the chosen --model (docs/tune.md lists them).")
-    group.add_argument("--num-samples", type=int, default=8, help="Trials to run (default: 8).")
-    group.add_argument("--max-concurrent-trials", type=int,
-                       help="Trials at once; default: as many as the cluster holds with one CPU (or GPU) per worker. "
-                            "More than that shares the CPUs (fractions, at least half a CPU per worker unless "
-                            "--cpus-per-worker says otherwise; fewer trials when they do not fit), fewer leaves room.")
-    group.add_argument("--grace-period", type=int, default=1,
-                       help="ASHA: epochs every trial trains before it can be stopped (default: 1).")
-    group.add_argument("--reduction-factor", type=int, default=2,
-                       help="ASHA: at each rung only the best 1/N of the trials go on (default: 2).")
-    group.add_argument("--searcher", choices=SEARCHERS, default="auto",
-                       help="How values are drawn: 'random', or 'optuna' (TPE; needs `pip install optuna`); 'auto' "
-                            "(default) uses optuna where installed, else random.")
-    group.add_argument("--search-seed", type=int,
-                       help="Seed of the searcher's draws (default: --seed).")
+    add_options(parser, SweepOptions, group="sweep options")
     return parser
 
 
@@ -83,8 +66,7 @@ def sweep_config(args: argparse.Namespace) -> Config:
 
 def options_from_args(args: argparse.Namespace, cfg: Config) -> SweepOptions:
     """The sweep options, checked against the training config."""
-    opts = SweepOptions(args.search_space, args.num_samples, args.max_concurrent_trials, args.grace_period,
-                        args.reduction_factor, args.searcher, args.search_seed)
+    opts = options_from(args, SweepOptions)
     checks = [
         (opts.num_samples >= 1, "--num-samples must be >= 1"),
         (opts.max_concurrent_trials is None or opts.max_concurrent_trials >= 1, "--max-concurrent-trials must be >= 1"),

@@ -41,7 +41,7 @@ from nre_ray.cluster.session import (
     ray_phase,
     start_ray,
 )
-from nre_ray.config import Config
+from nre_ray.config import Config, option
 from nre_ray.redact import redact
 from nre_ray.runner import claim_run, default_run_name, prepare_data, resolve_target, trainer_data
 from nre_ray.tracking import store as tracking
@@ -57,15 +57,24 @@ SEARCHERS = ("auto", "random", "optuna")
 
 @dataclass
 class SweepOptions:
-    """The sweep's own options (the rest is the training Config)."""
+    """The sweep's own options (the rest is the training Config): the "sweep options" of ``python -m nre_ray.tune``,
+    one flag each."""
 
-    search_space: str | None = None
-    num_samples: int = 8
-    max_concurrent_trials: int | None = None
-    grace_period: int = 1
-    reduction_factor: int = 2
-    searcher: str = "auto"
-    search_seed: int | None = None
+    search_space: str | None = option(
+        None, "TOML file (a local path or a URI): [model]/[train] tables with one distribution per option, e.g. "
+              "lr = { loguniform = [1e-4, 1e-2] }, batch_size = { choice = [32, 64] }, "
+              "dropout = { uniform = [0.1, 0.5] }, hidden_size = { int = [128, 320] }. "
+              "Default: a space for the chosen --model (docs/tune.md lists them).", metavar="SPACE.toml")
+    num_samples: int = option(8, "Trials to run (default: 8).")
+    max_concurrent_trials: int | None = option(
+        None, "Trials at once; default: as many as the cluster holds with one CPU (or GPU) per worker. More than that "
+              "shares the CPUs (fractions, at least half a CPU per worker unless --cpus-per-worker says otherwise; "
+              "fewer trials when they do not fit), fewer leaves room.")
+    grace_period: int = option(1, "ASHA: epochs every trial trains before it can be stopped (default: 1).")
+    reduction_factor: int = option(2, "ASHA: at each rung only the best 1/N of the trials go on (default: 2).")
+    searcher: str = option("auto", "How values are drawn: 'random', or 'optuna' (TPE; needs `pip install optuna`); "
+                                   "'auto' (default) uses optuna where installed, else random.", choices=SEARCHERS)
+    search_seed: int | None = option(None, "Seed of the searcher's draws (default: --seed).")
 
 
 @dataclass

@@ -161,68 +161,155 @@ def test_a_usage_error_is_one_line_for_every_command(command, argv, says, capsys
     assert lines[0].endswith(f" See {prog} --help"), lines
 
 
-def _typed_commands() -> dict[str, tuple[object, dict[str, type]]]:
-    """The commands whose flags are typed options: their parser builder and, by dest prefix ("" for a command's own
-    options, "section." for train's), the options classes the flags come from."""
-    from nre_ray import evaluate, predict, train
-    from nre_ray.config import SECTIONS
-    from nre_ray.serve.cli import ServeOptions, build_parser
+#: Where the flags of one parser come from: by dest prefix ("" for a command's own options, "section." for train's
+#: sections), the options class, or the class and the only fields the parser takes.
+Sources = dict[str, "type | tuple[type, tuple[str, ...] | None]"]
 
-    return {"nre_ray.train": (train.cli_parser, {f"{name}.": cls for name, cls in SECTIONS.items()}),
-            "nre_ray.predict": (predict.build_parser, {"": predict.PredictOptions}),
-            "nre_ray.evaluate": (evaluate.build_parser, {"": evaluate.EvaluateOptions}),
-            "nre_ray.serve": (build_parser, {"": ServeOptions})}
+
+def _typed_commands() -> dict[str, tuple[object, dict[str, Sources], dict[str, str]]]:
+    """Every command, each with its parser builder; for each of its parsers ("" for its own, a subcommand's name for
+    that subcommand's), the options classes its flags come from (:data:`Sources`); and the helps it gives its own
+    way, by dest (a training flag that means something else in this command)."""
+    from nre_ray import evaluate, predict, standin, train
+    from nre_ray.cluster import s3_store, spot_watch
+    from nre_ray.config import SECTIONS
+    from nre_ray.data import __main__ as data_cli
+    from nre_ray.serve.cli import ServeOptions, build_parser
+    from nre_ray.tune import __main__ as tune_cli
+    from nre_ray.tune.sweep import SweepOptions
+
+    sections: Sources = {f"{name}.": cls for name, cls in SECTIONS.items()}
+    inspect: Sources = {f"{name}.": (SECTIONS[name], fields) for name, fields in data_cli.INSPECT_SECTIONS.items()}
+    return {"nre_ray.train": (train.cli_parser, {"": sections}, {}),
+            "nre_ray.tune": (tune_cli.sweep_parser, {"": {**sections, "": SweepOptions}}, tune_cli.HELPS),
+            "nre_ray.predict": (predict.build_parser, {"": {"": predict.PredictOptions}}, {}),
+            "nre_ray.evaluate": (evaluate.build_parser, {"": {"": evaluate.EvaluateOptions}}, {}),
+            "nre_ray.serve": (build_parser, {"": {"": ServeOptions}}, {}),
+            "nre_ray.data": (data_cli.build_cli, {"": {}, "inspect": {**inspect, "": data_cli.InspectOptions},
+                                                  "convert": {"": data_cli.ConvertOptions}}, data_cli.INSPECT_HELPS),
+            "nre_ray.standin": (standin.build_parser, {name: {"": standin.StandinOptions}
+                                                       for name in ("", *standin.COMMANDS)}, {}),
+            "nre_ray.cluster.spot_watch": (spot_watch.build_parser, {"": {"": spot_watch.SpotWatchOptions}}, {}),
+            "nre_ray.cluster.s3_store": (s3_store.build_parser, {"": {"": s3_store.S3StoreOptions}}, {})}
 
 
 #: Flags the config layer adds itself, not from a field: argparse's --help, train's --version and --config.
 _NOT_FIELDS = {"-h", "--help", "--version", "--config"}
 
 
-@pytest.mark.parametrize("command", ["nre_ray.train", "nre_ray.predict", "nre_ray.evaluate", "nre_ray.serve"])
+def _parsers_of(parser: object) -> dict[str, object]:
+    """A command's parser ("") and its subcommands' parsers, by name."""
+    import argparse
+
+    found = {"": parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+    return found
+
+
+def _arguments(parser: object) -> list:
+    """The flags and positional arguments of one parser, less those of :data:`_NOT_FIELDS` and the subcommand."""
+    import argparse
+
+    return [a for a in parser._actions if not set(a.option_strings) & _NOT_FIELDS
+            and not isinstance(a, argparse._SubParsersAction)]
+
+
+@pytest.mark.parametrize("command", ["nre_ray.train", "nre_ray.tune", "nre_ray.predict", "nre_ray.evaluate",
+                                     "nre_ray.serve", "nre_ray.data", "nre_ray.standin", "nre_ray.cluster.spot_watch",
+                                     "nre_ray.cluster.s3_store"])
 def test_every_flag_of_a_command_is_a_field_of_its_typed_options(command):
-    """Each flag is made from one config field (its name, help and choices), and each field with a flag has one."""
+    """Each flag and positional argument, of the command and of its subcommands, is made from one config field (its
+    name, help, choices, and for a positional argument its name), and each field with a flag has one."""
     import dataclasses
 
-    make_parser, classes = _typed_commands()[command]
-    parser = make_parser()
-    flags = [a for a in parser._actions if a.option_strings and not set(a.option_strings) & _NOT_FIELDS]
-    made = set()
-    for action in flags:
-        prefix = action.dest.rpartition(".")[0] + "." if "." in action.dest else ""
-        name = action.dest.rpartition(".")[2]
-        fields = {f.name: f for f in dataclasses.fields(classes[prefix])}
-        assert name in fields, f"{command} {action.option_strings}: not a field of {classes[prefix].__name__}"
-        field = fields[name]
-        assert action.option_strings[0] == "--" + name.replace("_", "-"), action.option_strings
-        assert action.help.startswith(field.metadata["help"].replace("%", "%%")), action.option_strings
-        assert action.choices == field.metadata["choices"], action.option_strings
-        made.add(action.dest)
-    wanted = {prefix + f.name for prefix, cls in classes.items() for f in dataclasses.fields(cls)
-              if f.metadata.get("cli", True)}
-    assert made == wanted
+    make_parser, sources, own_helps = _typed_commands()[command]
+    parsers = _parsers_of(make_parser())
+    assert set(parsers) == set(sources), f"{command}: the subcommands' parsers"
+    made, wanted = set(), set()
+    for name, parser in parsers.items():
+        classes = {prefix: source if isinstance(source, tuple) else (source, None)
+                   for prefix, source in sources[name].items()}
+        for action in _arguments(parser):
+            where = f"{command} {name} {action.option_strings or action.dest}"
+            prefix = action.dest.rpartition(".")[0] + "." if "." in action.dest else ""
+            field_name = action.dest.rpartition(".")[2]
+            assert prefix in classes, f"{where}: no options class for {prefix!r}"
+            cls = classes[prefix][0]
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            assert field_name in fields, f"{where}: not a field of {cls.__name__}"
+            field = fields[field_name]
+            if action.option_strings:
+                assert action.option_strings[0] == "--" + field_name.replace("_", "-"), where
+                assert field.metadata["flag"] is None, where
+            else:
+                assert action.metavar == field.metadata["flag"], where
+            if action.dest in own_helps:
+                assert action.help == own_helps[action.dest], where
+            else:
+                assert action.help.startswith(field.metadata["help"].replace("%", "%%")), where
+            assert action.choices == field.metadata["choices"], where
+            made.add((cls, field_name))
+        wanted |= {(cls, f.name) for cls, names in classes.values() for f in dataclasses.fields(cls)
+                   if f.metadata.get("cli", True) and (names is None or f.name in names)}
+    assert made == wanted, f"{command}: fields without a flag {sorted(f for _, f in wanted - made)}"
+
+
+def test_every_command_is_one_of_typed_options():
+    """Each ``python -m`` module of nre_ray (one with a ``__main__`` block) is in :func:`_typed_commands`, but the two
+    helper processes our own code starts with plain positional arguments and no flags (cluster.watchdog PID,
+    cluster.shared_ray's host)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "nre_ray"
+    modules = {".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(".__main__")
+               for path in package.rglob("*.py") if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")}
+    internal = {"nre_ray.cluster.watchdog", "nre_ray.cluster.shared_ray"}
+    assert modules - internal == set(_typed_commands())
 
 
 def test_no_command_writes_its_flags_by_hand():
-    """add_argument is called in the config layer (nre_ray/config.py) only, for the commands of typed options."""
+    """Flags and argument groups are made in the config layer (nre_ray/config.py) only, and every parser is its
+    CommandParser (one error line). What remains elsewhere: ``add_subparsers`` and ``add_parser`` of the two commands
+    with subcommands (``nre_ray.data`` inspect/convert, ``nre_ray.standin`` up/status/...), which argparse makes no
+    other way; their flags come from config.add_options too."""
     import ast
     from pathlib import Path
 
     package = Path(__file__).resolve().parents[2] / "nre_ray"
-    for path in (package / "train.py", package / "predict.py", package / "evaluate.py", *package.glob("serve/*.py")):
-        calls = [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                 if isinstance(node, ast.Attribute) and node.attr in ("add_argument", "add_argument_group")]
-        assert not calls, f"{path.name}: add_argument at lines {calls}"
+    made_by_hand = ("add_argument", "add_argument_group", "add_mutually_exclusive_group", "set_defaults",
+                    "ArgumentParser")
+    checked = 0
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "config.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        called = [(node.lineno, getattr(node.func, "attr", getattr(node.func, "id", None)))
+                  for node in ast.walk(tree) if isinstance(node, ast.Call)]
+        calls = [f"{line} {name}" for line, name in called if name in made_by_hand]
+        assert not calls, f"{path.relative_to(package.parent)}: flags made by hand at {calls}"
+        checked += 1
+    assert checked > 50  # (the whole package)
 
 
-@pytest.mark.parametrize("command", ["nre_ray.predict", "nre_ray.evaluate", "nre_ray.serve"])
-def test_the_defaults_of_a_command_are_its_options_defaults(command):
-    """What a command does without a flag is its options class's default (required: --model and the files)."""
+@pytest.mark.parametrize("command", ["nre_ray.predict", "nre_ray.evaluate", "nre_ray.serve",
+                                     "nre_ray.cluster.spot_watch", "nre_ray.cluster.s3_store"])
+def test_the_defaults_of_a_command_are_its_options_defaults(command, monkeypatch):
+    """What a command does without a flag is its options class's default (required: --model and the files,
+    spot_watch's --address, s3_store's --port)."""
     import dataclasses
 
-    make_parser, classes = _typed_commands()[command]
-    options_cls = classes[""]
-    required = {f.name: "x" for f in dataclasses.fields(options_cls) if f.default is dataclasses.MISSING}
-    argv = [arg for name in required for arg in ("--" + name.replace("_", "-"), "x")]
+    from nre_ray.cluster.spot_watch import ENDPOINT_ENV, INTERVAL_ENV
+    from nre_ray.config import field_types
+
+    for name in (ENDPOINT_ENV, INTERVAL_ENV):  # (spot_watch's defaults when these are not set)
+        monkeypatch.delenv(name, raising=False)
+    make_parser, sources, _ = _typed_commands()[command]
+    options_cls = sources[""][""]
+    types = field_types(options_cls)
+    required = {f.name: types[f.name]("1") for f in dataclasses.fields(options_cls) if f.default is dataclasses.MISSING}
+    argv = [arg for name, value in required.items() for arg in ("--" + name.replace("_", "-"), str(value))]
     assert options_cls(**vars(make_parser().parse_args(argv))) == options_cls(**required)
     with pytest.raises(SystemExit):  # each of them is required
         make_parser().parse_args(argv[2:])
@@ -230,15 +317,18 @@ def test_the_defaults_of_a_command_are_its_options_defaults(command):
 
 def test_a_flag_several_commands_share_says_the_same_in_each():
     """--tracking-uri, --address, --cpus-per-worker, --format, --columns, and predict/evaluate/serve's --model:
-    one help text (config.SHARED), wherever the flag is."""
+    one help text (config.SHARED), wherever the flag is (subcommands' too). spot_watch's --address is another
+    option: the GCS to drain a node through, required (no auto, no local Ray)."""
     from nre_ray.config import SHARED
 
     said: dict[str, set[str]] = {}
-    for command, (make_parser, _) in _typed_commands().items():
-        for action in make_parser()._actions:
-            name = action.dest.rpartition(".")[2]
-            key = "trained_model" if name == "model" and command != "nre_ray.train" else name
-            if key in SHARED and action.option_strings:
-                said.setdefault(key, set()).add(action.help)
+    for command, (make_parser, _, _) in _typed_commands().items():
+        for parser in _parsers_of(make_parser()).values():
+            for action in _arguments(parser):
+                name = action.dest.rpartition(".")[2]
+                key = "trained_model" if action.dest == "model" else name  # train's is model.model, the encoder
+                if key in SHARED and action.option_strings and (command, key) != ("nre_ray.cluster.spot_watch",
+                                                                                    "address"):
+                    said.setdefault(key, set()).add(action.help)
     assert set(said) == set(SHARED)
     assert all(len(helps) == 1 for helps in said.values()), said
