@@ -14,7 +14,7 @@ import torch
 from packaging.version import Version
 from ray.train.torch import TorchTrainer
 
-from nre_ray import elastic
+from nre_ray import elastic, runner
 from nre_ray.cluster.ray_private import elastic_trainer
 from nre_ray.config import Config, ConfigError, build_parser, config_from_args
 from nre_ray.data.batches import EncodedSplit
@@ -228,3 +228,15 @@ def test_the_elastic_policy_counts_the_reservation_in_the_installed_rays_shape()
         assert policy._count_possible_workers({"a": {"CPU": 0.66 * 3}, "b": {"CPU": 1.0}}) == 3  # b is draining
     else:
         assert policy._count_possible_workers([{"CPU": 0.66 * 3}, {"CPU": 1.0}]) == 4
+
+
+@pytest.mark.parametrize("flags", [[], ["--num-workers", "1-3", "--max-preemptions", "4"]])
+def test_the_failure_config_is_one_the_installed_ray_takes(flags):
+    """runner.failure_config on the installed Ray: Ray 2.60's FailureConfig gets the grace past a preemption's
+    deadline; Ray 2.59's has no such field (build_trainer failed there with a TypeError before any run started)."""
+    cfg = config_from_args(build_parser().parse_args(flags))
+    failure = runner.failure_config(cfg)
+    assert failure.max_preemption_failures == (4 if flags else -1)
+    assert failure.controller_failure_limit == (runner.ELASTIC_PLACEMENT_RETRIES if flags else 0)
+    if Version(ray.__version__) >= Version("2.60"):
+        assert failure.preemption_grace_s == runner.PREEMPTION_GRACE_S
