@@ -62,21 +62,18 @@ step_unit() {  # step_unit <venv>
   locked "$1/bin/python" -m pytest -n 2 -q -p no:cacheprovider tests/unit
 }
 
-step_pipeline() {  # step_pipeline <venv> <work>: train -> evaluate -> predict -> serve, in <work>
+step_pipeline() (  # step_pipeline <venv> <work>: train -> evaluate -> predict -> serve, in <work> (a subshell)
   local venv=$1 work=$2 py="$1/bin/python" sample=$REPO/nre_ray/data/sample port pid ok=1 model ckpt i
-  (
-    set -e
-    cd "$work"
-    export NRE_RAY_OWN_RAY=1  # a private local Ray: never join a shared one that another Ray release started
-    locked "$py" -m nre_ray.train --num-workers 2 --epochs 1 --data-dir "$sample" --summary-json train.json
-    model=$("$py" -c 'import json; print(json.load(open("train.json"))["model_uri"])')
-    ckpt=$("$py" -c 'import json; print(json.load(open("train.json"))["best_checkpoint"])')
-    locked "$py" -m nre_ray.evaluate --model "$ckpt" --data "$sample/test.csv" --num-workers 1 --output metrics.json
-    locked "$py" -m nre_ray.predict --model "$model" --input "$sample/test.csv" --output labelled.csv
-    test "$(wc -l < labelled.csv)" -gt 1
-    echo "$model" > model_uri
-  ) || return 1
-  model=$(cat "$work/model_uri")
+  cd "$work" || return 1
+  export NRE_RAY_OWN_RAY=1  # a private local Ray: never join a shared one that another Ray release started
+  # each command's failure ends the step (no set -e: it is off inside a function called from an `if`)
+  locked "$py" -m nre_ray.train --num-workers 2 --epochs 1 --data-dir "$sample" --summary-json train.json || return 1
+  model=$("$py" -c 'import json; print(json.load(open("train.json"))["model_uri"])') || return 1
+  ckpt=$("$py" -c 'import json; print(json.load(open("train.json"))["best_checkpoint"])') || return 1
+  locked "$py" -m nre_ray.evaluate --model "$ckpt" --data "$sample/test.csv" --num-workers 1 --output metrics.json ||
+    return 1
+  locked "$py" -m nre_ray.predict --model "$model" --input "$sample/test.csv" --output labelled.csv || return 1
+  [ "$(wc -l < labelled.csv)" -gt 1 ] || return 1
   port=$(free_port)
   # its process id in serve.pid (under flock too): Ctrl-C goes to it alone, as a user's would
   (cd "$work" && NRE_RAY_OWN_RAY=1 locked bash -c 'echo $$ > serve.pid; exec "$@"' serve \
@@ -100,7 +97,7 @@ step_pipeline() {  # step_pipeline <venv> <work>: train -> evaluate -> predict -
   wait "$pid"
   echo "serve exited with status $?"
   return $ok
-}
+)
 
 step_standin() {  # step_standin <venv> <work>: the rehearsal of docs/cluster.md, on free ports, 1 epoch
   local venv=$1 work=$2
