@@ -6,16 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv train test test-fast lint ui clean
+.PHONY: venv train test test-fast lint ui clean check-versions
 
 venv: $(STAMP)
 
-# torch is installed first and pinned: an open range would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# torch is installed first and pinned: an open range would pull a multi-GB CUDA build. pyproject.toml's dependencies
+# are the tested ranges; constraints.txt pins the one known-good set installed here (Ray 2.60.0, MLflow 3.17.2).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 train: venv
@@ -30,6 +31,11 @@ test: venv
 test-fast: venv
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not integration" $(ARGS)
 
+# The other tested releases of Ray and MLflow, each in its own venv under .versions/ (docs/development.md#versions):
+# make check-versions [ARGS='--steps unit']
+check-versions:
+	scripts/check_versions.sh $(ARGS)
+
 lint: venv
 	$(BIN)/ruff check .
 
@@ -40,4 +46,4 @@ ui: venv
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .nre_ray_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .nre_ray_cache .versions

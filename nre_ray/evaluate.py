@@ -12,6 +12,7 @@ from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import REQUIRED, choices, command_parser, option, shared
 from nre_ray.data.errors import DataError
 from nre_ray.storage import StorageError, write_text
+from nre_ray.user_error import ConfigError
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                                negative_label=args.negative_label, fmt=args.format, columns=args.columns,
                                on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address,
                                cpus_per_worker=args.cpus_per_worker)
-    except (UsageError, CheckpointError) as err:
+    except (UsageError, CheckpointError, ConfigError) as err:  # ConfigError: e.g. an MLflow store it cannot open
         print(f"error: {err}", file=sys.stderr)
         return 2
     except DataError as err:

@@ -11,6 +11,7 @@ from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import REQUIRED, choices, command_parser, option, shared
 from nre_ray.data.errors import DataError
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
+from nre_ray.user_error import ConfigError
 
 EXAMPLES = """\
 examples:
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                on_bad_rows=args.on_bad_rows, tracking_uri=args.tracking_uri, address=args.address,
                                chunk_rows=args.chunk_rows, use_gpu=args.use_gpu, progress=not args.no_progress,
                                local_max_rows=args.local_max_rows, cpus_per_worker=args.cpus_per_worker)
-    except (UsageError, CheckpointError) as err:
+    except (UsageError, CheckpointError, ConfigError) as err:  # ConfigError: e.g. an MLflow store it cannot open
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

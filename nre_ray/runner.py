@@ -537,6 +537,23 @@ PREEMPTION_GRACE_S = 10.0
 ELASTIC_PLACEMENT_RETRIES = 3
 
 
+def failure_config(cfg: Config) -> Any:
+    """Ray Train's FailureConfig of a run (see :func:`build_trainer`). The grace past a preemption's deadline
+    (:data:`PREEMPTION_GRACE_S`) where the installed Ray has it: Ray 2.59's FailureConfig takes no
+    ``preemption_grace_s`` (a TypeError there), and tears the survivors down at the deadline."""
+    import inspect
+
+    import ray.train
+
+    grace = ({"preemption_grace_s": PREEMPTION_GRACE_S}
+             if "preemption_grace_s" in inspect.signature(ray.train.FailureConfig).parameters else {})
+    return ray.train.FailureConfig(
+        max_failures=cfg.train.max_failures,
+        controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if cfg.elastic else 0,
+        max_preemption_failures=-1 if cfg.train.max_preemptions is None else cfg.train.max_preemptions,
+        **grace)
+
+
 def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resources, run_id: str,
                   started: float, extra_callbacks: tuple[Any, ...] = (), events: str | None = None) -> Any:
     """The TorchTrainer: the loop, its data, the workers' resources, checkpoints kept by the loop's selection rank,
@@ -580,11 +597,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
             # (elastic_trainer), but a node can still go between the sizing and the placement.
             # A preemption is counted apart (--max-preemptions, -1: no limit); the grace keeps the survivors going a
             # little past the notice's deadline, so that Ray restarts once the preempted node is gone, not onto it.
-            failure_config=ray.train.FailureConfig(
-                max_failures=cfg.train.max_failures,
-                controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if cfg.elastic else 0,
-                max_preemption_failures=-1 if cfg.train.max_preemptions is None else cfg.train.max_preemptions,
-                preemption_grace_s=PREEMPTION_GRACE_S),
+            failure_config=failure_config(cfg),
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             # each epoch once, when its checkpoint is kept
             callbacks=[EpochMetricsLogger(target.tracking_uri, run_id, events, cfg.train.epochs, cfg.select_metric),

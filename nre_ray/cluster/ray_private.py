@@ -476,8 +476,10 @@ def elastic_trainer(trainer_cls: type) -> type:
     # Private: the scaling policy (ray.train.v2._internal.execution.scaling_policy.ElasticScalingPolicy) has no
     # public setting for which nodes count: the trainer makes it (create_scaling_policy) in fit() and hands it to
     # the controller actor through DataParallelTrainer._initialize_and_run_controller, the one place to swap it.
-    # Its _count_possible_workers turns the coordinator's per-node reservation into a worker count; the reservation
-    # is kept by node id, so the nodes that cannot take work are left out before counting. The classes are made here
+    # Its _count_possible_workers turns the coordinator's per-node reservation into a worker count. Ray 2.60 keeps
+    # the reservation by node id (a dict), so the nodes that cannot take work are left out before counting; Ray 2.59
+    # passes a list of per-node reservations without their ids (its coordinator's get_reserved_resources), which is
+    # counted as Ray counts it, every node in, with only the float correction below. The classes are made here
     # so that Ray is imported only when a trainer is built; the controller receives the policy by value
     # (cloudpickle), and schedulable_nodes by reference to this module.
     import logging
@@ -514,17 +516,21 @@ def elastic_trainer(trainer_cls: type) -> type:
                 self._nodes_read = time.monotonic()
             return self._nodes
 
-        def _count_possible_workers(self, reserved_resources: dict) -> int:
-            usable = self._schedulable()
-            if usable is not None:
-                reserved_resources = {node: r for node, r in reserved_resources.items() if node in usable}
+        def _count_possible_workers(self, reserved_resources: dict | list) -> int:
             # Ray floors each node's reservation over a worker's share, in floats: 3 workers of 0.66 CPU reserve
             # 1.98 CPUs, which count as 2 workers (1.98 // 0.66), and a run of 3-3 workers waited forever. A
             # millionth of a worker's share more counts them as 3.
             per_worker = self.scaling_config._resources_per_worker_not_none
-            nudged = {node: {k: v + 1e-6 * per_worker.get(k, 0.0) for k, v in r.items()}
-                      for node, r in reserved_resources.items()}
-            return super()._count_possible_workers(nudged)
+
+            def nudge(r: dict) -> dict:
+                return {k: v + 1e-6 * per_worker.get(k, 0.0) for k, v in r.items()}
+
+            if not isinstance(reserved_resources, dict):  # Ray 2.59: a list, no node ids to leave a node out by
+                return super()._count_possible_workers([nudge(r) for r in reserved_resources])
+            usable = self._schedulable()
+            if usable is not None:
+                reserved_resources = {node: r for node, r in reserved_resources.items() if node in usable}
+            return super()._count_possible_workers({node: nudge(r) for node, r in reserved_resources.items()})
 
         def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> Any:
             decision = super().make_decision_for_running_worker_group(worker_group_state, worker_group_status)

@@ -22,6 +22,7 @@ from nre_ray import storage
 from nre_ray.cluster.local_settings import QUIET_ENV, TELEMETRY_ENV, pin_state_api
 from nre_ray.config import MIN_CPUS_PER_WORKER
 from nre_ray.tracking import uris
+from nre_ray.versions import warn_if_untested
 
 log = logging.getLogger("nre_ray")
 
@@ -783,7 +784,10 @@ def check_shared_paths(info: Cluster, storage_path: str, tracking_uri: str, allo
 
 def quiet_environ(keys: tuple[str, ...] | None = None) -> None:
     """Give this process, and so the processes it starts, the settings of :data:`QUIET_ENV` (``keys``: those alone)
-    that the user has not set. Call it before Ray and MLflow are imported: both read them then."""
+    that the user has not set. Call it before Ray and MLflow are imported: both read them then. Every command calls
+    it first, so it is also where a Ray or MLflow release outside the tested ones gets its one warning line
+    (:func:`nre_ray.versions.warn_if_untested`, once per process)."""
+    warn_if_untested()
     for key, value in QUIET_ENV.items():
         if keys is None or key in keys:
             os.environ.setdefault(key, value)

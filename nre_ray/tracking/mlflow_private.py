@@ -15,6 +15,19 @@ def latest_schema_revision() -> str:
     return _get_latest_schema_revision()
 
 
+def known_schema_revisions() -> set[str]:
+    """Every alembic revision of this MLflow's schema migrations: a store at one of them can be migrated to
+    :func:`latest_schema_revision`; a store at another one was written by a newer MLflow (MLflow 3.17.2's
+    ``dc11669786a5`` is unknown to 3.16.1, whose migration then fails with alembic's ``Can't locate revision``)."""
+    # Private: mlflow.store.db.utils._get_alembic_config is how MLflow finds its migration scripts (its
+    # _get_latest_schema_revision reads their heads the same way); no public API lists them.
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    script = ScriptDirectory.from_config(_get_alembic_config(db_url=""))
+    return {revision.revision for revision in script.walk_revisions()}
+
+
 def upgrade_schema(db_uri: str) -> None:
     """Migrate the MLflow database ``db_uri`` (e.g. ``sqlite:///PATH``) to this MLflow's schema, as ``mlflow db
     upgrade`` does."""

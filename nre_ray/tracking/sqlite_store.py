@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nre_ray import buildonce
 from nre_ray.tracking import mlflow_private, uris
+from nre_ray.user_error import ConfigError
 
 #: Seconds a reader of the store's schema waits while a run writes to it.
 BUSY_TIMEOUT_S = 60.0
@@ -34,10 +35,29 @@ def ready(tracking_uri: str) -> None:
         return
     with buildonce.turn(db):
         buildonce.remove_stale(db.parent)  # a builder killed after its rename, before removing its private folder
-        if schema_version(db) != mlflow_private.latest_schema_revision():
+        found = schema_version(db)
+        if found != mlflow_private.latest_schema_revision():
+            _refuse_a_newer_store(db, found)
             with buildonce.private_folder(db) as folder:
                 _build(db, folder / db.name, tracking_uri)
     _READY.add(tracking_uri)
+
+
+def _refuse_a_newer_store(db: Path, revision: str | None) -> None:
+    """ConfigError when the store ``db`` is at a schema ``revision`` this MLflow does not know: a newer MLflow wrote
+    it (another release of the tested range, e.g. MLflow 3.17 before 3.16), and this one can neither migrate nor
+    open it. The file is left as it is."""
+    if revision is not None and revision not in mlflow_private.known_schema_revisions():
+        raise ConfigError(
+            f"the MLflow store {db} was written by a newer MLflow than this one ({_mlflow_version()}; its schema "
+            f"revision {revision} is unknown here): open it with that MLflow, or use another store (--tracking-uri)")
+
+
+def _mlflow_version() -> str:
+    """``MLflow X.Y.Z`` as installed (read from its metadata)."""
+    from importlib import metadata
+
+    return f"MLflow {metadata.version('mlflow')}"
 
 
 def default_artifact_location(tracking_uri: str) -> str | None:

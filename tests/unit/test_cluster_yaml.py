@@ -11,7 +11,8 @@ How the validation works:
    credentials (IAM role, key pair, subnets, security group, AMI) is in `bootstrap_aws`, which `ray up` calls later
    and which these tests never call. The `offline` fixture makes boto3/botocore unimportable and sockets unusable to
    prove it.
-3. Project checks Ray cannot make: the pins installed by setup_commands equal pyproject.toml's, torch is installed
+3. Project checks Ray cannot make: the pins installed by setup_commands equal constraints.txt's (the default
+   install's known-good set, inside pyproject.toml's ranges), torch is installed
    first, no key is inherited from Ray's defaults, no secrets, port 5000 (MLflow) is not opened to the internet.
 4. Least privilege for the GPU workers: no worker node type gets the autoscaler's own instance profile, and the IAM
    commands in docs/cluster.md (valid bash; their policy documents valid JSON) grant the workers' role S3 objects
@@ -47,6 +48,7 @@ from nre_ray.cluster import spot_watch
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = REPO / "cluster.yaml"
 PYPROJECT = REPO / "pyproject.toml"
+CONSTRAINTS = REPO / "constraints.txt"
 CLUSTER_DOC = REPO / "docs" / "cluster.md"
 README = REPO / "README.md"
 CLUSTER_SECTION = "## Run on a cluster (AWS)"
@@ -140,22 +142,32 @@ def setup_command_pins(raw: dict) -> dict[str, Requirement]:
 
 
 def pyproject_pins() -> dict[str, Requirement]:
+    """The known-good set the default install pins: constraints.txt's ``==`` versions with pyproject.toml's extras
+    (pyproject.toml's dependencies are the tested ranges; :func:`test_the_pins_are_inside_the_tested_ranges`)."""
     dependencies = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
-    requirements = [Requirement(dependency) for dependency in dependencies]
-    return {canonicalize_name(r.name): r for r in requirements if any(s.operator == "==" for s in r.specifier)}
+    ranges = {canonicalize_name(r.name): r for r in map(Requirement, dependencies)}
+    pins = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            pin = Requirement(line)
+            name = canonicalize_name(pin.name)
+            extras = f"[{','.join(sorted(ranges[name].extras))}]" if name in ranges and ranges[name].extras else ""
+            pins[name] = Requirement(f"{pin.name}{extras}{pin.specifier}")
+    return pins
 
 
 def pin_mismatches(raw: dict) -> list[str]:
-    """Differences between setup_commands and pyproject.toml for the PINNED packages (version and extras)."""
+    """Differences between setup_commands and the known-good set (constraints.txt, pyproject.toml's extras) for the
+    PINNED packages (version and extras)."""
     cluster, project = setup_command_pins(raw), pyproject_pins()
     problems = []
     for name in PINNED:
         if name not in project:
-            problems.append(f"{name}: no '==' pin in pyproject.toml")
+            problems.append(f"{name}: no '==' pin in constraints.txt")
         elif name not in cluster:
             problems.append(f"{name}: not installed with '==' by setup_commands (pyproject has {project[name]})")
         elif (cluster[name].specifier, cluster[name].extras) != (project[name].specifier, project[name].extras):
-            problems.append(f"{name}: cluster.yaml installs {cluster[name]}, pyproject.toml pins {project[name]}")
+            problems.append(f"{name}: cluster.yaml installs {cluster[name]}, constraints.txt pins {project[name]}")
     return problems
 
 
@@ -442,6 +454,14 @@ def test_head_starts_ray_with_the_autoscaler_and_workers_join_it(raw):
 
 def test_setup_commands_install_the_pyproject_pins(raw):
     assert pin_mismatches(raw) == []
+
+
+def test_the_pins_are_inside_the_tested_ranges():
+    dependencies = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    ranges = {canonicalize_name(r.name): r for r in map(Requirement, dependencies)}
+    for name, pin in pyproject_pins().items():
+        (version,) = [s.version for s in pin.specifier if s.operator == "=="]
+        assert ranges[name].specifier.contains(version), f"{pin} is outside pyproject.toml's {ranges[name]}"
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,17 @@ process: each rank's gradients are computed apart and summed, which is what the 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
+import ray
 import ray.train
 import torch
+from packaging.version import Version
 from ray.train.torch import TorchTrainer
 
-from nre_ray import elastic
+from nre_ray import elastic, runner
+from nre_ray.cluster.ray_private import elastic_trainer
 from nre_ray.config import Config, ConfigError, build_parser, config_from_args
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
@@ -210,3 +214,29 @@ def test_every_rank_hears_of_a_preemption_and_its_deadline_whichever_rank_polled
     wanted = [[True, 12.0], [True, 10.0], [True, 7.0], [False, None]]
     assert [a["answers"] for a in answers] == [wanted, wanted]
     assert answers[0]["grads"] == answers[1]["grads"] == [[[3.0, 3.0], [3.0]]] * 4  # the gradients summed, as before
+
+
+def test_the_elastic_policy_counts_the_reservation_in_the_installed_rays_shape():
+    """Contract of ray_private.elastic_trainer's policy (its _count_possible_workers over Ray Train's
+    ElasticScalingPolicy): Ray 2.60's coordinator reserves by node id, and the nodes that take no new work are left
+    out; Ray 2.59's gives a list without ids (every node counted; a dict's .items() failed there). In both, a
+    worker's share is not lost to Ray's float floor (1.98 CPUs hold 3 workers of 0.66)."""
+    policy = elastic_trainer(TorchTrainer).scaling_policy(
+        ray.train.ScalingConfig(num_workers=(1, 4), resources_per_worker={"CPU": 0.66}))
+    policy._nodes, policy._nodes_read = {"a"}, time.monotonic()  # the nodes that take work, as just read: "a"
+    if Version(ray.__version__) >= Version("2.60"):
+        assert policy._count_possible_workers({"a": {"CPU": 0.66 * 3}, "b": {"CPU": 1.0}}) == 3  # b is draining
+    else:
+        assert policy._count_possible_workers([{"CPU": 0.66 * 3}, {"CPU": 1.0}]) == 4
+
+
+@pytest.mark.parametrize("flags", [[], ["--num-workers", "1-3", "--max-preemptions", "4"]])
+def test_the_failure_config_is_one_the_installed_ray_takes(flags):
+    """runner.failure_config on the installed Ray: Ray 2.60's FailureConfig gets the grace past a preemption's
+    deadline; Ray 2.59's has no such field (build_trainer failed there with a TypeError before any run started)."""
+    cfg = config_from_args(build_parser().parse_args(flags))
+    failure = runner.failure_config(cfg)
+    assert failure.max_preemption_failures == (4 if flags else -1)
+    assert failure.controller_failure_limit == (runner.ELASTIC_PLACEMENT_RETRIES if flags else 0)
+    if Version(ray.__version__) >= Version("2.60"):
+        assert failure.preemption_grace_s == runner.PREEMPTION_GRACE_S

@@ -39,3 +39,12 @@ def test_create_tables_makes_a_store_of_the_latest_schema(tmp_path: Path) -> Non
     assert sqlite_store.schema_version(db) == mlflow_private.latest_schema_revision()
     mlflow_private.upgrade_schema(f"sqlite:///{db}")  # already the latest: nothing to do, nothing broken
     assert sqlite_store.schema_version(db) == mlflow_private.latest_schema_revision()
+
+
+def test_known_schema_revisions_are_mlflows_migrations_from_the_first_to_the_latest() -> None:
+    from mlflow.store.db import utils as db_utils
+
+    assert _parameters(db_utils._get_alembic_config)[0] == "db_url"
+    known = mlflow_private.known_schema_revisions()
+    assert mlflow_private.latest_schema_revision() in known
+    assert {"451aebb31d03", "71994744cf8e"} <= known  # the first migration, and the one test_sqlite_store starts at

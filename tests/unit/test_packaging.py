@@ -53,5 +53,5 @@ def test_the_documented_job_submit_ships_no_git_or_venv_and_says_nothing(tmp_pat
     assert "ignored by default" not in out.stderr, out.stderr
     names = out.stdout.split()
     assert "nre_ray/train.py" in names and "pyproject.toml" in names
-    assert not [n for n in names if n.split("/")[0] in (".git", ".venv", "venv", ".standin", "ray_results")
+    assert not [n for n in names if n.split("/")[0] in (".git", ".venv", "venv", ".standin", "ray_results", ".versions")
                 or "__pycache__" in n], names

@@ -15,7 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from nre_ray import buildonce
-from nre_ray.tracking import sqlite_store
+from nre_ray.tracking import mlflow_private, sqlite_store
+from nre_ray.user_error import ConfigError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -130,3 +131,19 @@ def test_a_store_a_run_is_writing_to_is_waited_for_not_rebuilt(tmp_path: Path) -
     sqlite_store.ready(uri)
     writer.close()
     assert db.stat().st_ino == inode and sqlite_store.schema_version(db) == version  # the same file, not a copy
+
+
+def test_a_store_of_a_newer_mlflow_is_refused_in_one_line_and_left_as_it_is(tmp_path: Path) -> None:
+    """A store a newer MLflow wrote (MLflow 3.17.2's, opened by 3.16.1: its revision unknown there) cannot be migrated:
+    alembic's ``Can't locate revision`` traceback became one ConfigError naming the store."""
+    db = tmp_path / "mlflow.db"
+    sqlite_store.ready(f"sqlite:///{db}")
+    newer = "f" * 12  # a revision this MLflow's migrations do not have, as 3.17.2's dc11669786a5 is for 3.16.1
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = ?", (newer,))
+    before = db.read_bytes()
+    sqlite_store._READY.discard(f"sqlite:///{db}")  # opened above: this process checks a store once
+    with pytest.raises(ConfigError, match=rf"{db} was written by a newer MLflow .*revision {newer} is unknown"):
+        sqlite_store.ready(f"sqlite:///{db}")
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+    assert newer not in mlflow_private.known_schema_revisions()
