@@ -10,9 +10,9 @@ from typing import Any
 
 from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import REQUIRED, choices, command_parser, option, shared
+from nre_ray.core.user_error import ConfigError
 from nre_ray.data.errors import DataError
 from nre_ray.storage import StorageError, write_text
-from nre_ray.user_error import ConfigError
 
 SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
               "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_environ()  # before Ray and MLflow are imported
     # deferred: importing it loads torch, numpy
-    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.run.checkpoint import CheckpointError
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.serving.evaluation import evaluate_file
@@ -102,6 +102,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from nre_ray.console import exit_status
+    from nre_ray.core.console import exit_status
 
     sys.exit(exit_status(main))

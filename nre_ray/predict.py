@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from nre_ray import storage
 from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import REQUIRED, choices, command_parser, option, shared
+from nre_ray.core.user_error import ConfigError
 from nre_ray.data.errors import DataError
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
-from nre_ray.user_error import ConfigError
 
 EXAMPLES = """\
 examples:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_environ()  # before Ray and MLflow are imported
     # deferred: importing it loads torch, numpy
-    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.run.checkpoint import CheckpointError
 
     # deferred: importing it loads torch, pandas, pyarrow, numpy
     from nre_ray.serving.prediction import cause, predict_file, worker_died
@@ -111,6 +111,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from nre_ray.console import exit_status
+    from nre_ray.core.console import exit_status
 
     sys.exit(exit_status(main))

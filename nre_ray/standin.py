@@ -144,6 +144,6 @@ def run(args: StandinOptions) -> None:
 
 
 if __name__ == "__main__":
-    from nre_ray.console import exit_status
+    from nre_ray.core.console import exit_status
 
     sys.exit(exit_status(main))

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from nre_ray.user_error import ConfigError
+from nre_ray.core.user_error import ConfigError
 
 PathLike = str | os.PathLike[str]
 """A local path or a URI."""

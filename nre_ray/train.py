@@ -1,4 +1,4 @@
-"""``python -m nre_ray.train``: parse the config, run the steps of :mod:`nre_ray.runner`, print the summary."""
+"""``python -m nre_ray.train``: parse the config, run the steps of :mod:`nre_ray.run.runner`, print the summary."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from nre_ray.config import build_parser, config_from_args
-from nre_ray.frontdoor import print_model_and_ui, run_command
-from nre_ray.runner import run
+from nre_ray.run.frontdoor import print_model_and_ui, run_command
+from nre_ray.run.runner import run
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -67,6 +67,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from nre_ray.console import exit_status
+    from nre_ray.core.console import exit_status
 
     sys.exit(exit_status(main))

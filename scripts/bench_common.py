@@ -162,14 +162,14 @@ def _on(batch: dict[str, Any], device: Any) -> dict[str, Any]:
 
 def train_pass(model: Any, loader: Any, optimizer: Any, grad_clip: float, device: Any = None,
                amp: bool = False) -> tuple[Any, int]:
-    """One plain PyTorch pass, the same step as ``nre_ray.loop`` (forward under nre_ray's autocast on a GPU with
+    """One plain PyTorch pass, the same step as ``nre_ray.run.loop`` (forward under nre_ray's autocast on a GPU with
     ``amp``, loss, backward through its loss scaler, clip, Adam), with the loss summed on the device (no per-step
     ``.item()``). Returns (loss-sum tensor (2,) on the CPU, batches); on a GPU it waits for the device at the end, so
     that the caller's clock covers the work."""
     import torch
     from torch import nn
 
-    from nre_ray.loop import autocast_context, grad_scaler
+    from nre_ray.run.loop import autocast_context, grad_scaler
 
     device = device or torch.device("cpu")
     scaler = grad_scaler(device, amp)

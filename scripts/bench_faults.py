@@ -48,7 +48,7 @@ SAMPLE = REPO / "nre_ray" / "data" / "sample"
 RUNS = [("baseline-fixed", "3", None), ("baseline-elastic", "1-3", None),
         ("fixed-restart", "3", "baseline-fixed"), ("fixed-wait", "3-3", "baseline-elastic"),
         ("elastic", "1-3", "baseline-elastic")]
-#: The console's line for a restart: where it went on from (nre_ray.console).
+#: The console's line for a restart: where it went on from (nre_ray.core.console).
 GOING_ON = re.compile(r"going on from (?:step (\d+) of )?epoch (\d+)")
 #: The console's line for the worker group's start after a restart, with its time since the command started.
 STARTED_AGAIN = re.compile(r"^\[\s*([\d.]+)s\] workers: (\d+) started again", re.MULTILINE)

@@ -60,15 +60,15 @@ DRIVER_MOMENTS = ("ray", "preprocess", "mlflow", "workers", "training", "epoch",
 WORKER_MOMENTS = ("training", "epoch")  # the workers exist then
 PHASE_LINE = re.compile(r"^\[\s*[\d.]+s\] (\w+): ")
 EPOCH_LINE = re.compile(r"^epoch\s+\d+/\d+ ")
-RESTART = "started again (a restart after a failure)"  # nre_ray.console's line for a worker-group restart
+RESTART = "started again (a restart after a failure)"  # nre_ray.core.console's line for a worker-group restart
 RUN_ID = re.compile(r"(?:mlflow: run |\(MLflow run )([0-9a-f]{32})")
 #: Names of temporaries: files mid-write (``*.partial``: nre_ray.storage's atomic writer, the checkpoint's files
 #: among them; ``*.tmp`` of an older nre_ray), private build folders of the cache (``<key>.tmp-<pid>.<start>-...``,
 #: or ``<key>.tmp-<pid>-...`` of an older nre_ray).
 TEMP_NAME = re.compile(r"\.tmp$|\.partial$|\.tmp-\d+[.-]")
 #: In the runs' TMPDIR but not nre_ray's leftovers: its lock files (kept on purpose, one per cache entry:
-#: nre_ray.buildonce), torch's compile cache (``torchinductor_<user>``, kept on purpose by torch), and the folders of
-#: the multiprocessing forkserver of Ray's dashboard (``pymp-*``: each local Ray leaves one, even after a clean
+#: nre_ray.core.buildonce), torch's compile cache (``torchinductor_<user>``, kept on purpose by torch), and the folders
+#: of the multiprocessing forkserver of Ray's dashboard (``pymp-*``: each local Ray leaves one, even after a clean
 #: ``ray.shutdown``, which kills the dashboard before Python can remove it).
 NOT_NRE_RAYS = re.compile(r"^(nre_ray-\d+(/locks(/[^/]+\.lock)?)?|torchinductor_[^/]+(/.*)?|pymp-\w+(/listener-\w+)?)$")
 PR_SET_CHILD_SUBREAPER = 36

@@ -48,7 +48,7 @@ def fit_tiny_cnn(tmp_path, name: str, epochs: int, lr: float, num_workers: int, 
     from ray.train.torch import TorchTrainer
 
     from nre_ray.config import Config
-    from nre_ray.loop import train_loop_per_worker
+    from nre_ray.run.loop import train_loop_per_worker
 
     cfg = Config.from_dict({"train": {"epochs": epochs, "batch_size": 8, "lr": lr, "seed": 3},
                             "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16}})

@@ -150,7 +150,7 @@ def preemption_notice() -> Any:
     """This Ray Train worker's own view of a preemption notice: Ray's ``PreemptionInfo`` (``deadline_ms``,
     ``preempted_node_to_ranks``) once a node of the worker group is being drained for preemption, else None; None in
     local mode. Unlike ``ray.train.get_preemption_info()`` it is no barrier: each rank reads its own copy, and the
-    caller agrees on it with the others in a collective it runs anyway (:mod:`nre_ray.elastic`)."""
+    caller agrees on it with the others in a collective it runs anyway (:mod:`nre_ray.run.elastic`)."""
     # Private: ray.train.get_preemption_info() is the public reading, but it is a barrier through Ray Train's
     # synchronization actor (a Ray call from every rank) each time it is asked, which costs more than a small step of
     # training if asked at every step. Ray's preemption watcher hands the same PreemptionInfo to every worker
@@ -299,7 +299,7 @@ def worker_death(error: Exception) -> Exception:
 def ray_output_to(log: Any) -> Iterator[None]:
     """While the block runs, what Ray forwards to this driver from its processes (the workers' and actors' output and
     tracebacks, the raylets' and the GCS's messages) goes to ``log`` (``log.write(text, source)``: a
-    :class:`nre_ray.console.RunLog`) instead of the console; the autoscaler's events (nodes added or removed) stay
+    :class:`nre_ray.core.console.RunLog`) instead of the console; the autoscaler's events (nodes added or removed) stay
     on the console."""
     # Private: the driver prints every forwarded batch through ray._private.worker.print_worker_logs (from the
     # log_to_driver thread and from listen_error_messages), looked up at each call. Ray has no setting that sends

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 from nre_ray import storage
 from nre_ray.cluster.local_settings import QUIET_ENV, TELEMETRY_ENV, pin_state_api
 from nre_ray.config import MIN_CPUS_PER_WORKER
+from nre_ray.core.versions import warn_if_untested
 from nre_ray.tracking import uris
-from nre_ray.versions import warn_if_untested
 
 log = logging.getLogger("nre_ray")
 
@@ -569,7 +569,7 @@ def _start_shared(log_to_driver: bool, runtime_env: dict[str, Any] | None = None
 
 def _say(text: str) -> None:
     """A note in the console's running ``ray`` phase, if there is one."""
-    from nre_ray import console
+    from nre_ray.core import console
 
     for phase in console.get().running:
         if phase.name == "ray":
@@ -786,7 +786,7 @@ def quiet_environ(keys: tuple[str, ...] | None = None) -> None:
     """Give this process, and so the processes it starts, the settings of :data:`QUIET_ENV` (``keys``: those alone)
     that the user has not set. Call it before Ray and MLflow are imported: both read them then. Every command calls
     it first, so it is also where a Ray or MLflow release outside the tested ones gets its one warning line
-    (:func:`nre_ray.versions.warn_if_untested`, once per process)."""
+    (:func:`nre_ray.core.versions.warn_if_untested`, once per process)."""
     warn_if_untested()
     for key, value in QUIET_ENV.items():
         if keys is None or key in keys:

@@ -21,10 +21,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nre_ray.core.special_tokens import UNK_ID
 from nre_ray.data.markers import MARKER_PATTERN, MARKERS, clean_type, typed_markers, untyped
 from nre_ray.data.rowfile import open_rows
 from nre_ray.data.tokenize import tokenize_example
-from nre_ray.special_tokens import UNK_ID
 
 #: The padded arrays of a batch (and of :attr:`EncodedSplit.arrays`); every 2-D one is (B, T) with 0 as padding.
 ARRAY_KEYS = ("tokens", "head_pos", "tail_pos", "segments", "lengths", "labels", "head_span", "tail_span")

@@ -19,7 +19,7 @@ tasks may run on any node: see :func:`prepare`).
 
 The result (and the audit, see :mod:`nre_ray.data.audit`) is cached under a key made of the preprocessing settings and
 what identifies each input's content (a local file's bytes, an object's version in its store: :func:`cache_key`):
-built in a private folder and published with one atomic rename (:mod:`nre_ray.buildonce`), so runs that start at
+built in a private folder and published with one atomic rename (:mod:`nre_ray.core.buildonce`), so runs that start at
 once on the same inputs never see or touch each other's half-built files (see :func:`prepare`). With
 ``shared_cache`` (a URI under the run storage) it is also published there and fetched from there by the next job with
 the same key, on any machine.
@@ -48,9 +48,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nre_ray import buildonce, console, storage
+from nre_ray import storage
 from nre_ray.cluster.session import alive_nodes
 from nre_ray.config import ConfigError, DataConfig
+from nre_ray.core import buildonce, console
 from nre_ray.data import audit as data_audit
 from nre_ray.data import stages, subword
 from nre_ray.data.batches import EncodedSplit
@@ -265,7 +266,7 @@ def prepare(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_ca
     result's :attr:`Prepared.sources` are this call's input files (``cfg``'s), whatever run built the cache: the
     cache holds content, and the same content may have been built from files elsewhere.
 
-    Safe under concurrency (two terminals on the same inputs), by the protocol of :mod:`nre_ray.buildonce`: a run
+    Safe under concurrency (two terminals on the same inputs), by the protocol of :mod:`nre_ray.core.buildonce`: a run
     builds in a private folder next to the cache folder (``<key>.tmp-<pid>-<random>-<host>/``, its work files
     included) and publishes it with one atomic rename onto ``<key>/``, so no one ever sees a half-written cache and
     no builder touches another's files. Runs on one machine take turns: the second one waits for the first one's
@@ -421,7 +422,7 @@ def _complete(folder: Path) -> bool:
 
 def split_files_complete(folder: Path, splits: list[str]) -> bool:
     """``folder`` holds a complete cache of this :data:`LAYOUT` with the files of ``splits`` (what a training worker
-    memory-maps: :func:`nre_ray.loop.open_splits`)."""
+    memory-maps: :func:`nre_ray.run.loop.open_splits`)."""
     return _complete(folder) and all((folder / f).is_file() for s in splits for f in EncodedSplit.files(s))
 
 

@@ -40,7 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nre_ray import buildonce, storage
+from nre_ray import storage
+from nre_ray.core import buildonce
 from nre_ray.data import audit as data_audit
 from nre_ray.data import subword
 from nre_ray.data.batches import (

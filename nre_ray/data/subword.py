@@ -44,10 +44,16 @@ import pandas as pd
 
 from nre_ray import storage
 from nre_ray.config import ConfigError
+from nre_ray.core.pretrained_io import (
+    WEIGHT_SUFFIXES,
+    from_pretrained,
+    max_positions,
+    pretrained_copy,
+    quiet_transformers,
+)
 from nre_ray.data.batches import label_ids
 from nre_ray.data.markers import MARKERS, clean_type, insert_markers, marker_vocabulary, typed_markers  # noqa: F401
 from nre_ray.data.tokenize import Span, truncation_window
-from nre_ray.pretrained_io import WEIGHT_SUFFIXES, from_pretrained, max_positions, pretrained_copy, quiet_transformers
 
 # --------------------------------------------------------------------------------------------------------------------
 # the tokenizer
@@ -270,7 +276,7 @@ _ASSET_FOLDERS: dict[str, str] = {}
 
 def assets_folder(assets: Mapping[str, bytes], prefix: str = "pretrained/") -> str:
     """A local folder holding the ``assets`` under ``prefix`` (a checkpoint's tokenizer and config, kept in memory
-    by :class:`nre_ray.checkpoint.LoadedCheckpoint`), written once per process and content; removed at exit."""
+    by :class:`nre_ray.run.checkpoint.LoadedCheckpoint`), written once per process and content; removed at exit."""
     files = {name[len(prefix):]: data for name, data in sorted(assets.items()) if name.startswith(prefix)}
     if not files:
         raise ValueError(f"no {prefix} files: this checkpoint carries no pretrained tokenizer")

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nre_ray.core.special_tokens import PAD, UNK, UNK_ID
 from nre_ray.data.markers import is_marker
-from nre_ray.special_tokens import PAD, UNK, UNK_ID
 
 
 @dataclass

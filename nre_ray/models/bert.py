@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from nre_ray.config import ConfigError
-from nre_ray.pretrained_io import from_pretrained, max_positions, quiet_transformers
+from nre_ray.core.pretrained_io import from_pretrained, max_positions, quiet_transformers
 
 
 class BertEncoder(nn.Module):
@@ -54,7 +54,7 @@ def load_transformer(pretrained: str, vocab_size: int) -> nn.Module:
     """``AutoModel.from_pretrained(pretrained)`` in float32, its token embeddings resized to ``vocab_size`` (the
     tokenizer with the entity markers); ConfigError (saying to pass a local folder when offline) if it cannot be
     loaded. ``pretrained`` may be a folder in an object store (``s3://...``): each machine downloads it once (see
-    :func:`nre_ray.pretrained_io.from_pretrained`)."""
+    :func:`nre_ray.core.pretrained_io.from_pretrained`)."""
     from transformers import AutoModel
 
     model = from_pretrained(AutoModel.from_pretrained, pretrained, "model", dtype=torch.float32)

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from nre_ray import storage
+from nre_ray.core.special_tokens import PAD_ID
 from nre_ray.models.embedding import WordPositionEmbedding
-from nre_ray.special_tokens import PAD_ID
 
 
 def _open(path: Path | str) -> IO[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from nre_ray.frontdoor import run_command
+from nre_ray.run.frontdoor import run_command
 from nre_ray.serve.cli import build_parser
 
 
@@ -24,6 +24,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from nre_ray.console import exit_status
+    from nre_ray.core.console import exit_status
 
     sys.exit(exit_status(main))

@@ -3,9 +3,9 @@
 The file is read and encoded with the checkpoint's vocabulary, labels and tokenizer settings (the pure functions of
 training, through :func:`nre_ray.serving.inference.encode_rows`); a row whose label the checkpoint does not know is an
 error that names it. A TorchTrainer then runs :func:`eval_loop_per_worker` on ``--num-workers`` workers: each scores
-its exact shard (``nre_ray.loop.eval_loader``, every row once, no padding), the confusion counts are all-reduced
-(``nre_ray.loop.evaluate``) and rank 0 computes the scores (``nre_ray.metrics.scores``) and hands them to the driver
-through a small actor. The numbers therefore do not depend on the number of workers.
+its exact shard (``nre_ray.run.loop.eval_loader``, every row once, no padding), the confusion counts are all-reduced
+(``nre_ray.run.loop.evaluate``) and rank 0 computes the scores (``nre_ray.run.metrics.scores``) and hands them to the
+driver through a small actor. The numbers therefore do not depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ import numpy as np
 import ray
 import torch
 
-from nre_ray import console
-from nre_ray import metrics as M
-from nre_ray.checkpoint import load_checkpoint
 from nre_ray.cluster.session import (
     UsageError,
     cluster,
@@ -40,13 +37,16 @@ from nre_ray.cluster.session import (
     torch_config,
 )
 from nre_ray.config import Config
+from nre_ray.core import console
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import DataError
 from nre_ray.data.pipeline import LAYOUT, MARKER
 from nre_ray.data.read import parse_column_map, problems_of, read_table
-from nre_ray.loop import eval_loader, evaluate, open_splits
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.run import metrics as M
+from nre_ray.run.checkpoint import load_checkpoint
+from nre_ray.run.loop import eval_loader, evaluate, open_splits
 from nre_ray.serving.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
 
 
@@ -71,7 +71,7 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     ``loop_config``: ``model`` (dict or ObjectRef: ``config`` as Config.to_dict(), ``state`` weights, ``spec``
     (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (``{"cache": ...}`` naming the folder of
-    one saved split, as :func:`nre_ray.loop.open_splits` reads it; or a dict or ObjectRef of the encoded arrays,
+    one saved split, as :func:`nre_ray.run.loop.open_splits` reads it; or a dict or ObjectRef of the encoded arrays,
     flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``threads``, ``sink`` (a
     :class:`ResultSink` handle, or an absolute path for a JSON file).
     """
@@ -114,7 +114,7 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
     workers (``cpus_per_worker`` CPUs each: ``--cpus-per-worker``; default: sized as training sizes them).
 
     Returns ``model``, ``data``, ``rows``, ``skipped``, ``workers``, ``negative_label``, ``metrics`` (the scores of
-    :func:`nre_ray.metrics.scores`), ``loss``, ``per_class`` (one dict per label), ``labels`` and
+    :func:`nre_ray.run.metrics.scores`), ``loss``, ``per_class`` (one dict per label), ``labels`` and
     ``confusion_matrix`` (rows = gold, columns = predicted).
     """
     _check_options(num_workers, on_bad_rows, cpus_per_worker)
@@ -145,7 +145,7 @@ def evaluate_split(model: str, prepared: Any, split: str = "test", num_workers: 
                    cpus_per_worker: float | None = None, name: str | None = None) -> dict[str, Any]:
     """Evaluate the checkpoint folder ``model`` on the split ``split`` of the preprocessing result ``prepared``
     (:class:`nre_ray.data.pipeline.Prepared`) that it was trained on: the rows as training encoded them, read by the
-    workers from the cache as training reads them (:func:`nre_ray.loop.open_splits`), not from the input file
+    workers from the cache as training reads them (:func:`nre_ray.run.loop.open_splits`), not from the input file
     again (a sweep's final test). Returns what :func:`evaluate_file` returns, ``data`` naming the split's file.
     ``name``: what the console and the report call the checkpoint (a sweep's ``s3://`` checkpoint, of which
     ``model`` is a local copy); default ``model``."""
@@ -272,7 +272,7 @@ def _no_preemption_watcher() -> Iterator[None]:
     """While the block runs, Ray Train starts no preemption watcher: scoring never asks for preemption notices (a
     drained node is a worker failure like any other), and killing the watcher when the worker group stops made its
     process log a ``core_worker.cc`` error (``PreemptionWatcher ... max_restarts``) into a successful evaluation's
-    output. Training keeps its watcher (:mod:`nre_ray.elastic` reads the notices)."""
+    output. Training keeps its watcher (:mod:`nre_ray.run.elastic` reads the notices)."""
     before = os.environ.get(PREEMPTION_WATCHER_ENV)
     os.environ[PREEMPTION_WATCHER_ENV] = "0"
     try:

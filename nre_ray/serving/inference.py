@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from nre_ray import storage
-from nre_ray.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
 from nre_ray.config import Config, DataConfig
 from nre_ray.data.batches import EncodedSplit, encode_split, tokenize_batch
 from nre_ray.data.encode import EncodedDataset
@@ -36,6 +35,7 @@ from nre_ray.data.subword import assets_folder, encode_subword_batch
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.run.checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
 from nre_ray.tracking.store import download_model, model_store, registered_version
 
 #: The columns a prediction needs (``relation`` is not needed and is ignored when present).
@@ -79,7 +79,7 @@ def encode_rows(frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: lis
     reader), ``head_type``/``tail_type`` (typed entity markers) and, when ``labels`` is given, ``relation``. Without
     ``labels`` a ``relation`` column is ignored; with them, a row whose relation is not among ``labels`` gets a
     problem naming it. A subword vocabulary (``--model bert``) encodes with the pretrained tokenizer in ``assets``
-    (:attr:`LoadedCheckpoint.assets <nre_ray.checkpoint.LoadedCheckpoint.assets>`) and entity markers.
+    (:attr:`LoadedCheckpoint.assets <nre_ray.run.checkpoint.LoadedCheckpoint.assets>`) and entity markers.
 
     Returns ``(problems, split)``: the problem of each row ("" for rows that were encoded; positional, index reset)
     and the encoded good rows, in input order.
@@ -138,7 +138,7 @@ class Predictor:
     @classmethod
     def from_checkpoint(cls, folder: str | Path, device: str | torch.device | None = None,
                         batch_size: int = 256) -> Predictor:
-        """Load a checkpoint folder written by training (see :mod:`nre_ray.checkpoint`)."""
+        """Load a checkpoint folder written by training (see :mod:`nre_ray.run.checkpoint`)."""
         return cls.from_loaded(load_checkpoint(Path(folder)), device, batch_size)
 
     @classmethod

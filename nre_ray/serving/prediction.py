@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nre_ray import console, storage
-from nre_ray.checkpoint import load_checkpoint
+from nre_ray import storage
 from nre_ray.cluster.session import (
     Cluster,
     Resources,
@@ -45,11 +44,13 @@ from nre_ray.cluster.session import (
     size_workers,
     start_ray,
 )
+from nre_ray.core import console
 from nre_ray.data.chunks import PREFIX, Chunk, InputPlan, canonical_part, input_part, plan_chunks
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.pipeline import quiet_ray_data
 from nre_ray.data.read import parse_column_map, problems_of
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
+from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.serving.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
 
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",

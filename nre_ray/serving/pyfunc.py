@@ -23,7 +23,7 @@ import mlflow.pyfunc
 import pandas as pd
 
 import nre_ray
-from nre_ray import tempfiles
+from nre_ray.core import tempfiles
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
 from nre_ray.tracking import store as tracking
@@ -144,7 +144,7 @@ class LoggedModel:
 def _weights_only_copy(checkpoint: Path, folder: Path) -> Path:
     """The checkpoint without the optimizer and scheduler state (what predicting needs; about a third the size)."""
     # deferred: importing it loads torch
-    from nre_ray.checkpoint import load_checkpoint, save_checkpoint
+    from nre_ray.run.checkpoint import load_checkpoint, save_checkpoint
 
     loaded = load_checkpoint(checkpoint)
     state = {k: v for k, v in loaded.state.items() if k in ("model", "epoch", "best_epoch", "best_score", "metrics")}

@@ -7,10 +7,10 @@ lost and the epoch is trained again. Logging the epoch's metrics here, right aft
 the worker, gives each epoch in MLflow exactly once, and only epochs a continuation starts after.
 
 The controller runs on the driver's node (Ray Train pins it there), so it hands the driver what to print through a
-file of events (:func:`nre_ray.console.append_event`): the workers up, training started, each epoch, and each failure
-it handled: what was lost (a worker process, a node, a node preempted), which failure of how many, and the epoch (or
-the step in an epoch, from a mid-epoch checkpoint) and checkpoint the run goes on from (:func:`describe_failure`; the
-console prints it in one line). Where the driver is not on a node (a Ray Client ``ray://`` address) there is no such
+file of events (:func:`nre_ray.core.console.append_event`): the workers up, training started, each epoch, and each
+failure it handled: what was lost (a worker process, a node, a node preempted), which failure of how many, and the epoch
+(or the step in an epoch, from a mid-epoch checkpoint) and checkpoint the run goes on from (:func:`describe_failure`;
+the console prints it in one line). Where the driver is not on a node (a Ray Client ``ray://`` address) there is no such
 file and the controller prints the epoch lines itself (Ray forwards them to the driver with its
 ``(TrainController pid=...)`` prefix).
 """
@@ -25,7 +25,7 @@ import ray.train
 from nre_ray import storage
 from nre_ray.cluster.ray_private import failure_of, train_callback_bases, worker_death, worker_places
 from nre_ray.cluster.session import root_cause
-from nre_ray.console import NOTES_KEY, append_event, format_epoch
+from nre_ray.core.console import NOTES_KEY, append_event, format_epoch
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class EpochMetricsLogger(ray.train.UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         """Called by the controller after the checkpoint manager registered the report (``checkpoint`` persisted)."""
-        if metrics and NOTES_KEY in metrics[0]:  # lines for the console (nre_ray.loop.tell_console)
+        if metrics and NOTES_KEY in metrics[0]:  # lines for the console (nre_ray.run.loop.tell_console)
             lines = [str(line) for line in metrics[0][NOTES_KEY]]
             _tell(self.events, {"event": "notes", "lines": lines}, lambda: "\n".join(lines))
             return
@@ -132,7 +132,7 @@ class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]
 def resume_point(metrics: dict[str, Any]) -> tuple[int, int] | None:
     """Where a run goes on from the checkpoint reported with ``metrics``: (epochs done, steps done of the next epoch),
     from an epoch's checkpoint (``epoch``: 0 steps) or a mid-epoch one saved on a preemption notice (``mid_epoch``,
-    ``mid_epoch_step``: :func:`nre_ray.loop._report_position`); None for a report that is neither."""
+    ``mid_epoch_step``: :func:`nre_ray.run.loop._report_position`); None for a report that is neither."""
     if "epoch" in metrics:
         return int(metrics["epoch"]), 0
     if "mid_epoch" in metrics:

@@ -3,9 +3,9 @@
 MLflow creates the tables of a new sqlite file (and migrates them with alembic) in place, when a client first opens
 it. Several processes doing that at the same moment fail (alembic's ``Online migration expected to match one row``,
 ``table _alembic_tmp_model_versions already exists``) and can leave a file no later run can open. :func:`ready`
-follows the protocol of :mod:`nre_ray.buildonce` instead: the processes of this machine take turns; the one that finds
-the file missing, empty or of an older MLflow's schema builds it in a private folder next to it (a copy of an older
-one, migrated as ``mlflow db upgrade`` does) and renames it onto PATH, so that every process sees a whole store or
+follows the protocol of :mod:`nre_ray.core.buildonce` instead: the processes of this machine take turns; the one that
+finds the file missing, empty or of an older MLflow's schema builds it in a private folder next to it (a copy of an
+older one, migrated as ``mlflow db upgrade`` does) and renames it onto PATH, so that every process sees a whole store or
 none. A builder killed half-way leaves only its private folder, which the next process that opens the store removes.
 """
 
@@ -16,9 +16,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-from nre_ray import buildonce
+from nre_ray.core import buildonce
+from nre_ray.core.user_error import ConfigError
 from nre_ray.tracking import mlflow_private, uris
-from nre_ray.user_error import ConfigError
 
 #: Seconds a reader of the store's schema waits while a run writes to it.
 BUSY_TIMEOUT_S = 60.0
@@ -28,7 +28,7 @@ _READY: set[str] = set()
 
 def ready(tracking_uri: str) -> None:
     """Make the sqlite store of ``tracking_uri`` ready for this MLflow: created, or migrated to its schema, once,
-    under the turn of :func:`nre_ray.buildonce.turn` (see the module's docstring). Other tracking URIs (a server,
+    under the turn of :func:`nre_ray.core.buildonce.turn` (see the module's docstring). Other tracking URIs (a server,
     another database) are MLflow's to open: nothing is done."""
     db = uris.sqlite_path(tracking_uri)
     if db is None or tracking_uri in _READY:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from nre_ray import storage
 from nre_ray.cluster.session import UsageError
-from nre_ray.redact import redact
+from nre_ray.core.redact import redact
 from nre_ray.tracking import sqlite_store, uris
 
 if TYPE_CHECKING:
@@ -117,8 +117,8 @@ def _client(tracking_uri: str) -> MlflowClient:
 
 def warm_up(tracking_uri: str) -> None:
     """Import MLflow, and open the store when it is a sqlite file that exists: what the driver does in a background
-    thread while Ray starts (:func:`nre_ray.runner.warm_up`). A new sqlite file is not created here (a run that fails
-    before MLflow leaves none), and any error is left for the real call to report."""
+    thread while Ray starts (:func:`nre_ray.run.runner.warm_up`). A new sqlite file is not created here (a run that
+    fails before MLflow leaves none), and any error is left for the real call to report."""
     try:
         import mlflow.tracking  # noqa: F401
 
@@ -480,7 +480,7 @@ def source_tags() -> dict[str, str]:
 
 def find_run(tracking_uri: str, experiment_name: str, run_name: str, storage_path: str) -> Run | None:
     """The newest MLflow run of ``experiment_name`` tagged ``nre_ray.run_name=run_name`` and ``storage_path``
-    (the tags :mod:`nre_ray.runner` sets), or None."""
+    (the tags :mod:`nre_ray.run.runner` sets), or None."""
     experiment = _client(tracking_uri).get_experiment_by_name(experiment_name)
     if experiment is None:
         return None
@@ -568,7 +568,7 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
 
 
 def data_params(data: dict[str, Any]) -> dict[str, Any]:
-    """The run parameters that describe the data the loop trains on (``data``: :func:`nre_ray.runner.trainer_data`):
+    """The run parameters that describe the data the loop trains on (``data``: :func:`nre_ray.run.runner.trainer_data`):
     vocabulary size, number of classes and rows per split."""
     vocab = data["vocab"]
     return {"data.vocab_size": len(vocab["tokens"] if isinstance(vocab, dict) else vocab),

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from nre_ray.config import Config, ConfigError, add_options, build_parser, config_from_args, options_from
-from nre_ray.frontdoor import print_model_and_ui, run_command
+from nre_ray.run.frontdoor import print_model_and_ui, run_command
 from nre_ray.tune.sweep import SweepOptions, run
 
 #: A trial's epoch budget when --epochs is not given, whatever the --model (a single run's default is larger: early
@@ -115,6 +115,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from nre_ray.console import exit_status
+    from nre_ray.core.console import exit_status
 
     sys.exit(exit_status(main))

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 from ray.tune import Callback
 
-from nre_ray import console
+from nre_ray.core import console
 
 #: A trial's outcome, as the table says it.
 COMPLETED, STOPPED_EARLY, ERROR, UNFINISHED = "completed", "stopped early (ASHA)", "error", "unfinished"

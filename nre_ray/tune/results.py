@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nre_ray import console
 from nre_ray import storage as fs
 from nre_ray.cluster.ray_private import trial_statuses
 from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
+from nre_ray.core import console
 from nre_ray.tracking import store as tracking
 
 
@@ -103,7 +103,7 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
     import ray.train
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
-    from nre_ray.loop import SELECTION_RANK
+    from nre_ray.run.loop import SELECTION_RANK
 
     # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tune.report import COMPLETED, ERROR, STOPPED_EARLY, plot_parallel, trials_table, write_table

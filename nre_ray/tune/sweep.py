@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nre_ray import console
 from nre_ray import storage as fs
 from nre_ray.cluster.session import (
     NodeType,
@@ -42,8 +41,9 @@ from nre_ray.cluster.session import (
     start_ray,
 )
 from nre_ray.config import Config, option
-from nre_ray.redact import redact
-from nre_ray.runner import claim_run, default_run_name, prepare_data, resolve_target, trainer_data
+from nre_ray.core import console
+from nre_ray.core.redact import redact
+from nre_ray.run.runner import claim_run, default_run_name, prepare_data, resolve_target, trainer_data
 from nre_ray.tracking import store as tracking
 from nre_ray.tune.space import describe, load_space, to_tune
 

@@ -21,8 +21,8 @@ import ray.train
 from nre_ray.cluster.ray_private import function_trainable
 from nre_ray.cluster.session import Resources, root_cause
 from nre_ray.config import Config
-from nre_ray.console import NOTES_KEY
-from nre_ray.runner import Target, build_trainer, placement_tags
+from nre_ray.core.console import NOTES_KEY
+from nre_ray.run.runner import Target, build_trainer, placement_tags
 from nre_ray.tracking import store as tracking
 from nre_ray.tune.space import apply
 
@@ -98,7 +98,7 @@ def stop_train_run(last_result: dict[str, Any] | None, epochs: int) -> None:
 
 
 def _without_notes(callback: type) -> type:
-    """Ray's ``TuneReportCallback`` passing on every report but the console's notes (``nre_ray.loop.tell_console``):
+    """Ray's ``TuneReportCallback`` passing on every report but the console's notes (``nre_ray.run.loop.tell_console``):
     a result without the sweep's metric would make Tune fail the trial."""
     class Report(callback):  # type: ignore[misc, valid-type]
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
@@ -110,7 +110,7 @@ def _without_notes(callback: type) -> type:
 
 def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     """Tune's trainable. ``params``: the sampled ``{"section.field": value}``; ``sweep`` (the same for every trial):
-    ``config`` (the fixed Config.to_dict()), ``data`` (:func:`nre_ray.runner.trainer_data` of train and valid),
+    ``config`` (the fixed Config.to_dict()), ``data`` (:func:`nre_ray.run.runner.trainer_data` of train and valid),
     ``trials_storage``, ``tracking_uri``, ``experiment``, ``parent_run_id``, ``sweep_name``, ``per_worker``,
     ``threads``, ``placement_timeout``."""
     import ray.tune

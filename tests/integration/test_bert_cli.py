@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from nre_ray.checkpoint import PRETRAINED_DIR, load_checkpoint
 from nre_ray.config import DataConfig
 from nre_ray.data.pipeline import prepare, sample_dir
+from nre_ray.run.checkpoint import PRETRAINED_DIR, load_checkpoint
 from nre_ray.serving.inference import Predictor
 from nre_ray.train import main
 from tests.tiny_bert import make_tiny_bert

@@ -1,6 +1,6 @@
-"""The preprocessing cache under concurrency (the protocol of :mod:`nre_ray.buildonce`): two runs that start at once
-on the same inputs on one machine (two terminals) take turns: one builds in a private folder and publishes it with one
-atomic rename, the other waits and loads that; neither ever sees a half-written cache, and what they load equals a
+"""The preprocessing cache under concurrency (the protocol of :mod:`nre_ray.core.buildonce`): two runs that start at
+once on the same inputs on one machine (two terminals) take turns: one builds in a private folder and publishes it with
+one atomic rename, the other waits and loads that; neither ever sees a half-written cache, and what they load equals a
 single run's build. The cache folder's rules without Ray are in tests/unit/test_cache_rules.py."""
 
 from __future__ import annotations

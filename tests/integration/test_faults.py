@@ -25,9 +25,9 @@ import ray.train
 from mlflow.tracking import MlflowClient
 from ray.train.torch import TorchTrainer
 
-from nre_ray.checkpoint import CheckpointError, load_checkpoint
 from nre_ray.config import Config
-from nre_ray.runner import _existing_checkpoints
+from nre_ray.run.checkpoint import CheckpointError, load_checkpoint
+from nre_ray.run.runner import _existing_checkpoints
 from tests.helpers import tiny_data
 from tests.procs import alive, cli, descendants, env, start, stop_tree, train_workers, wait_for
 
@@ -165,8 +165,8 @@ def test_ctrl_c_then_resume_then_a_killed_worker_all_in_one_mlflow_run(tmp_path,
 def _crash_once_during_the_epoch_2_save(loop_config: dict) -> None:
     """Runs in the Ray Train worker: the loop, but the save of epoch 2 dies once after state.pt and the JSON files
     are written and before meta.json (a full disk, say). Records where each attempt starts from."""
-    import nre_ray.checkpoint as ckpt
-    from nre_ray.loop import train_loop_per_worker
+    import nre_ray.run.checkpoint as ckpt
+    from nre_ray.run.loop import train_loop_per_worker
 
     marker = Path(loop_config["marker"])
     start = ray.train.get_checkpoint()
@@ -193,7 +193,7 @@ def _crash_once_during_the_epoch_2_save(loop_config: dict) -> None:
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint_as_the_latest(ray_cluster, tmp_path):
     """The half-written folder is never reported (``ray.train.report`` comes after the save returns), so Ray Train
     never copies or registers it: the restarted worker group starts from epoch 1's checkpoint, and its worker removes
-    the folder the dead one left in the temporary folder (:mod:`nre_ray.tempfiles`)."""
+    the folder the dead one left in the temporary folder (:mod:`nre_ray.core.tempfiles`)."""
     cfg = Config.from_dict({"train": {"epochs": 3, "batch_size": 8, "lr": 0.01, "num_workers": 1},
                             "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16}})
     marker = tmp_path / "crashed"

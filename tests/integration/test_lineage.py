@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from nre_ray import storage
 from nre_ray.config import config_from_args
 from nre_ray.data.pipeline import sample_dir
-from nre_ray.runner import open_tracking, prepare_data, resolve_target
+from nre_ray.run.runner import open_tracking, prepare_data, resolve_target
 from nre_ray.train import cli_parser
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

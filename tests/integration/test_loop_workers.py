@@ -8,9 +8,9 @@ import pytest
 import ray.train
 from ray.train.torch import TorchTrainer
 
-from nre_ray.checkpoint import load_checkpoint
 from nre_ray.config import Config
-from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
+from nre_ray.run.checkpoint import load_checkpoint
+from nre_ray.run.loop import SELECTION_RANK, train_loop_per_worker
 from tests.helpers import fit_tiny_cnn, tiny_data
 from tests.unit.test_elastic import CFG
 

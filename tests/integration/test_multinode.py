@@ -20,7 +20,7 @@ import pytest
 import ray.train
 from mlflow.tracking import MlflowClient
 
-from nre_ray.checkpoint import load_checkpoint
+from nre_ray.run.checkpoint import load_checkpoint
 from tests.procs import (
     alive,
     cli,

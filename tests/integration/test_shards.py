@@ -20,14 +20,14 @@ import pytest
 import ray
 from torch.utils.data import DistributedSampler
 
-from nre_ray import loop
 from nre_ray.cluster.session import Resources
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.pipeline import Prepared, save_prepared
 from nre_ray.data.rowfile import RowFile
 from nre_ray.data.vocab import Vocab
-from nre_ray.runner import Target, build_trainer
+from nre_ray.run import loop
+from nre_ray.run.runner import Target, build_trainer
 from nre_ray.tracking import store as tracking
 from tests.helpers import tiny_data
 
@@ -43,7 +43,7 @@ def recording_loop(out: str) -> Any:
     def run(loop_config: dict[str, Any]) -> None:
         import ray.train
 
-        from nre_ray import loop as worker_loop
+        from nre_ray.run import loop as worker_loop
 
         reads: list[dict[str, Any]] = []
 

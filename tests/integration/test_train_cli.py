@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray.checkpoint import load_checkpoint
+from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.train import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray import console
+from nre_ray.core import console
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.tracking.store import mlflow_name
 from nre_ray.tune import results as tune_results

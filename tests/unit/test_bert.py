@@ -15,17 +15,17 @@ pytest.importorskip("transformers")
 import ray.train
 from ray.train.torch import TorchTrainer
 
-from nre_ray.checkpoint import PRETRAINED_DIR, load_checkpoint, pretrained_assets
 from nre_ray.config import Config, ModelConfig
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
 from nre_ray.data.subword import MarkerTokenizer, build_tokenizer, encode_subword_batch
 from nre_ray.data.vocab import Vocab
-from nre_ray.loop import train_loop_per_worker
 from nre_ray.models import build_model
 from nre_ray.models.bert import BertEncoder
 from nre_ray.models.registry import ModelSpec
-from nre_ray.optim import LinearWarmupSchedule, PlateauSchedule, build_optimizer, steps_per_epoch
+from nre_ray.run.checkpoint import PRETRAINED_DIR, load_checkpoint, pretrained_assets
+from nre_ray.run.loop import train_loop_per_worker
+from nre_ray.run.optim import LinearWarmupSchedule, PlateauSchedule, build_optimizer, steps_per_epoch
 from nre_ray.serving.inference import Predictor
 from tests.helpers import TEMPLATES, tiny_frame
 from tests.tiny_bert import make_tiny_bert
@@ -172,8 +172,8 @@ def test_gradient_accumulation_matches_one_larger_batch(monkeypatch):
     """Two accumulated batches of 4 make the same SGD step as one batch of 8 (and the short last group too)."""
     from torch.utils.data import DataLoader
 
-    from nre_ray import loop
     from nre_ray.data.encode import identity_collate
+    from nre_ray.run import loop
     from tests.helpers import tiny_data
 
     monkeypatch.setattr(loop.ray.train.torch, "get_device", lambda: torch.device("cpu"))

@@ -1,5 +1,5 @@
-"""The preprocessing cache folder's rules without Ray (the protocol of :mod:`nre_ray.buildonce`): an older layout is
-rebuilt, a builder that loses the race to another machine's uses the published cache, and only dead builders' private
+"""The preprocessing cache folder's rules without Ray (the protocol of :mod:`nre_ray.core.buildonce`): an older layout
+is rebuilt, a builder that loses the race to another machine's uses the published cache, and only dead builders' private
 folders are cleaned up. ``pipeline._prepare`` is replaced by a stand-in that writes what a build writes; the race of two
 real runs on one machine is in tests/integration/test_cache_concurrency.py."""
 
@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nre_ray import buildonce
 from nre_ray.config import DataConfig
+from nre_ray.core import buildonce
 from nre_ray.data import pipeline
 from nre_ray.data.batches import ARRAY_KEYS, EncodedSplit
 from nre_ray.data.rowfile import RowFile

@@ -6,8 +6,8 @@ import io
 import re
 import sys
 
-from nre_ray import console
-from nre_ray.console import Console, EventFollower, TrainingView, append_event, format_epoch
+from nre_ray.core import console
+from nre_ray.core.console import Console, EventFollower, TrainingView, append_event, format_epoch
 
 
 def _epoch(epoch: int, improved: bool, best: int) -> dict[str, float]:
@@ -17,7 +17,7 @@ def _epoch(epoch: int, improved: bool, best: int) -> dict[str, float]:
 
 
 def test_the_improved_key_is_the_loops_selection_rank():
-    from nre_ray.loop import SELECTION_RANK
+    from nre_ray.run.loop import SELECTION_RANK
 
     assert console.IMPROVED_KEY == SELECTION_RANK
 
@@ -209,7 +209,7 @@ def test_a_failure_is_one_plain_line_and_the_restart_says_no_more():
 
 
 def test_the_failure_line_counts_against_the_limit_or_says_the_run_stops():
-    from nre_ray.console import format_failure
+    from nre_ray.core.console import format_failure
 
     event = {"kind": "lost a node", "what": "node 10.0.0.2 (id ...2222dddd, ranks 1, 2) is gone", "count": 2,
              "limit": 1, "goes_on": False, "epoch": 3, "checkpoint": "s3://b/r/checkpoint_3"}
@@ -231,7 +231,7 @@ def test_what_ray_forwards_goes_to_the_run_log(tmp_path, capsys):
     import ray._private.worker as ray_worker
 
     from nre_ray.cluster.ray_private import ray_output_to
-    from nre_ray.console import RunLog
+    from nre_ray.core.console import RunLog
 
     log = RunLog(tmp_path / "run" / "ray_output.log")
     original = ray_worker.print_worker_logs

@@ -1,5 +1,5 @@
 """Elastic runs (``--num-workers MIN-MAX``): the same updates at every world size, and a position in an epoch that
-means the same examples at any world size (:mod:`nre_ray.elastic`). The ranks of a world are simulated in this
+means the same examples at any world size (:mod:`nre_ray.run.elastic`). The ranks of a world are simulated in this
 process: each rank's gradients are computed apart and summed, which is what the one all-reduce of a step does."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import torch
 from packaging.version import Version
 from ray.train.torch import TorchTrainer
 
-from nre_ray import elastic, runner
 from nre_ray.cluster.ray_private import elastic_trainer
 from nre_ray.config import Config, ConfigError, build_parser, config_from_args
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
-from nre_ray.loop import train_loop_per_worker
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.run import elastic, runner
+from nre_ray.run.loop import train_loop_per_worker
 from tests.helpers import tiny_data
 
 CFG = {"train": {"batch_size": 5, "num_workers": "1-3", "seed": 5, "lr": 0.01},
@@ -103,15 +103,16 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_learns_as_one_never_interrupt
     across the two parts.
 
     Ray Train's local mode (``num_workers=0``) runs the loop in this process with no preemption watcher, so the
-    notice is handed to the loop where it reads one: ``nre_ray.loop.preemption_notice`` answers a real
+    notice is handed to the loop where it reads one: ``nre_ray.run.loop.preemption_notice`` answers a real
     ``ray.train.PreemptionInfo`` at one step; from there on the loop's own path runs (the notice in the step's
     reduction, ``_report_position``, a real checkpoint reported through ``ray.train.report``). The node's end is that
     function raising at the next step, before that step's update. The restart is what Ray's controller does after a
     preemption: the training function runs again, and ``ray.train.get_checkpoint()`` (in local mode: the last
     checkpoint reported in this process) gives it the mid-epoch checkpoint. What each step trains on is recorded at
-    ``nre_ray.elastic.accumulate``, each epoch's metrics at ``nre_ray.loop._report``; both then run as they are."""
-    from nre_ray import loop
-    from nre_ray.checkpoint import load_checkpoint
+    ``nre_ray.run.elastic.accumulate``, each epoch's metrics at ``nre_ray.run.loop._report``; both then run as they
+    are."""
+    from nre_ray.run import loop
+    from nre_ray.run.checkpoint import load_checkpoint
 
     cfg = Config.from_dict({**CFG, "train": {**CFG["train"], "epochs": 3}})  # 36 rows: 3 steps of 15, 15, 6
     reports: list[dict] = []
@@ -173,7 +174,7 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_learns_as_one_never_interrupt
 
 def _rank_of_two(rank: int, port: int, notices: list[tuple[bool, float | None]], out: str) -> None:
     """One rank of a real two-process gloo group on 127.0.0.1: this rank's gradients and view of a preemption notice
-    through :func:`nre_ray.elastic.reduce_gradients`; what it returns is written to ``out``.RANK."""
+    through :func:`nre_ray.run.elastic.reduce_gradients`; what it returns is written to ``out``.RANK."""
     import json
 
     import torch.distributed as dist

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nre_ray.core.special_tokens import UNK_ID
 from nre_ray.data.batches import encode_flat, encode_split
 from nre_ray.data.tokenize import clip_span, pcnn_segments, relative_positions, truncation_window
-from nre_ray.special_tokens import UNK_ID
 
 VOCAB = ["<pad>", "<unk>", "a", "b", "c", "d"]
 

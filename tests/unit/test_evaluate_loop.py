@@ -10,12 +10,12 @@ import ray.train
 import torch
 from ray.train.torch import TorchTrainer
 
-from nre_ray import metrics as M
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.run import metrics as M
 from nre_ray.serving.evaluation import eval_loop_per_worker
 from nre_ray.serving.inference import Predictor
 from tests.helpers import tiny_data

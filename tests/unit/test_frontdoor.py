@@ -1,4 +1,4 @@
-"""The long commands' front door (:func:`nre_ray.frontdoor.run_command`): a Ctrl-C is never lost."""
+"""The long commands' front door (:func:`nre_ray.run.frontdoor.run_command`): a Ctrl-C is never lost."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import signal
 import weakref
 
-from nre_ray.frontdoor import run_command
+from nre_ray.run.frontdoor import run_command
 
 
 class _Thing:

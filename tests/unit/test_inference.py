@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 import torch
 
-from nre_ray.checkpoint import CheckpointError, save_checkpoint
 from nre_ray.cluster.session import UsageError
 from nre_ray.config import Config
 from nre_ray.data.batches import token_counts, tokenize_batch
@@ -17,6 +16,7 @@ from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.run.checkpoint import CheckpointError, save_checkpoint
 from nre_ray.serving.inference import Predictor, _alias_uri, encode_rows, resolve_checkpoint
 from nre_ray.tracking import sqlite_store
 from tests.helpers import TEMPLATES, tiny_frame

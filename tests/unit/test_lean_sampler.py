@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler
 
-from nre_ray import loop
-from nre_ray.loop import LeanDistributedSampler, LeanRandomSampler
+from nre_ray.run import loop
+from nre_ray.run.loop import LeanDistributedSampler, LeanRandomSampler
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

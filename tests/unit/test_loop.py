@@ -2,7 +2,7 @@
 On real workers: tests/integration/test_loop_workers.py."""
 
 
-from nre_ray.checkpoint import load_checkpoint
+from nre_ray.run.checkpoint import load_checkpoint
 from tests.helpers import fit_tiny_cnn
 
 

@@ -9,9 +9,9 @@ import ray.train
 import torch
 from ray.train.torch import TorchTrainer
 
-from nre_ray.checkpoint import load_checkpoint
 from nre_ray.config import Config, ConfigError
-from nre_ray.loop import _train_epoch, amp_dtype, autocast_context, grad_scaler, train_loop_per_worker
+from nre_ray.run.checkpoint import load_checkpoint
+from nre_ray.run.loop import _train_epoch, amp_dtype, autocast_context, grad_scaler, train_loop_per_worker
 from tests.helpers import tiny_data
 
 
@@ -64,7 +64,7 @@ def test_local_mode_vectors_of_the_wrong_dimension_fail_clearly(tmp_path):
 
 
 def test_driver_resolves_the_vectors_path_and_checks_its_dimension_before_starting_ray(tmp_path, monkeypatch):
-    from nre_ray.runner import UsageError, run
+    from nre_ray.run.runner import UsageError, run
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "vectors.txt").write_text("the 0.1 0.2\n", encoding="utf-8")
@@ -140,12 +140,12 @@ def test_ddp_with_gradients_as_bucket_views_trains_to_the_same_weights(monkeypat
     reaches exactly the weights of plain DDP, over two epochs."""
     import torch.distributed as dist
 
-    from nre_ray import loop
     from nre_ray.config import ModelConfig
     from nre_ray.data.batches import EncodedSplit
     from nre_ray.data.encode import EncodedDataset, identity_collate
     from nre_ray.models import build_model
     from nre_ray.models.registry import ModelSpec
+    from nre_ray.run import loop
 
     monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
     data = tiny_data()

@@ -1,12 +1,13 @@
-"""The worker loop stays readable: its state travels as one object (:class:`nre_ray.loop.WorkerRun`), so no function
-in nre_ray/loop.py takes more than 10 parameters, and ``train_loop_per_worker`` fits on a screen (read from the AST)."""
+"""The worker loop stays readable: its state travels as one object (:class:`nre_ray.run.loop.WorkerRun`), so no
+function in nre_ray/run/loop.py takes more than 10 parameters, and ``train_loop_per_worker`` fits on a screen (read
+from the AST)."""
 
 import ast
 from pathlib import Path
 
 MAX_PARAMETERS = 10
 MAX_LOOP_LINES = 60
-LOOP = Path(__file__).resolve().parents[2] / "nre_ray" / "loop.py"
+LOOP = Path(__file__).resolve().parents[2] / "nre_ray" / "run" / "loop.py"
 
 
 def _functions() -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda]:

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from nre_ray import storage
-from nre_ray.checkpoint import load_checkpoint
 from nre_ray.data.chunks import plan_chunks
 from nre_ray.data.errors import DataError
 from nre_ray.predict import main
+from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.serving.inference import Predictor
 from nre_ray.serving.prediction import PredictChunks, UsageError, Writer, _write, output_format, predict_file
 from tests.unit.test_inference import make_checkpoint, raw_rows

@@ -1,11 +1,11 @@
-"""What a run records keeps no secret: :func:`nre_ray.redact.redact` on MLflow params and tags and on a checkpoint's
-configuration."""
+"""What a run records keeps no secret: :func:`nre_ray.core.redact.redact` on MLflow params and tags and on a
+checkpoint's configuration."""
 
 from __future__ import annotations
 
 import secrets
 
-from nre_ray.redact import HIDDEN, redact
+from nre_ray.core.redact import HIDDEN, redact
 
 
 def test_a_uri_password_and_the_environments_secrets_are_hidden(monkeypatch, tmp_path):

@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from nre_ray import buildonce, storage
+from nre_ray import storage
 from nre_ray.config import ConfigError, DataConfig
+from nre_ray.core import buildonce
 from nre_ray.data import pipeline, subword
 from nre_ray.data.__main__ import main as data_main
 from nre_ray.data.errors import DataError

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from nre_ray.metrics import per_class_table
+from nre_ray.run.metrics import per_class_table
 from nre_ray.tracking.reports import plot_confusion_matrix, write_class_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -70,8 +70,8 @@ def test_check_resume_fits_the_checkpoint_records_changes_and_fills_a_missing_ep
 
     import ray.train
 
-    from nre_ray import runner
-    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.run import runner
+    from nre_ray.run.checkpoint import CheckpointError
     from tests.unit.test_checkpoint import LABELS, VOCAB, _config, _save
 
     folder = _save(tmp_path / "ckpt", _config(), epoch=3)

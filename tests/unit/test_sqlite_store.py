@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray import buildonce
+from nre_ray.core import buildonce
+from nre_ray.core.user_error import ConfigError
 from nre_ray.tracking import mlflow_private, sqlite_store
-from nre_ray.user_error import ConfigError
 
 pytestmark = pytest.mark.timeout(180)
 

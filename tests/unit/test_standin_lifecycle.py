@@ -137,9 +137,9 @@ def test_a_wait_takes_a_program_that_is_not_http_for_not_up_yet_and_stops_when_i
 
 def test_a_reader_that_stops_early_ends_a_command_quietly(tmp_path):
     """``python -m nre_ray.standin status | head -3`` once ended in a BrokenPipeError traceback. Every command ends
-    through :func:`nre_ray.console.exit_status`: here a command whose output fills the pipe (more than its 64 KiB
+    through :func:`nre_ray.core.console.exit_status`: here a command whose output fills the pipe (more than its 64 KiB
     buffer, so that the write is certain to meet the closed end) into ``head -c 10``."""
-    script = ("import sys\nfrom nre_ray.console import exit_status\n"
+    script = ("import sys\nfrom nre_ray.core.console import exit_status\n"
               "sys.exit(exit_status(lambda: print('x' * 200_000) or 0))\n")
     done = subprocess.run(["bash", "-c", f'{sys.executable} -c "$0" 2>{tmp_path}/err | head -c 10; '
                            'echo "${PIPESTATUS[0]}"', script], capture_output=True, text=True, timeout=60)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nre_ray import buildonce, storage
+from nre_ray import storage
+from nre_ray.core import buildonce
 from nre_ray.storage import StorageError
 from tests.objectstore import moto_server
 

@@ -1,4 +1,4 @@
-"""Temporaries are named after the process that makes them (:mod:`nre_ray.tempfiles`), and those of processes that
+"""Temporaries are named after the process that makes them (:mod:`nre_ray.core.tempfiles`), and those of processes that
 are gone (a SIGKILLed driver's events file, a killed worker's half-saved checkpoint) are removed by the next run."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import subprocess
 import sys
 import tempfile
 
-from nre_ray import buildonce, tempfiles
 from nre_ray.cluster import processes
-from nre_ray.tempfiles import HOST
+from nre_ray.core import buildonce, tempfiles
+from nre_ray.core.tempfiles import HOST
 
 
 def test_the_temporaries_of_processes_that_are_gone_are_removed(tmp_path):

@@ -10,9 +10,9 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nre_ray import runner
 from nre_ray.cluster.session import Resources
 from nre_ray.config import Config
+from nre_ray.run import runner
 from nre_ray.serving.pyfunc import log_model
 from nre_ray.tracking import store as tracking
 from tests.unit.test_inference import make_checkpoint, raw_rows

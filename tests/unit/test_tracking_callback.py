@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nre_ray.console import NOTES_KEY
+from nre_ray.core.console import NOTES_KEY
 from nre_ray.tracking.callback import EpochMetricsLogger
 
 
@@ -101,13 +101,13 @@ def test_each_restart_is_one_failure_event_with_its_count_and_the_checkpoint_it_
 
 def test_after_a_mid_epoch_checkpoint_the_restart_goes_on_from_its_step(tmp_path, monkeypatch):
     """A preemption notice's checkpoint (reported without ``epoch``, with ``mid_epoch`` and ``mid_epoch_step``, as
-    nre_ray.loop._report_position reports it) is where the restart goes on from: the failure line says the step."""
+    nre_ray.run.loop._report_position reports it) is where the restart goes on from: the failure line says the step."""
     from types import SimpleNamespace
 
     from ray.exceptions import RayActorError
     from ray.train.v2._internal.execution.controller.state import RestartingState, RunningState
 
-    from nre_ray.console import NOTES_KEY, format_failure
+    from nre_ray.core.console import NOTES_KEY, format_failure
     from nre_ray.tracking import callback as callback_module
     from nre_ray.tracking.callback import ConsoleEvents
 

@@ -48,7 +48,7 @@ def test_summary_json_folder_must_exist(in_tmp, capsys):
 
 def test_allow_local_storage_puts_the_cache_under_the_storage_path_where_every_node_reads_it(tmp_path, monkeypatch):
     from nre_ray.config import Config
-    from nre_ray.runner import cache_on_every_node, resolve_target
+    from nre_ray.run.runner import cache_on_every_node, resolve_target
 
     monkeypatch.chdir(tmp_path)
     storage = tmp_path / "nfs" / "runs"
@@ -70,13 +70,13 @@ def test_a_run_name_in_use_by_another_command_is_refused_before_anything_starts(
     import subprocess
     import sys
 
-    from nre_ray import runner
     from nre_ray.config import Config
+    from nre_ray.run import runner
     from nre_ray.tune.__main__ import main as tune_main
 
     storage = in_tmp / "runs"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom nre_ray import buildonce\n"
+        [sys.executable, "-c", "import sys, time\nfrom nre_ray.core import buildonce\n"
          f"with buildonce.turn({str(storage / 'r1')!r}, wait=False):\n    print('held', flush=True)\n"
          "    sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

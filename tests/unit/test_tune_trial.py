@@ -54,7 +54,7 @@ class _Forwarded:
 
 
 def test_a_trial_passes_epochs_to_tune_but_not_the_consoles_notes():
-    from nre_ray.console import NOTES_KEY
+    from nre_ray.core.console import NOTES_KEY
     from nre_ray.tune.trial import _without_notes
 
     report = _without_notes(_Forwarded)()

@@ -1,5 +1,5 @@
-"""The tested Ray and MLflow releases: nre_ray.versions.TESTED is pyproject.toml's ranges, the default install's pins
-(constraints.txt) lie inside them, and a command started on a release outside them prints one warning line that
+"""The tested Ray and MLflow releases: nre_ray.core.versions.TESTED is pyproject.toml's ranges, the default install's
+pins (constraints.txt) lie inside them, and a command started on a release outside them prints one warning line that
 names the ranges. Another Ray cannot be installed inside a test: the installed version is replaced
 (``installed_version``); scripts/check_versions.sh runs the real other releases."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from nre_ray import versions
 from nre_ray.cluster.session import quiet_environ
+from nre_ray.core import versions
 
 REPO = Path(__file__).resolve().parents[2]
 

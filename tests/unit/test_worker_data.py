@@ -1,4 +1,4 @@
-"""What a training worker opens (:func:`nre_ray.loop.open_splits`): the splits' files in the local cache folder,
+"""What a training worker opens (:func:`nre_ray.run.loop.open_splits`): the splits' files in the local cache folder,
 read by rows, else a per-node copy of the shared cache; in-memory arrays (tests, local runs) as they are."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nre_ray import buildonce
+from nre_ray.core import buildonce
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.pipeline import Prepared, save_prepared, split_files_complete
 from nre_ray.data.rowfile import RowFile
 from nre_ray.data.vocab import Vocab
-from nre_ray.loop import open_splits
+from nre_ray.run.loop import open_splits
 from tests.helpers import tiny_data
 
 

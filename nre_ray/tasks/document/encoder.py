@@ -23,11 +23,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from nre_ray.core.pretrained_io import max_positions
+from nre_ray.core.special_tokens import PAD_ID
 from nre_ray.data.subword import load_pretrained_tokenizer
 from nre_ray.models.bert import load_transformer
 from nre_ray.models.transformer import LAYER_DROPOUT, default_num_heads
-from nre_ray.pretrained_io import max_positions
-from nre_ray.special_tokens import PAD_ID
 
 
 class DocumentEncoder(Protocol):

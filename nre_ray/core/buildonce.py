@@ -14,8 +14,8 @@ built in a private folder too, then its file renamed).
 * **Builders that are gone leave nothing for long.** A private folder whose builder's process no longer runs on
   this machine, or (another machine's, whose process cannot be checked) in which nothing changed for
   :data:`PRIVATE_MAX_AGE` seconds, is removed by the next builder (:func:`remove_stale`, through the one sweeper
-  :func:`nre_ray.tempfiles.remove_stale`); so are the private folders of builds in an object store, which follow the
-  same naming.
+  :func:`nre_ray.core.tempfiles.remove_stale`); so are the private folders of builds in an object store, which follow
+  the same naming.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nre_ray import storage, tempfiles
-from nre_ray.tempfiles import HOST
+from nre_ray import storage
+from nre_ray.core import tempfiles
+from nre_ray.core.tempfiles import HOST
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ PRIVATE_MAX_AGE = 24 * 3600
 _PRIVATE = re.compile(rf"(?P<name>[^/]+)\.tmp-{tempfiles.MAKER}-(?P<token>[0-9a-f]+)-(?P<host>[0-9a-f]{{8}})")
 """The name of a private build folder: ``<name>.tmp-<pid>.<start>-<random>-<host>`` next to the target ``<name>`` (a
 key in hex digits for the cache's and the copies' folders, ``mlflow.db`` for a local MLflow store); the builder's
-process as :data:`nre_ray.tempfiles.MAKER` names it (``<pid>`` alone in an older nre_ray's names), ``<host>`` its
+process as :data:`nre_ray.core.tempfiles.MAKER` names it (``<pid>`` alone in an older nre_ray's names), ``<host>`` its
 machine (:data:`HOST`)."""
 _PUBLISH_TRIES = 20
 
@@ -133,7 +134,7 @@ def remove_stale(root: Path | str) -> None:
     """Remove the private build folders in ``root`` (a local folder, or a folder in an object store) whose builder is
     gone: its process no longer runs on this machine, or (another machine's) nothing in it changed for
     :data:`PRIVATE_MAX_AGE` seconds. Never a live builder's folder on this machine, nor a folder not named like a
-    private build folder (:func:`nre_ray.tempfiles.remove_stale`, the one sweeper)."""
+    private build folder (:func:`nre_ray.core.tempfiles.remove_stale`, the one sweeper)."""
     tempfiles.remove_stale(root, _PRIVATE, max_age=PRIVATE_MAX_AGE, folders_only=True)
 
 

@@ -1,7 +1,7 @@
 """Temporary files and folders named after the process that makes them, so that a later process removes the ones
 whose maker is gone: a process killed with SIGKILL (a driver, or a training worker in the middle of a checkpoint save)
 cannot remove its own. This module is the one sweeper of such leftovers (:func:`remove_stale`), for the temporaries
-of the temporary folder and for the private build folders of :mod:`nre_ray.buildonce`.
+of the temporary folder and for the private build folders of :mod:`nre_ray.core.buildonce`.
 
 A maker is named by :func:`maker`: ``<pid>.<start>`` (its process id and start time, as
 :mod:`nre_ray.cluster.processes` reads them: an id the system gives to another program later is not taken for it) and

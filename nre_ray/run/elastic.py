@@ -13,7 +13,7 @@ float summation order (and dropout's masks, drawn per rank) depend on ``w``.
 The one all-reduce of a step also carries each rank's view of a preemption notice
 (:func:`nre_ray.cluster.ray_private.preemption_notice`) and the seconds to its deadline, so
 every rank learns of it at the same step, with the same deadline, and the loop saves one mid-epoch checkpoint there
-(:func:`nre_ray.loop.train_loop_per_worker`).
+(:func:`nre_ray.run.loop.train_loop_per_worker`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 TorchTrainer, log the model, summarise (``python -m nre_ray.train`` runs them; a sweep's trials reuse them).
 
 The driver holds no tensor code: preprocessing runs in Ray Data (``nre_ray.data.pipeline``), the loop in the workers
-(``nre_ray.loop``), tracking goes to MLflow (``nre_ray.tracking``).
+(``nre_ray.run.loop``), tracking goes to MLflow (``nre_ray.tracking``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nre_ray import buildonce, console, tempfiles
 from nre_ray import storage as fs
 from nre_ray.cluster.ray_private import elastic_trainer, ray_output_to
 from nre_ray.cluster.session import (
@@ -49,8 +48,9 @@ from nre_ray.cluster.session import (
     torch_config,
 )
 from nre_ray.config import Config, metric_names
+from nre_ray.core import buildonce, console, tempfiles
+from nre_ray.core.redact import redact
 from nre_ray.data.errors import DataError, Problem
-from nre_ray.redact import redact
 from nre_ray.tracking import store as tracking
 
 log = logging.getLogger("nre_ray")
@@ -220,8 +220,8 @@ RUN_LOG = "ray_output.log"
 
 
 def run_log_path(cfg: Config, target: Target) -> str | None:
-    """Where the run's log file goes (:class:`nre_ray.console.RunLog`): the run's folder under a local storage path;
-    under a URI, a folder of this machine's temporary directory (the file reaches MLflow when the run ends). None
+    """Where the run's log file goes (:class:`nre_ray.core.console.RunLog`): the run's folder under a local storage
+    path; under a URI, a folder of this machine's temporary directory (the file reaches MLflow when the run ends). None
     under a Ray Client address (``ray://``: Ray streams its processes' output to this process another way)."""
     if resolve_address(cfg.run.address).kind == "client":
         return None
@@ -252,7 +252,7 @@ def _ray_output_logged(path: str | None) -> Iterator[console.RunLog | None]:
 def _events_file(cfg: Config) -> str | None:
     """A new file for the Ray Train controller's events to the console (:mod:`nre_ray.tracking.callback`), or None
     under a Ray Client address (``ray://``: the controller's node is not this machine). Temporaries that killed
-    commands left in the temporary folder are removed first (:mod:`nre_ray.tempfiles`)."""
+    commands left in the temporary folder are removed first (:mod:`nre_ray.core.tempfiles`)."""
     if resolve_address(cfg.run.address).kind == "client":
         return None
     tempfiles.remove_stale()
@@ -512,7 +512,7 @@ def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[s
     """What the loop needs of the preprocessed data (its ``data``): where the splits' files are (``splits``: which
     of them, default all), the vocabulary, labels, positions and pretrained assets. Small: no arrays."""
     # deferred: importing it loads torch, numpy
-    from nre_ray.checkpoint import pretrained_assets
+    from nre_ray.run.checkpoint import pretrained_assets
 
     # Where the splits are, not their arrays: each worker memory-maps the cache folder's files (or a per-node copy of
     # the shared cache) and reads only its shard's rows. Only small things go through the object store.
@@ -567,7 +567,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     from ray.train.torch import TorchTrainer
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
-    from nre_ray.loop import SELECTION_RANK, train_loop_per_worker
+    from nre_ray.run.loop import SELECTION_RANK, train_loop_per_worker
 
     # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tracking.callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
@@ -629,7 +629,7 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     import ray.train
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
-    from nre_ray.loop import SELECTION_RANK
+    from nre_ray.run.loop import SELECTION_RANK
 
     out = console.get()
     workers = f"{worker_count(cfg)} worker(s)" + (f", {resources.per_worker} each" if resources else "")
@@ -745,7 +745,7 @@ def _check_resume(cfg: Config, storage: str, run_name: str, prepared: Any, resum
     and the latest checkpoint's metrics when MLflow lacks them (a stop between Ray registering the checkpoint and
     the controller logging its metrics: :mod:`nre_ray.tracking.callback`), to log now."""
     # deferred: importing it loads torch, numpy
-    from nre_ray.checkpoint import changed_settings, check_compatible, load_checkpoint
+    from nre_ray.run.checkpoint import changed_settings, check_compatible, load_checkpoint
 
     result = _latest_result(storage, run_name)
     latest = result.checkpoint if result is not None else None

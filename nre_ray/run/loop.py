@@ -32,12 +32,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
-from nre_ray import buildonce, elastic, tempfiles
-from nre_ray import metrics as M
-from nre_ray.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.cluster.ray_private import in_local_train_mode, preemption_notice
 from nre_ray.config import Config
-from nre_ray.console import NOTES_KEY, RESUME_NOTE
+from nre_ray.core import buildonce, tempfiles
+from nre_ray.core.console import NOTES_KEY, RESUME_NOTE
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset, identity_collate
 from nre_ray.data.pipeline import split_files_complete
@@ -45,7 +43,10 @@ from nre_ray.data.vocab import Vocab
 from nre_ray.models import build_model
 from nre_ray.models.pretrained import load_word_vectors, word_embedding
 from nre_ray.models.registry import ModelSpec
-from nre_ray.optim import Schedule, build_optimizer, steps_per_epoch
+from nre_ray.run import elastic
+from nre_ray.run import metrics as M
+from nre_ray.run.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from nre_ray.run.optim import Schedule, build_optimizer, steps_per_epoch
 from nre_ray.tracking.store import FIRST_STEP_AT, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -204,11 +205,12 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
     """This worker's view of the encoded splits, from the loop's ``data``.
 
     With ``cache``: ``{"dir": the local cache folder's absolute path, "shared": the shared cache's URI or None,
-    "splits": names}`` (what :func:`nre_ray.runner.build_trainer` sends), the splits' ``.npy`` files are read by rows
-    (:class:`nre_ray.data.rowfile.RowFile`) from the local folder when it is on this node (one machine, or the same
-    path on every node), else from a copy of the shared cache made once per node (:func:`nre_ray.buildonce.local_copy`).
-    Nothing is read until a batch asks for its rows, so a worker reads only its shard. With ``splits`` (name -> padded
-    or flat arrays, in memory: tests and local runs), those arrays are used as they are.
+    "splits": names}`` (what :func:`nre_ray.run.runner.build_trainer` sends), the splits' ``.npy`` files are read by
+    rows (:class:`nre_ray.data.rowfile.RowFile`) from the local folder when it is on this node (one machine, or the
+    same path on every node), else from a copy of the shared cache made once per node
+    (:func:`nre_ray.core.buildonce.local_copy`). Nothing is read until a batch asks for its rows, so a worker reads
+    only its shard. With ``splits`` (name -> padded or flat arrays, in memory: tests and local runs), those arrays are
+    used as they are.
     """
     if "splits" in data:
         return {name: EncodedSplit(arrays, name) for name, arrays in data["splits"].items()}
@@ -383,7 +385,7 @@ def _start(loop_config: dict[str, Any]) -> WorkerRun:
     splits = open_splits(data)  # read by rows from the cache folder: this rank reads only the rows it is given
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = build_model(cfg.model, spec)
-    # An elastic run's steps are global batches, the same number at every world size (nre_ray.elastic).
+    # An elastic run's steps are global batches, the same number at every world size (nre_ray.run.elastic).
     steps = steps_per_epoch(len(splits["train"]), 1, elastic.global_batch(cfg), 1) if cfg.elastic else \
         steps_per_epoch(len(splits["train"]), world_size, cfg.train.batch_size, cfg.train.grad_accum)
     optimizer, schedule = build_optimizer(cfg, model, steps)
@@ -417,7 +419,7 @@ def _resume(run: WorkerRun) -> dict[str, Any] | None:
         if cfg.model.embeddings:  # every rank loads the same vectors (DDP would broadcast rank 0's anyway)
             hits = load_word_vectors(cfg.model.embeddings, run.vocab.index, word_embedding(run.model),
                                      lowercase=cfg.data.lowercase)
-        # The run's parameters and tags were logged by the driver (nre_ray.runner, nre_ray.tune.trial): this process
+        # The run's parameters and tags were logged by the driver (nre_ray.run.runner, nre_ray.tune.trial): this process
         # imports MLflow only if it logs (vectors here, a resume above, the final reports), never before its first step.
         if hits is not None:
             notes.append(f"embeddings: {hits} of {len(run.vocab) - 1} vocabulary words found in {cfg.model.embeddings}")
@@ -432,7 +434,7 @@ def _place(run: WorkerRun, restore: dict[str, Any] | None) -> None:
     """Put ``run``'s model on the device, restore the checkpoint's state ``restore`` (None: a fresh run) into it and
     into the optimizer, schedule and scaler (:func:`place_and_restore`), and make the loaders."""
     cfg = run.cfg
-    if cfg.elastic:  # no DDP: nre_ray.elastic sums the gradients itself, over ranks that may hold no example
+    if cfg.elastic:  # no DDP: nre_ray.run.elastic sums the gradients itself, over ranks that may hold no example
         run.model = place_and_restore(run.model, run.optimizer, run.schedule, run.scaler, restore,
                                       prepare=lambda m: ray.train.torch.prepare_model(m, parallel_strategy=None))
         elastic.broadcast_parameters(run.model)
@@ -489,7 +491,7 @@ def tell_console(notes: list[str], rank: int) -> None:
     """Show rank 0's ``notes`` on the driver's console, as plain lines (not a worker's output with Ray's prefix).
 
     Every rank calls this at the same point (a Ray Train report is collective): the lines travel in a report without
-    a checkpoint under :data:`nre_ray.console.NOTES_KEY`, which the controller's callback passes to the console
+    a checkpoint under :data:`nre_ray.core.console.NOTES_KEY`, which the controller's callback passes to the console
     (:mod:`nre_ray.tracking.callback`). In Ray's local mode (``num_workers=0``) the loop runs in the driver and prints
     them itself.
     """
@@ -545,7 +547,7 @@ def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
 
 
 def _train_elastic_epoch(run: WorkerRun, epoch: int) -> tuple[float, float]:
-    """One epoch of an elastic run (:mod:`nre_ray.elastic`), from step ``run.state.position["step"]`` (no position:
+    """One epoch of an elastic run (:mod:`nre_ray.run.elastic`), from step ``run.state.position["step"]`` (no position:
     the start) on. After the step at which any rank heard of a preemption, a mid-epoch checkpoint is saved
     (:func:`_report_position`), once (``run.state.saved_on_notice``: the notice stays until Ray restarts the worker
     group); training goes on until then. Returns (mean loss over the epoch's examples, examples trained on in this
@@ -606,7 +608,7 @@ def _report_position(run: WorkerRun, step: int, partial: list[float], seconds_le
 
 
 def _full_state(run: WorkerRun, metrics: dict[str, Any]) -> dict[str, Any]:
-    """What a complete checkpoint holds after ``run.state.epoch`` epochs (see :mod:`nre_ray.checkpoint`), with the
+    """What a complete checkpoint holds after ``run.state.epoch`` epochs (see :mod:`nre_ray.run.checkpoint`), with the
     epoch's ``metrics``; ``best_model`` is left out (None) when the weights are the best epoch's."""
     state = run.state
     return {

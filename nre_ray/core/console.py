@@ -8,7 +8,7 @@ file. Nothing here imports Ray or torch.
 
 Any driver-side code (the preprocessing pipeline included) reports through it::
 
-    from nre_ray import console
+    from nre_ray.core import console
 
     with console.phase("preprocess", "reading and checking 3 files") as step:
         bar = step.progress(total=rows, unit="rows")  # a tqdm bar on a terminal, a line every ~10 s in a file
@@ -47,10 +47,11 @@ from typing import Any, TextIO
 FILE_PROGRESS_EVERY_S = 10.0
 #: On a terminal, how often a phase's bar is redrawn while nothing else moves it (its running time ticks).
 TICK_S = 0.5
-#: The epoch metric that is > 0 when the epoch improved the selection metric (``nre_ray.loop.SELECTION_RANK``;
+#: The epoch metric that is > 0 when the epoch improved the selection metric (``nre_ray.run.loop.SELECTION_RANK``;
 #: kept here so that the console does not import torch; tests/unit/test_console.py checks that the two agree).
 IMPROVED_KEY = "selection_rank"
-#: A worker report that carries only lines for the console (rank 0's list of strings; ``nre_ray.loop.tell_console``).
+#: A worker report that carries only lines for the console (rank 0's list of strings:
+#: ``nre_ray.run.loop.tell_console``).
 NOTES_KEY = "notes"
 #: How rank 0's note on a worker group that starts from a checkpoint begins: ``resuming after epoch 3 from PATH``.
 RESUME_NOTE = "resuming after epoch"

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nre_ray import buildonce, storage
-from nre_ray.config import ConfigError
+from nre_ray import storage
+from nre_ray.core import buildonce
+from nre_ray.core.user_error import ConfigError
 
 T = TypeVar("T")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".ot", ".ckpt", ".gguf")
@@ -72,8 +73,8 @@ def pretrained_error(name: str, what: str, err: Exception) -> ConfigError:
 
 def pretrained_copy(name: str, weights: bool) -> Path:
     """A local copy of the ``--pretrained`` folder ``name``, a URI (``s3://bucket/models/minilm``): downloaded once per
-    machine (:func:`nre_ray.buildonce.local_copy`), with the PyTorch weights only when ``weights`` (the driver needs
-    the tokenizer and config, the workers the model). ConfigError naming the URI and what to check."""
+    machine (:func:`nre_ray.core.buildonce.local_copy`), with the PyTorch weights only when ``weights`` (the driver
+    needs the tokenizer and config, the workers the model). ConfigError naming the URI and what to check."""
     try:
         return buildonce.local_copy(name, skip_suffixes=OTHER_FRAMEWORKS if weights else WEIGHT_SUFFIXES)
     except storage.StorageError as err:

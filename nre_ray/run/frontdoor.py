@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nre_ray import console
 from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import ConfigError
+from nre_ray.core import console
 from nre_ray.data.errors import DataError
 from nre_ray.storage import StorageError, write_text
 from nre_ray.tracking import uris
@@ -33,7 +33,7 @@ def _checkpoint_error() -> tuple[type[Exception], ...]:
     """``(CheckpointError,)``, imported only when an error reaches :func:`run_command`: its module imports torch,
     which a run needs only once Ray is up, so the first console line comes sooner."""
     # deferred: importing it loads torch, numpy
-    from nre_ray.checkpoint import CheckpointError
+    from nre_ray.run.checkpoint import CheckpointError
 
     return (CheckpointError,)
 

@@ -36,8 +36,8 @@ import torch
 
 from nre_ray import storage
 from nre_ray.config import Config
+from nre_ray.core.redact import redact
 from nre_ray.data.vocab import Vocab
-from nre_ray.redact import redact
 
 FORMAT_VERSION = 1
 FILES = ("state.pt", "config.json", "vocab.json", "labels.json")
