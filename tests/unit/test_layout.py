@@ -103,3 +103,24 @@ def test_the_rule_reads_what_it_says():
                    "scripts/make_bag_corpus.py": ("scripts/make_bag_corpus.py", False), "nowhere.py": (None, False)}
     assert layout_entries("x\n## Layout\n\n```\na/  one\n    two\nb.py three\n```\n") == ["a/  one\n    two",
                                                                                         "b.py three"]
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says what it is, once: no two modules of nre_ray/ have one name (a package's ``__init__.py``
+    and ``__main__.py`` aside)."""
+    seen: dict[str, list[str]] = {}
+    for module in _modules():
+        if module.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(module.stem, []).append(str(module.relative_to(REPO)))
+    twins = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twins, f"modules that share a name: {twins}"
+
+
+def test_the_top_holds_the_commands_and_the_foundations():
+    """Directly in nre_ray/ are only the commands (``python -m nre_ray.<name>``: a ``__main__`` block), config.py
+    and storage.py; the run library is run/, the shared helpers core/, and the rest are subsystems' packages."""
+    top = {p.name for p in PACKAGE.glob("*.py")}
+    commands = {p.name for p in PACKAGE.glob("*.py") if 'if __name__ == "__main__":' in p.read_text(encoding="utf-8")}
+    assert commands == {"train.py", "predict.py", "evaluate.py", "standin.py"}
+    assert top - commands == {"__init__.py", "config.py", "storage.py"}
+    assert (PACKAGE / "run" / "__init__.py").is_file() and (PACKAGE / "core" / "__init__.py").is_file()
