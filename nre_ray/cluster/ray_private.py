@@ -54,7 +54,8 @@ its tests and this module's functions agree: a function that reaches a Ray inter
         test_contract_drain_node_reason_preemption
     drain_for_preemption -> ray._private.worker.global_worker.gcs_client -> test_contract_global_worker_gcs_client
     load_drain_modules -> ray._raylet, ray._private.worker, autoscaler_pb2 -> test_contract_drain_modules_import
-    draining_nodes -> ray._raylet.GcsClient.get_draining_nodes -> test_contract_gcs_client_get_draining_nodes
+    draining_nodes -> GcsClient.get_draining_nodes (2.60), GlobalState.get_draining_nodes (2.59) -> \
+        test_contract_gcs_client_get_draining_nodes
     alive_nodes -> GcsClient.get_all_node_info, GcsNodeInfo.state, node_manager_address -> \
         test_contract_gcs_client_get_all_node_info
     elastic_trainer -> ElasticScalingPolicy, NoopDecision, ResizeDecision -> test_contract_elastic_scaling_policy
@@ -515,14 +516,31 @@ def load_drain_modules() -> None:
 def draining_nodes(address: str | None = None) -> dict[str, float]:
     """The nodes being drained, as the GCS at ``address`` (default: of the Ray this process is connected to) says:
     ``{node id (hex): deadline (Unix seconds), or 0.0 for a drain without one}``."""
-    # Private: the GCS lists draining nodes only through its client (ray._raylet.GcsClient.get_draining_nodes), which
-    # Ray Train's own preemption watcher reads through ray._private.state; no public API shows a drain.
+    # Private: the GCS lists draining nodes only through its client (ray._raylet.GcsClient.get_draining_nodes, Ray
+    # 2.60) and its global state accessor (ray._private.state.GlobalState.get_draining_nodes, which Ray Train's own
+    # preemption watcher reads); no public API shows a drain. Ray 2.59's GcsClient has no get_draining_nodes: there
+    # the accessor is asked, the connected Ray's (ray._private.state.state) or one made for ``address`` as Ray's
+    # services.wait_for_node makes it.
+    import ray._private.state
     import ray._private.worker
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient, GcsClientOptions
 
     client = GcsClient(address=address) if address else ray._private.worker.global_worker.gcs_client
+    ask = getattr(client, "get_draining_nodes", None)
+    if ask is not None:
+        drains = ask()
+    elif address is None:
+        drains = ray._private.state.state.get_draining_nodes()
+    else:
+        state = ray._private.state.GlobalState()
+        state._initialize_global_state(GcsClientOptions.create(address, None, allow_cluster_id_nil=True,
+                                                               fetch_cluster_id_if_nil=False))
+        try:
+            drains = state.get_draining_nodes()
+        finally:
+            state.disconnect()
     return {node.hex() if isinstance(node, bytes) else str(node): deadline_ms / 1000
-            for node, deadline_ms in client.get_draining_nodes().items()}
+            for node, deadline_ms in drains.items()}
 
 
 def alive_nodes(gcs_address: str | None = None) -> dict[str, str]:

@@ -490,8 +490,23 @@ def test_contract_drain_modules_import() -> None:
 
 
 def test_contract_gcs_client_get_draining_nodes() -> None:
-    assert _has_method(_inner_gcs_client(), "get_draining_nodes", ["self"]), \
-        "ray_private.draining_nodes relies on ray._raylet.GcsClient.get_draining_nodes()"
+    """Ray 2.60's GCS client lists the draining nodes; Ray 2.59's does not, and its global state accessor does (the
+    one Ray Train's preemption watcher reads in both)."""
+    import ray._private.state
+    from ray._raylet import GcsClientOptions
+
+    if not _has_method(_inner_gcs_client(), "get_draining_nodes", ["self"]):  # Ray 2.59
+        assert _has_method(ray._private.state.GlobalState, "get_draining_nodes", ["self"]), \
+            ("ray_private.draining_nodes relies on ray._raylet.GcsClient.get_draining_nodes() (Ray 2.60) or "
+             "ray._private.state.GlobalState.get_draining_nodes() (Ray 2.59)")
+    assert _has_method(ray._private.state.GlobalState, "_initialize_global_state", ["self", "gcs_options"]) and \
+        _has_method(ray._private.state.GlobalState, "disconnect", ["self"]), \
+        ("ray_private.draining_nodes (on Ray 2.59) relies on GlobalState()._initialize_global_state(gcs_options) "
+         "and disconnect()")
+    assert "GcsClientOptions.create(\n        gcs_address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil" \
+        in _ray_text("_private/services.py") and callable(getattr(GcsClientOptions, "create", None)), \
+        ("ray_private.draining_nodes (on Ray 2.59) relies on GcsClientOptions.create(address, None, "
+         "allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False), as Ray's services.wait_for_node calls it")
 
 
 def test_contract_gcs_client_get_all_node_info() -> None:
@@ -535,8 +550,8 @@ def test_contract_count_possible_workers_reservation() -> None:
 
     annotation = str(inspect.signature(ElasticScalingPolicy._count_possible_workers)
                      .parameters["reserved_resources"].annotation)
-    by_node = "Dict" in annotation or "ReservedResources" in annotation  # Ray 2.60 (ReservedResources: a dict)
-    by_list = "List" in annotation  # Ray 2.59
+    by_list = annotation.startswith(("typing.List", "list"))  # Ray 2.59: List[ResourceDict]
+    by_node = annotation.startswith(("typing.Dict", "dict"))  # Ray 2.60: ReservedResources = Dict[node id, ...]
     assert by_node != by_list, \
         (f"ray_private.elastic_trainer relies on _count_possible_workers taking a dict by node id (Ray 2.60) or a "
          f"list of per-node reservations (Ray 2.59); the installed Ray annotates {annotation!r}")
