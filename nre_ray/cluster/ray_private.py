@@ -1,6 +1,92 @@
-"""The one module that reaches into Ray's private or developer-only internals (Ray 2.60); the rest of nre_ray uses
-Ray's public API. Each function says what it reaches and why no public API serves. Nothing of Ray is imported until
-a function is called.
+"""The one module that reaches into Ray's private or developer-only internals (Ray 2.59 and 2.60); the rest of
+nre_ray uses Ray's public API. Each function says what it reaches and why no public API serves. Nothing of Ray is
+imported until a function is called.
+
+Touchpoints: each line is one thing a function here relies on, and the contract test in
+tests/unit/test_ray_contracts.py that pins it (a signature, an attribute, a protobuf field, a template's or a
+message's text). A Ray release that changes one fails that test, by name. That test module checks that this table,
+its tests and this module's functions agree: a function that reaches a Ray internal needs a line here.
+
+    autoscaler_node_groups -> ray._private.state.state.get_cluster_config() -> test_contract_state_get_cluster_config
+    autoscaler_node_groups -> ClusterConfig.node_group_configs: name, resources, max_count -> \
+        test_contract_cluster_config_node_groups
+    loopback_node -> ray._private.ray_constants.ENABLE_RAY_CLUSTER -> test_contract_enable_ray_cluster
+    loopback_node -> ray._private.services.resolve_ip_for_localhost(host) -> test_contract_resolve_ip_for_localhost
+    loopback_node -> ray.init(_node_ip_address=, dashboard_host=) -> test_contract_init_node_ip_address
+    open_loopback_store -> torch TCPStore(master_listen_fd=, wait_for_workers=) -> \
+        test_contract_tcpstore_master_listen_fd
+    use_loopback_store -> torch env:// TORCHELASTIC_USE_AGENT_STORE -> test_contract_torchelastic_use_agent_store
+    loopback_torch_config -> ray.train.torch.config._TorchBackend.on_start -> test_contract_torch_backend_on_start
+    loopback_torch_config -> _setup_torch_process_group, _set_torch_distributed_env_vars -> \
+        test_contract_torch_process_group_setup
+    loopback_torch_config -> TorchConfig.backend_cls (property), backend, timeout_s -> \
+        test_contract_torch_config_backend_cls
+    loopback_torch_config -> ExecutionGroup.execute, execute_single(_async), get_resources_per_worker -> \
+        test_contract_execution_group_methods
+    local_gpus -> ray._private.accelerators.get_accelerator_manager_for_resource -> test_contract_accelerator_manager
+    in_local_train_mode -> ray.train.v2.api.context.LocalTrainContext -> test_contract_local_train_context
+    preemption_notice -> get_train_context().preemption_context.preemption_info -> \
+        test_contract_train_context_preemption_info
+    function_trainable -> ray.tune.trainable.function_trainable.wrap_function(name=) -> test_contract_wrap_function
+    trial_statuses -> ResultGrid._experiment_analysis.trials: trial_id, status -> \
+        test_contract_result_grid_experiment_analysis
+    train_callback_bases -> WorkerGroupCallback, ControllerCallback, ReportCallback hooks -> \
+        test_contract_train_callback_hooks
+    failure_of -> controller.state: training_failed_error, ShuttingDownState.next_state -> \
+        test_contract_controller_states
+    worker_places -> WorkerGroup.get_workers(), Worker.metadata, distributed_context -> test_contract_worker_metadata
+    worker_death -> WorkerHealthCheckFailedError.health_check_failure -> test_contract_health_check_failure
+    WORKER_POOL_WARNING -> the raylet's "worker processes have been started" text -> \
+        test_contract_worker_pool_warning_text
+    SERVE_SHUTDOWN_RETRY -> graceful_shutdown, the core worker's retry text -> \
+        test_contract_serve_shutdown_retry_text
+    _drop_raylet_messages -> ray._private.worker.print_to_stdstream -> test_contract_print_to_stdstream
+    _skip_autoscaler_tip -> ray._private.worker.autoscaler_log_fyi_printed -> \
+        test_contract_autoscaler_log_fyi_printed
+    ray_output_to -> ray._private.worker.print_worker_logs -> test_contract_print_worker_logs
+    standin_node_provider -> FakeMultiNodeProvider._create_node_with_resources_and_labels, lock, _nodes -> \
+        test_contract_fake_multinode_provider
+    standin_node_provider -> ray._private.parameter.RayParams -> test_contract_ray_params
+    standin_node_provider -> ray._private.node.Node.live_processes, PROCESS_TYPE_RAYLET -> \
+        test_contract_node_live_processes
+    drain_for_preemption -> ray._raylet.GcsClient.drain_node -> test_contract_gcs_client_drain_node
+    drain_for_preemption -> autoscaler_pb2.DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION -> \
+        test_contract_drain_node_reason_preemption
+    drain_for_preemption -> ray._private.worker.global_worker.gcs_client -> test_contract_global_worker_gcs_client
+    load_drain_modules -> ray._raylet, ray._private.worker, autoscaler_pb2 -> test_contract_drain_modules_import
+    draining_nodes -> GcsClient.get_draining_nodes (2.60), GlobalState.get_draining_nodes (2.59) -> \
+        test_contract_gcs_client_get_draining_nodes
+    alive_nodes -> GcsClient.get_all_node_info, GcsNodeInfo.state, node_manager_address -> \
+        test_contract_gcs_client_get_all_node_info
+    elastic_trainer -> ElasticScalingPolicy, NoopDecision, ResizeDecision -> test_contract_elastic_scaling_policy
+    elastic_trainer -> _count_possible_workers: a dict by node (2.60), a list (2.59) -> \
+        test_contract_count_possible_workers_reservation
+    elastic_trainer -> DataParallelTrainer._initialize_and_run_controller -> \
+        test_contract_initialize_and_run_controller
+    elastic_trainer -> ScalingConfig._resources_per_worker_not_none -> test_contract_resources_per_worker_not_none
+    _patch_haproxy_templates -> haproxy_templates.HAPROXY_CONFIG_TEMPLATE text -> test_contract_haproxy_template_text
+    _patch_haproxy_templates -> ray.serve._private.haproxy's copy of the template -> \
+        test_contract_haproxy_module_copies_template
+    _bind_replica_grpc_to_node -> replica.add_port_to_grpc_server(server, "[::]:0") -> \
+        test_contract_replica_add_port_to_grpc_server
+    _bind_replica_grpc_to_node -> ray._common.network_utils.build_address -> test_contract_build_address
+    ask_gcs -> grpc_authentication_client_interceptor._get_authentication_metadata_tuple -> \
+        test_contract_authentication_metadata
+    ask_gcs -> NodeInfoGcsService.GetClusterId(GetClusterIdRequest) -> test_contract_gcs_get_cluster_id
+
+Ray internals other modules name by value (no import of a private name; pinned all the same):
+
+    session.set_placement_timeout -> RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, propagated -> \
+        test_contract_placement_timeout_env
+    standin_cluster.HEAD_NODE_ID -> fake_multi_node.node_provider.FAKE_HEAD_NODE_ID -> test_contract_fake_head_node_id
+    standin_cluster.JOB_SUBMIT_ENV -> RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES -> \
+        test_contract_runtime_env_default_excludes
+    standin_cluster.RAY_WORKER_PORTS -> ray start --min-worker-port/--max-worker-port defaults -> \
+        test_contract_ray_start_worker_ports
+    session.of_type -> the head's resource node:__internal_head__ -> test_contract_internal_head_resource
+    tune.trial.stop_train_run -> the Train controller actor's abort() -> test_contract_train_controller_abort
+    tracking.callback.EpochMetricsLogger -> DeveloperAPIs UserCallback, TuneReportCallback, list_nodes -> \
+        test_contract_developer_apis
 """
 
 from __future__ import annotations
@@ -430,14 +516,31 @@ def load_drain_modules() -> None:
 def draining_nodes(address: str | None = None) -> dict[str, float]:
     """The nodes being drained, as the GCS at ``address`` (default: of the Ray this process is connected to) says:
     ``{node id (hex): deadline (Unix seconds), or 0.0 for a drain without one}``."""
-    # Private: the GCS lists draining nodes only through its client (ray._raylet.GcsClient.get_draining_nodes), which
-    # Ray Train's own preemption watcher reads through ray._private.state; no public API shows a drain.
+    # Private: the GCS lists draining nodes only through its client (ray._raylet.GcsClient.get_draining_nodes, Ray
+    # 2.60) and its global state accessor (ray._private.state.GlobalState.get_draining_nodes, which Ray Train's own
+    # preemption watcher reads); no public API shows a drain. Ray 2.59's GcsClient has no get_draining_nodes: there
+    # the accessor is asked, the connected Ray's (ray._private.state.state) or one made for ``address`` as Ray's
+    # services.wait_for_node makes it.
+    import ray._private.state
     import ray._private.worker
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient, GcsClientOptions
 
     client = GcsClient(address=address) if address else ray._private.worker.global_worker.gcs_client
+    ask = getattr(client, "get_draining_nodes", None)
+    if ask is not None:
+        drains = ask()
+    elif address is None:
+        drains = ray._private.state.state.get_draining_nodes()
+    else:
+        state = ray._private.state.GlobalState()
+        state._initialize_global_state(GcsClientOptions.create(address, None, allow_cluster_id_nil=True,
+                                                               fetch_cluster_id_if_nil=False))
+        try:
+            drains = state.get_draining_nodes()
+        finally:
+            state.disconnect()
     return {node.hex() if isinstance(node, bytes) else str(node): deadline_ms / 1000
-            for node, deadline_ms in client.get_draining_nodes().items()}
+            for node, deadline_ms in drains.items()}
 
 
 def alive_nodes(gcs_address: str | None = None) -> dict[str, str]:

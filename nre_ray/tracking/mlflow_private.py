@@ -1,6 +1,23 @@
-"""The one module that reaches into MLflow's private internals (MLflow 3.17); the rest of nre_ray uses MLflow's public
-API. Each function says what it reaches and why no public API serves; tests/unit/test_mlflow_private.py pins each
-signature relied on. Nothing of MLflow is imported until a function is called.
+"""The one module that reaches into MLflow's private internals (MLflow 3.16.1 and 3.17); the rest of nre_ray uses
+MLflow's public API. Each function says what it reaches and why no public API serves. Nothing of MLflow is imported
+until a function is called.
+
+Touchpoints: each line is one thing a function here relies on, and the contract test in
+tests/unit/test_mlflow_contracts.py that pins it; tests/unit/test_mlflow_private.py runs the functions on a real
+sqlite store. The contract tests check that this table, the tests and this module's functions agree.
+
+    latest_schema_revision -> mlflow.store.db.utils._get_latest_schema_revision() -> \
+        test_contract_get_latest_schema_revision
+    known_schema_revisions -> mlflow.store.db.utils._get_alembic_config(db_url) -> test_contract_get_alembic_config
+    upgrade_schema -> mlflow.store.db.utils.create_sqlalchemy_engine, _upgrade_db(engine) -> test_contract_upgrade_db
+    create_tables -> SqlAlchemyStore(db_uri, default_artifact_root).engine -> test_contract_sqlalchemy_store
+
+MLflow internals other modules use by name or by value (no import of a private name; pinned all the same):
+
+    serve.app.RelationServer -> mlflow.pyfunc.scoring_server.invocations(data, content_type, model, input_schema) -> \
+        test_contract_scoring_server_invocations
+    standin_cluster.mlflow_auth_env -> the auth server's ini keys and MLFLOW_AUTH_* variables -> \
+        test_contract_auth_config
 """
 
 from __future__ import annotations
