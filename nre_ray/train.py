@@ -17,7 +17,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     valid, test = summary["valid"], summary["test"]
     print(f"\nrun {summary['run_name']} (MLflow run {summary['run_id']}, experiment {summary['experiment']})")
     if summary.get("stop_reason"):
-        print(f"trained {summary['epochs_run']} epochs; {summary['stop_reason']}")
+        epochs = summary["epochs_run"]
+        print(f"trained {epochs} epoch{'' if epochs == 1 else 's'}; {summary['stop_reason']}")
     print(f"best epoch {summary['best_epoch']} by {summary['select_metric']}; checkpoint {summary['best_checkpoint']}")
     keys = ("accuracy", "macro_f1", "micro_f1", "pos_macro_f1", "pos_micro_f1", "semeval_macro_f1")
     for name, scores in (("valid", valid), ("test", test)):

@@ -217,7 +217,8 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
 
     out = console.get()
     with out.phase("ray", ray_phase(address)) as step:
-        start_ray(address)
+        # Ray's messages (the controller's retries under load) stay in its log files; failures come back as errors
+        start_ray(address, log_to_driver=False)
         info = cluster()  # sized as train sizes: the alive nodes and the node types the autoscaler may add
         resources = size_workers(info, num_workers, cpus_per_worker=cpus_per_worker)
         step.done(f"{len(info.nodes)} node(s); {num_workers} worker(s), {resources.per_worker} each")

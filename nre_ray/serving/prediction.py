@@ -266,7 +266,8 @@ def predict_file(model: str, input_path: str, output: str, batch_size: int = 256
         start = time.perf_counter()
         batches = _run_here(plan, predictor, top_k)
     else:
-        start_ray(address)
+        # Ray's messages (the controller's retries under load) stay in its log files; failures come back as errors
+        start_ray(address, log_to_driver=False)
         start = time.perf_counter()
         batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu, cpus_per_worker)
     summary = _write(batches, plan, output, out_fmt, on_bad_rows, progress)

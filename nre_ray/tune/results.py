@@ -137,7 +137,8 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
             "storage_path": path, "select_metric": metric,
             "trials": trials, "best_trial": best["trial_id"], "best_run_id": best["mlflow_run_id"],
             "best_params": {k: best[k] for k in keys}, "best_valid": best[f"best_{metric}"],
-            "best_epoch": best["best_epoch"], "best_checkpoint": checkpoint.path, "test": test, **model}
+            "best_epoch": best["best_epoch"], "best_checkpoint": fs.with_scheme(checkpoint.path, target.storage),
+            "test": test, **model}
 
 
 def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, tracker: Any,
@@ -162,7 +163,8 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
         if "test" in prepared.splits:
             report = evaluate_split(folder, prepared, "test", num_workers=cfg.train.num_workers,
                                     negative_label=cfg.data.negative_label, address=cfg.run.address,
-                                    cpus_per_worker=cfg.train.cpus_per_worker, name=checkpoint.path)
+                                    cpus_per_worker=cfg.train.cpus_per_worker,
+                                    name=fs.with_scheme(checkpoint.path, target.storage))
             test = {k: float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
             tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=0)
             with tempfile.TemporaryDirectory() as out:

@@ -361,10 +361,9 @@ def check_works(matrix: Matrix, cell: Cell, ran: Ran) -> None:
         run = client.get_run(summary["run_id"])
         assert run.info.status == "FINISHED" and "test/macro_f1" in run.data.metrics, said
         assert summary["test"]["macro_f1"] == pytest.approx(run.data.metrics["test/macro_f1"])
-        if cell.command == "train":
-            checkpoint = summary["best_checkpoint"]
-            assert checkpoint.startswith("s3://" if cell.path == "s3" else matrix.out(cell)), checkpoint
-        else:  # the sweep's parent run, with its trial's run below it
+        checkpoint = summary["best_checkpoint"]
+        assert checkpoint.startswith("s3://" if cell.path == "s3" else matrix.out(cell)), checkpoint
+        if cell.command == "tune":  # the sweep's parent run, with its trial's run below it
             children = client.search_runs([run.info.experiment_id],
                                           f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
             assert [r.info.status for r in children] == ["FINISHED"], said
