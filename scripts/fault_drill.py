@@ -60,7 +60,7 @@ DRIVER_MOMENTS = ("ray", "preprocess", "mlflow", "workers", "training", "epoch",
 WORKER_MOMENTS = ("training", "epoch")  # the workers exist then
 PHASE_LINE = re.compile(r"^\[\s*[\d.]+s\] (\w+): ")
 EPOCH_LINE = re.compile(r"^epoch\s+\d+/\d+ ")
-RESTART = "started again (a restart after a failure)"  # nre_ray.core.console's line for a worker-group restart
+RESTART = re.compile(r"\] workers: \d+ started again$")  # nre_ray.core.console's line for a worker-group restart
 RUN_ID = re.compile(r"(?:mlflow: run |\(MLflow run )([0-9a-f]{32})")
 #: Names of temporaries: files mid-write (``*.partial``: nre_ray.storage's atomic writer, the checkpoint's files
 #: among them; ``*.tmp`` of an older nre_ray), private build folders of the cache (``<key>.tmp-<pid>.<start>-...``,
@@ -357,7 +357,7 @@ class Drill:
                 "summary" if line.startswith(f"run {run.name} (MLflow run ") else None
             if name is not None:
                 run.seen.setdefault(name, time.monotonic())
-            run.restarts += RESTART in line
+            run.restarts += bool(RESTART.search(line))
             if run.run_id is None and (found := RUN_ID.search(line)):
                 run.run_id = found[1]
 

@@ -22,8 +22,8 @@ for key, value in {"RAY_USAGE_STATS_ENABLED": "0",
                    "MLFLOW_DISABLE_TELEMETRY": "true",
                    # Keeps Train's placement-group cleaner from asking another cluster's dashboard (stack.md).
                    "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
-                   # Each command a test starts (in this process or as a subprocess) starts a private local Ray, as
-                   # before commands shared one (nre_ray.cluster.shared_ray); test_runs_at_once clears it.
+                   # A command run in this process starts a private local Ray; the commands tests start as
+                   # subprocesses share the session's (tests/session_ray.py, through tests.procs.env()).
                    "NRE_RAY_OWN_RAY": "1"}.items():
     os.environ.setdefault(key, value)
 
@@ -78,3 +78,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if misplaced:
         raise pytest.UsageError("tests marked integration outside tests/integration (move them there): "
                                 + ", ".join(misplaced))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The session's shared local Ray (tests/session_ray.py) stopped once its last test process is done with it."""
+    from tests import session_ray
+
+    session_ray.stop_session()

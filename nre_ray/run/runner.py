@@ -190,21 +190,28 @@ def _train(cfg: Config, target: Target, started: float, imported: float, run_log
     out = console.get()
     warm = warm_up(target.tracking_uri)  # MLflow and torch imported while Ray starts
     marks = [time.perf_counter()]  # start-up marks: Ray start, preprocessing (logged as startup_*_s)
-    with out.phase("ray", ray_phase(cfg.run.address)) as step:
-        resources = connect(cfg, target, step)
-    marks.append(time.perf_counter())
-    with out.phase("preprocess", "reading, checking and encoding the data (Ray Data)") as step:
-        prepared = prepare_data(cfg, target, step)
-    marks.append(time.perf_counter())
-    data = trainer_data(prepared)
-    with out.phase("mlflow", f"creating the run in {redact(target.tracking_uri)}") as step:
-        warm.join()
-        run_id, tracker = open_tracking(cfg, target, prepared, resources.threads)
-        # What was used, not what was typed, and the loop's data (the workers log nothing before their first step)
-        tracker.log_params({**resolved_params(cfg, target, resources), **tracking.data_params(data)})
-        tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
-                             "startup_preprocess_s": marks[2] - marks[1]}, step=0)
-        step.done(f"run {run_id} in experiment {cfg.run.experiment_name!r}")
+    run_id = target.resumed.info.run_id if target.resumed is not None else None
+    try:
+        with out.phase("ray", ray_phase(cfg.run.address)) as step:
+            resources = connect(cfg, target, step)
+        marks.append(time.perf_counter())
+        with out.phase("preprocess", "reading, checking and encoding the data (Ray Data)") as step:
+            prepared = prepare_data(cfg, target, step)
+        marks.append(time.perf_counter())
+        data = trainer_data(prepared)
+        with out.phase("mlflow", f"creating the run in {redact(target.tracking_uri)}") as step:
+            warm.join()
+            run_id, tracker = open_tracking(cfg, target, prepared, resources.threads)
+            # What was used, not what was typed, and the loop's data (the workers log nothing before their first
+            # step)
+            tracker.log_params({**resolved_params(cfg, target, resources), **tracking.data_params(data)})
+            tracker.log_metrics({"startup_imports_s": imported, "startup_ray_s": marks[1] - marks[0],
+                                 "startup_preprocess_s": marks[2] - marks[1]}, step=0)
+            step.done(f"run {run_id} in experiment {cfg.run.experiment_name!r}")
+    except KeyboardInterrupt:
+        if run_id is not None:
+            _killed_before_training(target.tracking_uri, run_id)
+        raise
     events = _events_file(cfg)
     try:
         trainer = build_trainer(cfg, target, data, resources, run_id, started, events=events)
@@ -247,6 +254,15 @@ def _ray_output_logged(path: str | None) -> Iterator[console.RunLog | None]:
             yield run_log
     finally:
         run_log.close()
+
+
+def _killed_before_training(tracking_uri: str, run_id: str) -> None:
+    """Ctrl-C before the workers started: the run this command holds (the one --resume continues, which a killed
+    command left RUNNING, or the one it has just created) is marked KILLED, as a Ctrl-C during training marks it, and
+    not left RUNNING for a command that no longer runs. Best effort: the interrupt is what the user sees."""
+    with contextlib.suppress(Exception):
+        if tracking.run_status(tracking_uri, run_id) == "RUNNING":
+            tracking.end_run(tracking_uri, run_id, "KILLED")
 
 
 def _events_file(cfg: Config) -> str | None:

@@ -12,8 +12,9 @@ line on stderr; never a traceback, never another exit status. Where a refusal is
   ``--storage-path`` on a cluster that can grow, as docs/cluster.md says).
 
 With no address, and with ``s3://`` paths joined by ``--address`` (the path docs/cluster.md documents), every command
-must work. "No address" is a user who exported the object store's variables but did not source ``env.sh``: a private
-local Ray. ``--address`` is the stand-in's GCS address, which ``standin status`` prints.
+must work. "No address" is a user who exported the object store's variables but did not source ``env.sh``: the local
+Ray that a user's commands share, kept warm for the cells (tests/session_ray.py). ``--address`` is the stand-in's GCS
+address, which ``standin status`` prints.
 
 The paths of a cell: the data (``--data-dir``, ``--data``, ``--input``), the checkpoints (``--storage-path``), the
 model (a checkpoint folder or an ``s3://`` checkpoint) and the output (``--output``, ``--json``). ``--summary-json``
@@ -51,6 +52,7 @@ from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster import standin_cluster as standin
 from nre_ray.cluster.processes import cmdline
+from tests import session_ray
 from tests.procs import RAY_ENV, environ, kill_all, stop_tree, with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -95,8 +97,8 @@ class Cell:
 
     @property
     def lane(self) -> str:
-        """Cells of one lane run one after the other, the two lanes at once: ``private`` (the cells that start a
-        Ray of their own), ``standin`` (jobs on the stand-in, one at a time: its head has one CPU). train and tune
+        """Cells of one lane run one after the other, the two lanes at once: ``private`` (the cells on a local
+        Ray), ``standin`` (jobs on the stand-in, one at a time: its head has one CPU). train and tune
         with local paths stop at their checks on the stand-in (a local ``--storage-path`` on a cluster that can
         grow), before any job: they go in the private lane, which has less to do."""
         if self.address == "none" or (self.command in ("train", "tune") and self.path == "local"):
@@ -117,6 +119,7 @@ class Matrix:
     state: standin.Standin
     folder: Path  # the stand-in's --dir (env.sh, standin.json)
     work: Path  # the local data (work/data), each lane's working directory, each local cell's outputs
+    env: dict[str, str]  # every cell's shell (:func:`shell_env`), sharing one local Ray (tests/session_ray.py)
 
     def data(self, path: str) -> str:
         return str(self.work / "data") if path == "local" else f"s3://{self.state.bucket}/matrix/data"
@@ -178,9 +181,9 @@ def matrix(standin_cluster):
     (work / "space.toml").write_text(SPACE, encoding="utf-8")
     folder = Path(state.folder)
     try:
-        with environ(state.mlflow_login()):  # this test's own MLflow client
+        with environ(state.mlflow_login()), session_ray.kept(shell_env(state), "m") as cells_env:
             standin_cli(folder, "upload", str(work / "data"), f"s3://{state.bucket}/matrix/data", cwd=work)
-            yield Matrix(state, folder, work)
+            yield Matrix(state, folder, work, cells_env)
     finally:
         left = _cells_left(state)
         deadline = time.monotonic() + 15  # (a command's own Ray may still be on its way out)
@@ -301,7 +304,7 @@ class Runner:
         cwd = self.matrix.work / cell.lane
         cwd.mkdir(exist_ok=True)
         started = time.monotonic()
-        proc = subprocess.Popen(ran.argv, cwd=cwd, env=shell_env(self.matrix.state), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(ran.argv, cwd=cwd, env=self.matrix.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.running[cell.lane] = proc
         try:

@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,9 +100,11 @@ class Session:
         self.folder = folder
         self.port = free_port()
         self.servers: list[subprocess.Popen] = []
+        # as a user runs them: the local Ray shared by the commands (the test session's NRE_RAY_OWN_RAY cleared),
+        # with a registry of their own (RAY_TMPDIR): the first command starts it, as the README's transcript shows
+        self.ray_tmpdir = tempfile.mkdtemp(prefix="nrd-", dir="/tmp")  # short: Ray's sockets live under it
         self.env = env(PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
-                       NRE_RAY_DOCS_TEST="1")
-        # as a user runs them: the local Ray shared by the commands (the test session's NRE_RAY_OWN_RAY cleared)
+                       NRE_RAY_DOCS_TEST="1", RAY_TMPDIR=self.ray_tmpdir)
         for key in ("MLFLOW_TRACKING_URI", "RAY_API_SERVER_ADDRESS", "VIRTUAL_ENV", "NRE_RAY_OWN_RAY"):
             self.env.pop(key, None)
         shutil.copytree(sample_dir(), folder / "sample")
@@ -225,5 +228,6 @@ def test_every_command_block_runs_and_shows_what_it_prints(tmp_path):
                 session.stop_servers()
     finally:
         session.stop_servers()
+        shutil.rmtree(session.ray_tmpdir, ignore_errors=True)
         print("\n".join(["seconds per block:", *timings]))  # shown with -s, or on a failure
     assert ran >= 10

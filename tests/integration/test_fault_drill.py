@@ -1,4 +1,4 @@
-"""The fault drill of docs/faults.md in its small form: ``scripts/fault_drill.py`` starts 3 runs at once in a new
+"""The fault drill of docs/faults.md in its small form: ``scripts/fault_drill.py`` starts 2 runs at once in a new
 folder (one MLflow store, which the runs themselves create at the same moment; one storage path), each with its own
 local Ray and 1 worker, strikes 4 faults (a SIGKILL and a SIGINT to a driver, a SIGKILL and a SIGINT to a worker),
 continues the stopped runs with ``--resume``, and checks that nothing was lost and nothing left behind. Every check
@@ -20,14 +20,15 @@ pytestmark = pytest.mark.integration
 DRILL = Path(__file__).resolve().parents[2] / "scripts" / "fault_drill.py"
 #: The drill's own limit: 125 s alone, 230-245 s with the suite in two processes (make test), where 240 s once cut off
 #: a resume; 420 s leaves room.
-SEED = 1  # its faults: each kind once, struck at moments from Ray's start to the last epoch (see the drill's table)
+SEED = 4  # its faults: each kind once; a worker SIGKILLed as training starts (a restart), the others from Ray's
+#         start to the model
 
 
 @pytest.mark.timeout(480)
 def test_the_small_fault_drill_loses_nothing(tmp_path, capsys):
     out = tmp_path / "drill.json"
     started = time.monotonic()
-    done = subprocess.run([sys.executable, str(DRILL), "--runs", "3", "--faults", "4", "--epochs", "2",
+    done = subprocess.run([sys.executable, str(DRILL), "--runs", "2", "--faults", "4", "--epochs", "2",
                            "--seed", str(SEED), "--work-dir", str(tmp_path / "work"), "--json", str(out),
                            "--timeout", "420"],
                           capture_output=True, text=True, env=env(), timeout=470, check=False)
@@ -38,9 +39,12 @@ def test_the_small_fault_drill_loses_nothing(tmp_path, capsys):
     struck = [f for f in result["faults"] if f["at_s"] is not None]
     assert {(f["target"], f["signal"]) for f in struck} == {("driver", "SIGKILL"), ("driver", "SIGINT"),
                                                             ("worker", "SIGKILL"), ("worker", "SIGINT")}, struck
-    assert [run["status"] for run in result["runs"]] == ["FINISHED"] * 3
+    # the SIGKILLed worker (as training starts, SEED's plan) was replaced: the run restarted its worker group
+    (killed,) = [f for f in struck if (f["target"], f["signal"]) == ("worker", "SIGKILL")]
+    assert killed["result"].startswith("the run restarted its worker group"), killed
+    assert [run["status"] for run in result["runs"]] == ["FINISHED"] * 2
     assert all(run["lost"] == [] for run in result["runs"])
     # the commands a fault stopped were continued: more commands than runs
-    assert sum(len(run["commands"]) for run in result["runs"]) > 3
+    assert sum(len(run["commands"]) for run in result["runs"]) > 2
     with capsys.disabled():
-        print(f"\nfault drill: {len(struck)} faults, 3 runs, {seconds:.0f} s\n{done.stdout}")
+        print(f"\nfault drill: {len(struck)} faults, 2 runs, {seconds:.0f} s\n{done.stdout}")

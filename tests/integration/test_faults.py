@@ -29,10 +29,13 @@ from nre_ray.config import Config
 from nre_ray.run.checkpoint import CheckpointError, load_checkpoint
 from nre_ray.run.runner import _existing_checkpoints
 from tests.helpers import tiny_data
-from tests.procs import alive, cli, descendants, env, start, stop_tree, train_workers, wait_for
+from tests.procs import alive, cli, cmdline, descendants, env, start, stop_tree, train_workers, wait_for
 
 pytestmark = pytest.mark.integration
 EXPERIMENT = "faults"
+#: The CLI runs start a private local Ray: the test finds their workers among their descendants, and checks that a
+#: Ctrl-C leaves no process of theirs.
+OWN_RAY = {"NRE_RAY_OWN_RAY": "1"}
 # The worker-side wrapper below is shipped by value: Ray workers cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -85,7 +88,7 @@ def test_ctrl_c_then_resume_then_a_killed_worker_all_in_one_mlflow_run(tmp_path,
     args = _args(tmp_path, cache_dir, "faults", "--epochs", str(epochs))
 
     # 1. Ctrl-C once a checkpoint is registered.
-    proc = start(cli(*args), log, tmp_path)
+    proc = start(cli(*args), log, tmp_path, OWN_RAY)
     try:
         wait_for("a registered checkpoint", lambda: _registered_epoch(run_dir) >= 1, 240, proc=proc, log=log)
         tree = descendants(proc.pid)
@@ -114,7 +117,8 @@ def test_ctrl_c_then_resume_then_a_killed_worker_all_in_one_mlflow_run(tmp_path,
     # 3. --resume (here with --max-failures 1), and a worker killed in the middle of an epoch after the restart.
     log2 = tmp_path / "resume.log"
     summary = tmp_path / "summary.json"
-    proc = start(cli(*args, "--resume", "--max-failures", "1", "--summary-json", str(summary)), log2, tmp_path)
+    proc = start(cli(*args, "--resume", "--max-failures", "1", "--summary-json", str(summary)), log2, tmp_path,
+                 OWN_RAY)
     try:
         wait_for("a checkpoint after the resume",
                  lambda: _registered_epoch(run_dir) > interrupted_at, 240, proc=proc, log=log2)
@@ -220,3 +224,31 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_as_the_latest(ray_
     latest = Path(result.checkpoint.path).name
     assert _existing_checkpoints(f"file://{tmp_path / 'storage'}", "crash") == [latest]
     assert _existing_checkpoints(f"file://{tmp_path / 'storage'}", "other") == []
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_while_a_resume_starts_ray_marks_the_run_killed(tmp_path, cache_dir):
+    """A run a SIGKILL left RUNNING, continued with --resume and interrupted while that command starts its Ray (its
+    GCS has appeared among the command's processes; nothing trains yet): exit 130, and the MLflow run is KILLED, as
+    the console says, not left RUNNING for a command that no longer runs (the fault drill found it left so)."""
+    from nre_ray.tracking import store as tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.start_run(uri, EXPERIMENT, "cut", {"nre_ray.run_name": "cut",
+                                                        "storage_path": str(tmp_path / "storage")})
+    (tmp_path / "storage" / "cut").mkdir(parents=True)  # what the killed command had made of the run
+    log = tmp_path / "resume.log"
+    proc = start(cli(*_args(tmp_path, cache_dir, "cut", "--epochs", "1", "--resume")), log, tmp_path, OWN_RAY)
+    try:
+        wait_for("the command's own Ray to start", lambda: any("gcs_server" in cmdline(p)
+                                                                for p in descendants(proc.pid)),
+                 120, interval=0.05, proc=proc, log=log)
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=90)
+    finally:
+        stop_tree(proc)
+    text = log.read_text()
+    assert code == 130, text[-3000:]
+    assert "] ray: " in text and "] workers: " not in text, text[-3000:]  # interrupted in the ray phase
+    assert "interrupted: the MLflow run is marked KILLED" in text
+    assert tracking.run_status(uri, run_id) == "KILLED"

@@ -283,7 +283,8 @@ def test_a_prediction_worker_that_dies_ends_the_command_with_one_clear_error(tra
     rows.to_csv(source, index=False)
     proc = subprocess.Popen([sys.executable, "-m", "nre_ray.predict", "--model", trained["best_checkpoint"], "--input",
                              str(source), "--output", str(out), "--local-max-rows", "0", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(), cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env=env(NRE_RAY_OWN_RAY="1"))  # its own Ray: its actors are among its descendants
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
