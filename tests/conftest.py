@@ -22,18 +22,23 @@ for key, value in {"RAY_USAGE_STATS_ENABLED": "0",
                    "MLFLOW_DISABLE_TELEMETRY": "true",
                    # Keeps Train's placement-group cleaner from asking another cluster's dashboard (stack.md).
                    "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9",
-                   # A command run in this process starts a private local Ray; the commands tests start as
-                   # subprocesses share the session's (tests/session_ray.py, through tests.procs.env()).
+                   # Each command a test starts (in this process or as a subprocess) starts a private local Ray, as
+                   # a user's first command does; test_runs_at_once, test_docs_commands and the command matrix's
+                   # cells share one (tests/session_ray.py).
                    "NRE_RAY_OWN_RAY": "1"}.items():
     os.environ.setdefault(key, value)
 
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray with 4 logical CPUs (on 2 cores), shared by every test that needs one."""
+    """A local Ray with 4 logical CPUs (on 2 cores), shared by every test that needs one; on the loopback address,
+    as the commands' own local Rays are (nothing of it listens on the network)."""
     import ray
 
-    ray.init(address="local", num_cpus=4, logging_level=logging.WARNING, log_to_driver=True)
+    from nre_ray.cluster.ray_private import loopback_node
+
+    with loopback_node() as on_loopback:
+        ray.init(address="local", num_cpus=4, logging_level=logging.WARNING, log_to_driver=True, **on_loopback)
     yield ray
     ray.shutdown()
 
@@ -79,9 +84,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("tests marked integration outside tests/integration (move them there): "
                                 + ", ".join(misplaced))
 
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The session's shared local Ray (tests/session_ray.py) stopped once its last test process is done with it."""
-    from tests import session_ray
-
-    session_ray.stop_session()

@@ -20,10 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray.cluster import processes
-from nre_ray.cluster.local_settings import QUIET_ENV
 from nre_ray.cluster.ports import free_port  # noqa: F401 (the tests' free port is the product's)
 from nre_ray.cluster.processes import cmdline
-from tests import session_ray
 
 #: Environment for subprocess Ray drivers and nodes: quiet, no token auth on 127.0.0.1, and Train's placement-group
 #: cleaner kept from asking another cluster's dashboard on this shared host (see the stack notes).
@@ -31,24 +29,12 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_DAT
            "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
 
 
-#: Set in this process by nre_ray itself (an in-process command's ``quiet_environ``), not by the session: left out
-#: of a subprocess's environment, where the command sets them again, so that every command of the session has the same
-#: environment and joins the session's Ray (tests/session_ray.py).
-_SET_BY_COMMANDS = {*QUIET_ENV, "RAY_COLOR_PREFIX"}
-_AT_START = set(os.environ)
-
-
 def env(**extra: str) -> dict[str, str]:
-    """This process's environment for a subprocess: RAY_ENV added, any RAY_ADDRESS of the test session removed, and
-    the session's shared local Ray (tests/session_ray.py) for nre_ray commands given no address, unless ``extra``
-    asks for a private one (``NRE_RAY_OWN_RAY="1"``) or sets a ``RAY_TMPDIR`` of its own."""
-    out = {k: v for k, v in os.environ.items()
-           if k != "RAY_ADDRESS" and not k.startswith("PYTEST_XDIST_")
-           and not (k in _SET_BY_COMMANDS and k not in _AT_START)}
-    out.update(RAY_ENV)
-    if "NRE_RAY_OWN_RAY" not in extra and "RAY_TMPDIR" not in extra:
-        out = session_ray.session_environ(out)
-    out.update(extra)
+    """This process's environment for a subprocess: RAY_ENV added, any RAY_ADDRESS of the test session removed. The
+    session's NRE_RAY_OWN_RAY=1 (tests/conftest.py) stays: a command started with it starts a private local Ray, as a
+    user's first command does (tests/session_ray.py keeps one shared Ray warm where a test runs many commands)."""
+    out = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out.update(RAY_ENV, **extra)
     return out
 
 

@@ -1,5 +1,5 @@
-"""The test session's shared local Ray: what a user's commands on one machine share (:mod:`nre_ray.cluster.shared_ray`),
-kept warm for the commands the tests start as subprocesses.
+"""A shared local Ray kept warm for a test that runs many commands: what a user's commands on one machine share
+(:mod:`nre_ray.cluster.shared_ray`).
 
 A user's commands given no Ray address join the local Ray that nre_ray commands of this user share, and its host
 stops it when the last of them ends. Tests start their commands one after the other, so without help each would
@@ -8,19 +8,19 @@ find the Ray just stopped and start it again (4-6 s quiet, 10-25 s on a loaded 2
 the host keeps the Ray, and every command started with the same environment joins it.
 
 :func:`kept` does this for one environment: a Ray temporary folder of its own (``RAY_TMPDIR``: its own registry, so
-the session's Ray never meets a user's or another session's), the anchor, and at the end the anchor stopped, the
-host's Ray gone (checked: no process with that ``RAY_TMPDIR`` is left) and the folder removed. ``tests.procs.env()``
-gives every command of the session the session's environment (:func:`session_environ`): both pytest-xdist processes
-share one Ray (the registry's lock makes the first start it and the other join).
+that Ray never meets a user's or another test's), the anchor, and at the end the anchor stopped, the host's Ray gone
+(checked: no process with that ``RAY_TMPDIR`` is left) and the folder removed. The command matrix's cells with no
+address use it (tests/integration/test_command_matrix.py): ten commands on one warm Ray, as a user's would be.
 
-Tests that look at the processes of their command's own Ray (its workers among the command's descendants, what a
-fault or a Ctrl-C leaves), or that test Ray's start, pass ``NRE_RAY_OWN_RAY=1`` (or a ``RAY_TMPDIR`` of their own)
-and start a private Ray as before.
+Tried and not kept: one such Ray for every command of the session (through tests/procs.env()). Few tests start
+commands that need a local Ray as subprocesses (the rest use the session's ``ray_cluster`` in process), and an idle
+local Ray costs about 5% of a core (21 processes) for the whole session: about what the starts it spares save. The
+one CI-style run with it took 1744 s of tests against 1611 s before (with other work beside it: not a clean
+figure, but no saving either).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -111,39 +111,6 @@ def kept(env: dict[str, str], tag: str = "k") -> Iterator[dict[str, str]]:
     finally:
         left = stop(proc, str(folder))
         assert not left, f"processes of the shared local Ray left behind: {left}"
-
-
-# The session's Ray: one folder for the whole session (both pytest-xdist processes), named after xdist's run id.
-
-_SESSION: dict[str, subprocess.Popen] = {}
-
-
-def session_tmpdir() -> str:
-    """The session's ``RAY_TMPDIR``: one per ``pytest`` command, the same in its xdist processes."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:10] or f"p{os.getpid()}"
-    folder = Path("/tmp") / f"nrs-{run}"
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    return str(folder)
-
-
-def session_environ(env: dict[str, str]) -> dict[str, str]:
-    """``env`` (a command's environment, from ``tests.procs.env``) as the session's shared Ray expects it, with the
-    anchor started on first use (stopped at exit)."""
-    shared = {**{k: v for k, v in env.items() if k != shared_ray.OWN_RAY_ENV}, "RAY_TMPDIR": session_tmpdir()}
-    # The anchor starts with the first integration test that starts a command: a unit test's command (make test-fast)
-    # starts the shared Ray itself if it needs one, and its host stops it when the command ends.
-    if "anchor" not in _SESSION and "tests/integration/" in os.environ.get("PYTEST_CURRENT_TEST", ""):
-        _SESSION["anchor"] = anchor(shared, Path(shared["RAY_TMPDIR"]) / f"anchor-{os.getpid()}.log")
-        atexit.register(stop_session)
-    return shared
-
-
-def stop_session() -> None:
-    """The session's anchor stopped; its Ray too once no other test process uses it."""
-    proc = _SESSION.pop("anchor", None)
-    if proc is not None:
-        stop(proc, session_tmpdir())
 
 
 def main(parent: int) -> int:
