@@ -48,16 +48,14 @@ from nre_ray.cluster.session import (
 )
 from nre_ray.serve.cli import ServeOptions, build_parser
 from nre_ray.serving.inference import (
-    INPUT_COLUMNS,
-    UNTYPED_WARNING,
     ModelIdentity,
     Predictor,
     identify_model,
     is_mlflow_model,
-    lacks_types,
     resolve_checkpoint,
     row_problems,
 )
+from nre_ray.tasks.sentence.rows import INPUT_COLUMNS, UNTYPED_WARNING, lacks_types
 from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
 DEPLOYMENT = "RelationServer"
@@ -252,7 +250,7 @@ class RelationServer:
         with the same columns are labelled in one pass; the answer of a plain request (:func:`plain_request`) is
         its columns as lists (:data:`Columns`), of a request MLflow's code read a DataFrame."""
         # deferred: importing it loads
-        from nre_ray.serving.pyfunc import answer_columns, rows_error
+        from nre_ray.serving.pyfunc import rows_error
 
         predictor = self.predictor
         answers: list[Any] = [None] * len(items)
@@ -260,14 +258,14 @@ class RelationServer:
         for i, (rows, _) in enumerate(items):
             names = rows.columns if isinstance(rows, pd.DataFrame) else rows[0]
             types = tuple(c for c in ("head_type", "tail_type") if c in names)
-            groups.setdefault((*INPUT_COLUMNS, *types), []).append(i)
+            groups.setdefault((*predictor.task.input_columns, *types), []).append(i)
         for columns, members in groups.items():
             top_k = max(items[i][1] for i in members)
             predictions = predictor.predict_rows(_frame([items[i][0] for i in members], list(columns)), top_k)
             warnings = [UNTYPED_WARNING] if lacks_types(columns, predictor.config.data, predictor.vocab) else []
             # Sliced per request as plain lists: pandas' per-slice cost (~1.5 ms a request) was most of a batch's.
             problems = predictions["problem"].tolist()
-            values = {c: predictions[c].tolist() for c in answer_columns(top_k)}
+            values = {c: predictions[c].tolist() for c in predictor.task.output_columns(top_k)}
             start = 0
             for i in members:
                 rows, k = items[i]
