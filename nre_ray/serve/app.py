@@ -55,7 +55,7 @@ from nre_ray.serving.inference import (
     resolve_checkpoint,
     row_problems,
 )
-from nre_ray.tasks.sentence.rows import INPUT_COLUMNS, UNTYPED_WARNING, lacks_types
+from nre_ray.tasks.sentence.rows import INPUT_COLUMNS, TOP_K_COLUMNS, UNTYPED_WARNING, lacks_types
 from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
 DEPLOYMENT = "RelationServer"
@@ -273,9 +273,10 @@ class RelationServer:
                 if any(problems[start:end]):
                     answers[i] = rows_error(row_problems(pd.Series(problems[start:end], dtype=object)))
                 elif isinstance(rows, pd.DataFrame):  # read by MLflow's code, which takes a DataFrame back
-                    answers[i] = (pd.DataFrame(_cut(values, start, end, k)), warnings)
+                    answers[i] = (pd.DataFrame(_cut(values, start, end, k, predictor.task.output_columns(k))),
+                                  warnings)
                 else:
-                    answers[i] = (_cut(values, start, end, k), warnings)
+                    answers[i] = (_cut(values, start, end, k, predictor.task.output_columns(k)), warnings)
                 start = end
         return answers
 
@@ -285,15 +286,13 @@ class RelationServer:
 Columns = dict[str, list[Any]]
 
 
-def _cut(values: Columns, start: int, end: int, top_k: int) -> Columns:
-    """Rows ``start:end`` of the answer columns ``values`` of a request that asked for ``top_k``: top-k lists cut to
-    its k (the batch may have asked for more), and no top-k columns when it asked for none."""
-    # deferred: importing it loads
-    from nre_ray.serving.pyfunc import answer_columns
-
-    cut = {c: values[c][start:end] for c in answer_columns(top_k)}
-    if top_k > 0:
-        for column in ("top_k_labels", "top_k_scores"):
+def _cut(values: Columns, start: int, end: int, top_k: int, columns: list[str]) -> Columns:
+    """Rows ``start:end`` of the answer ``columns`` (the task's output columns for ``top_k``) of ``values``, for a
+    request that asked for ``top_k``: top-k lists cut to its k (the batch may have asked for more), and no top-k
+    columns when it asked for none."""
+    cut = {c: values[c][start:end] for c in columns}
+    for column in TOP_K_COLUMNS:
+        if column in cut:
             cut[column] = [v[:top_k] for v in cut[column]]
     return cut
 

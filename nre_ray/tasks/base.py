@@ -39,10 +39,10 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   predicted fact: document, head entity, tail entity, relation, score.
 * **bag** (:mod:`nre_ray.tasks.bag`, building blocks): an example is one entity pair, the sentences that name it and
   its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
-  ``labels``; the output is logits (B, C) (:class:`~nre_ray.tasks.bag.network.BagClassifier`); the loss
-  cross-entropy per (bag, label); the counts each bag's scores and gold labels at its index in the split, (N, 2, C),
-  zeros elsewhere, which :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve; the rows one per bag
-  and relation.
+  ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
+  instances' logits (K, C), whose cross-entropy is the loss, and the bags' probabilities (B, C); the counts each
+  bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
+  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve; the rows one per bag and relation.
 """
 
 from __future__ import annotations
@@ -94,11 +94,11 @@ class Task(ABC):
     @abstractmethod
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """The model (``--model``'s encoder with this task's head), untrained: ``model(batch) -> output``, where
-        ``batch`` is what :meth:`dataset` gives and ``output`` what :meth:`loss`, :meth:`count` and
-        :meth:`predict_rows` read. ``spec``: the sizes the data gives (vocabulary, labels, positions)."""
+        ``batch`` is what :meth:`dataset` gives and ``output`` (a tensor, or a tuple of them: the task's own) what
+        :meth:`loss` and :meth:`count` read. ``spec``: the sizes the data gives (vocabulary, labels, positions)."""
 
     @abstractmethod
-    def loss(self, output: torch.Tensor, batch: Mapping[str, torch.Tensor], label_smoothing: float = 0.0,
+    def loss(self, output: Any, batch: Mapping[str, torch.Tensor], label_smoothing: float = 0.0,
              reduction: str = "mean") -> torch.Tensor:
         """The loss of ``output`` (the model's, on ``batch``) in float32: a scalar, the mean over the batch's
         examples (``reduction="mean"``, what an optimizer step takes) or their sum (``"sum"``: what the loop adds up
@@ -117,7 +117,7 @@ class Task(ABC):
         ``labels``, on ``device``."""
 
     @abstractmethod
-    def count(self, counts: torch.Tensor, output: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> None:
+    def count(self, counts: torch.Tensor, output: Any, batch: Mapping[str, torch.Tensor]) -> None:
         """Add ``batch``'s examples (the model's ``output`` on them; ``batch["index"]``: their indices in the split)
         to ``counts``, in place. Counting is exact and additive: the counts of a split are the sum of its shards'
         counts, in any order."""
