@@ -25,9 +25,9 @@ from nre_ray.core.user_error import ConfigError
 #: The encoders of nre_ray.models.registry (kept here so that --help and the parser need not import torch;
 #: tests/unit/test_config.py checks that the two agree).
 MODELS = ("cnn", "pcnn", "bilstm", "transformer", "bert")
-#: The validation scores of nre_ray.run.metrics.scores, any of which can select the best checkpoint (--select-metric).
-#: The pos_* scores need --negative-label; semeval_macro_f1 also needs directed labels such as Cause-Effect(e1,e2).
-#: tests/unit/test_config.py checks them against nre_ray.run.metrics.
+#: The validation scores of the sentence task (nre_ray.tasks.sentence.metrics.scores), any of which can select the
+#: best checkpoint (--select-metric). The pos_* scores need --negative-label; semeval_macro_f1 also needs directed
+#: labels such as Cause-Effect(e1,e2). tests/unit/test_config.py checks them against nre_ray.tasks.sentence.metrics.
 METRICS = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "micro_f1", "micro_precision", "micro_recall",
            "pos_macro_f1", "pos_micro_f1", "pos_micro_precision", "pos_micro_recall", "semeval_macro_f1")
 
@@ -405,12 +405,13 @@ def _worker_range(text: str, source: str) -> dict[str, int]:
     return {"min_workers": int(found.group(1)), "num_workers": int(found.group(2))}
 
 
-_DIRECTED = re.compile(r"^.+?\s*\((e1\s*,\s*e2|e2\s*,\s*e1)\)\s*$")  # as nre_ray.run.metrics tells directed labels
+# as nre_ray.tasks.sentence.metrics tells directed labels
+_DIRECTED = re.compile(r"^.+?\s*\((e1\s*,\s*e2|e2\s*,\s*e1)\)\s*$")
 
 
 def metric_names(labels: list[str], negative_label: str | None) -> list[str]:
-    """The validation scores a run on these labels reports (the keys of ``nre_ray.run.metrics.scores``), in METRICS
-    order: pos_* with a ``negative_label`` among the labels, semeval_macro_f1 with directed labels too."""
+    """The validation scores a run on these labels reports (the keys of ``nre_ray.tasks.sentence.metrics.scores``), in
+    METRICS order: pos_* with a ``negative_label`` among the labels, semeval_macro_f1 with directed labels too."""
     has_negative = negative_label is not None and negative_label in labels
     directed = any(_DIRECTED.match(label) for label in labels)
     return [m for m in METRICS if not m.startswith(("pos_", "semeval_"))

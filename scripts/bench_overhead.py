@@ -63,8 +63,8 @@ def plain_loop(prepared: Any, model_name: str, batch_size: int, epochs: int, see
     from torch.utils.data import DataLoader
 
     from nre_ray.data.encode import EncodedDataset, identity_collate
-    from nre_ray.models import build_model
     from nre_ray.models.registry import ModelSpec
+    from nre_ray.tasks.sentence.classifier import build_model
 
     cfg = train_config(model_name, batch_size, epochs, seed)
     torch.set_num_threads(threads)

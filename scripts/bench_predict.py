@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
         import mlflow
 
-        from nre_ray.serving.inference import INPUT_COLUMNS
+        from nre_ray.tasks.sentence.rows import INPUT_COLUMNS
         from nre_ray.tracking.store import mlflow_settings
 
         uri, store = pyfunc_uri(model, work, tracking_uri)

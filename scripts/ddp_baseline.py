@@ -40,8 +40,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from nre_ray.data.encode import EncodedDataset, identity_collate
-from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
+from nre_ray.tasks.sentence.classifier import build_model
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,6 @@
-"""Model registry: a name -> builder map. Registering a name twice is an error."""
+"""Encoder registry: ``--model``'s name -> a builder of the encoder (tokens -> vectors). Registering a name twice is an
+error. The heads are the tasks' (:mod:`nre_ray.tasks`): an encoder has an ``out_dim`` and maps a batch to
+(B, out_dim)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from torch import nn
 
 from nre_ray.models.bert import build_bert_encoder
 from nre_ray.models.bilstm import BiLSTMAttentionEncoder
-from nre_ray.models.classifier import RelationClassifier
 from nre_ray.models.cnn import CNNEncoder, PCNNEncoder
 from nre_ray.models.embedding import WordPositionEmbedding
 from nre_ray.models.transformer import TransformerEncoder, default_num_heads
@@ -17,7 +18,7 @@ from nre_ray.models.transformer import TransformerEncoder, default_num_heads
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What a builder needs to know about the data."""
+    """What a builder (of an encoder, and of a task's head: ``num_classes``) needs to know about the data."""
 
     vocab_size: int
     num_classes: int
@@ -32,7 +33,7 @@ MODELS: dict[str, Builder] = {}
 
 
 def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: ``@register("cnn")`` adds a builder ``(model_config, spec) -> nn.Module``."""
+    """Decorator: ``@register("cnn")`` adds a builder ``(model_config, spec) -> encoder``."""
 
     def add(builder: Builder) -> Builder:
         if name in MODELS:
@@ -43,8 +44,9 @@ def register(name: str) -> Callable[[Builder], Builder]:
     return add
 
 
-def build_model(model_config: object, spec: ModelSpec) -> nn.Module:
-    """Build the model named ``model_config.model``; an unknown name lists the known ones."""
+def build_encoder(model_config: object, spec: ModelSpec) -> nn.Module:
+    """Build the encoder named ``model_config.model`` (untrained; a pretrained one's weights loaded); an unknown name
+    lists the known ones."""
     name = model_config.model
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(sorted(MODELS))}")
@@ -58,30 +60,25 @@ def _embedding(cfg: object, spec: ModelSpec) -> WordPositionEmbedding:
 
 @register("cnn")
 def _cnn(cfg: object, spec: ModelSpec) -> nn.Module:
-    return RelationClassifier(CNNEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.kernel_size),
-                              spec.num_classes, cfg.dropout)
+    return CNNEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.kernel_size)
 
 
 @register("pcnn")
 def _pcnn(cfg: object, spec: ModelSpec) -> nn.Module:
-    return RelationClassifier(PCNNEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.kernel_size),
-                              spec.num_classes, cfg.dropout)
+    return PCNNEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.kernel_size)
 
 
 @register("bilstm")
 def _bilstm(cfg: object, spec: ModelSpec) -> nn.Module:
-    encoder = BiLSTMAttentionEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.num_layers or 1, cfg.dropout)
-    return RelationClassifier(encoder, spec.num_classes, cfg.dropout)
+    return BiLSTMAttentionEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.num_layers or 1, cfg.dropout)
 
 
 @register("transformer")
 def _transformer(cfg: object, spec: ModelSpec) -> nn.Module:
-    encoder = TransformerEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.num_layers or 2,
-                                 cfg.num_heads or default_num_heads(cfg.hidden_size), cfg.max_positions)
-    return RelationClassifier(encoder, spec.num_classes, cfg.dropout)
+    return TransformerEncoder(_embedding(cfg, spec), cfg.hidden_size, cfg.num_layers or 2,
+                              cfg.num_heads or default_num_heads(cfg.hidden_size), cfg.max_positions)
 
 
 @register("bert")
 def _bert(cfg: object, spec: ModelSpec) -> nn.Module:
-    return RelationClassifier(build_bert_encoder(cfg, spec.vocab_size, spec.pretrained_config), spec.num_classes,
-                              cfg.dropout)
+    return build_bert_encoder(cfg, spec.vocab_size, spec.pretrained_config)

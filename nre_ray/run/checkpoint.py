@@ -10,8 +10,9 @@ A checkpoint is a folder::
     labels.json   the label list (class order)
     pretrained/   only for a pretrained encoder (--model bert): its tokenizer with the entity markers and its
                   config.json, so the checkpoint predicts without the original model folder
-    meta.json     format version, model name, sizes, and the byte size and sha256 of every other file; written
-                  last, so its presence marks a complete checkpoint
+    meta.json     format version, task (:mod:`nre_ray.tasks.lookup`; absent in checkpoints written before the task
+                  layer: the sentence task), model name, sizes, and the byte size and sha256 of every other file;
+                  written last, so its presence marks a complete checkpoint
 
 Files are written to a temporary name and renamed, so a crash during a save never leaves a half-written file, and a
 folder without meta.json is refused by :func:`load_checkpoint`. In training, rank 0 saves into a local temporary

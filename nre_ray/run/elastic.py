@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nre_ray.config import Config
-from nre_ray.data.encode import EncodedDataset
+from nre_ray.tasks.base import Task
 
 
 def global_batch(cfg: Config) -> int:
@@ -52,22 +52,21 @@ def step_share(order: torch.Tensor, step: int, batch: int, rank: int, world: int
     return [part for part in torch.tensor_split(mine, parts) if len(part)], len(chunk)
 
 
-def accumulate(model: nn.Module, dataset: EncodedDataset, parts: list[torch.Tensor], count: int,
-               device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager],
+def accumulate(task: Task, model: nn.Module, dataset: torch.utils.data.Dataset, parts: list[torch.Tensor],
+               count: int, device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager],
                scaler: torch.amp.GradScaler, label_smoothing: float = 0.0) -> tuple[float, int]:
-    """Forward and backward this rank's ``parts`` (micro-batches of indices), each example's loss divided by the
-    step's ``count``: the gradients add up (over micro-batches here, over ranks in :func:`reduce_gradients`) to the
-    mean over the step. Returns (sum of the examples' losses, examples)."""
+    """Forward and backward this rank's ``parts`` (micro-batches of indices into ``task``'s ``dataset``), each
+    example's loss (``task``'s) divided by the step's ``count``: the gradients add up (over micro-batches here, over
+    ranks in :func:`reduce_gradients`) to the mean over the step. Returns (sum of the examples' losses, examples)."""
     loss_sum, seen = 0.0, 0
     for part in parts:
         batch = {k: v.to(device, non_blocking=True) for k, v in dataset.__getitems__(part.tolist()).items()}
         with autocast():
-            logits = model(batch)  # (B, C)
-        losses = nn.functional.cross_entropy(logits.float(), batch["labels"], label_smoothing=label_smoothing,
-                                             reduction="sum")
+            output = model(batch)  # the sentence task's: logits (B, C)
+        losses = task.loss(output, batch, label_smoothing=label_smoothing, reduction="sum")
         scaler.scale(losses / count).backward()
         loss_sum += losses.item()
-        seen += len(part)
+        seen += task.examples(batch)
     return loss_sum, seen
 
 

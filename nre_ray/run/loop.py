@@ -1,11 +1,16 @@
 """The per-worker training loop that Ray Train's TorchTrainer runs: build, prepare, epochs, evaluate, report.
 
 Every rank runs the same code. Distribution shows up in three places only: ``prepare_model`` / ``prepare_data_loader``
-(DDP and the DistributedSampler), the all-reduce of counts in :func:`evaluate` (so every example is counted exactly
-once whatever the number of workers), and rank 0 alone writing checkpoints and MLflow data. (Per-epoch metrics are
-logged by the controller when Ray registers the epoch's checkpoint: :mod:`nre_ray.tracking.callback`.)
+(DDP and the DistributedSampler), the all-reduce of the task's counts in :func:`evaluate` (so every example is
+counted exactly once whatever the number of workers), and rank 0 alone writing checkpoints and MLflow data.
+(Per-epoch metrics are logged by the controller when Ray registers the epoch's checkpoint:
+:mod:`nre_ray.tracking.callback`.)
 
-One worker's run is one object, :class:`WorkerRun` (settings, rank, data, model, optimizer, schedule, scaler,
+What differs between tasks (the batches, the model's head and loss, the metrics' counts, scores and reports) the
+loop asks the run's task (:class:`nre_ray.tasks.base.Task`, named by the driver in ``loop_config["task"]`` and
+recorded in every checkpoint's meta.json); nothing here branches on the task.
+
+One worker's run is one object, :class:`WorkerRun` (settings, rank, task, data, model, optimizer, schedule, scaler,
 tracker) with its checkpointed progress, :class:`TrainState`; :func:`train_loop_per_worker` starts it and hands it to
 the epoch (:func:`_epoch`), the epoch's report (:func:`_report`) and the final scoring (:func:`_final`).
 """
@@ -37,16 +42,16 @@ from nre_ray.config import Config
 from nre_ray.core import buildonce, tempfiles
 from nre_ray.core.console import NOTES_KEY, RESUME_NOTE
 from nre_ray.data.batches import EncodedSplit
-from nre_ray.data.encode import EncodedDataset, identity_collate
+from nre_ray.data.encode import identity_collate
 from nre_ray.data.pipeline import split_files_complete
 from nre_ray.data.vocab import Vocab
-from nre_ray.models import build_model
 from nre_ray.models.pretrained import load_word_vectors, word_embedding
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run import elastic
-from nre_ray.run import metrics as M
 from nre_ray.run.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nre_ray.run.optim import Schedule, build_optimizer, steps_per_epoch
+from nre_ray.tasks.base import Task
+from nre_ray.tasks.lookup import DEFAULT_TASK, task_named
 from nre_ray.tracking.store import FIRST_STEP_AT, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -134,42 +139,44 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def eval_loader(split: EncodedSplit, rank: int, world_size: int) -> DataLoader:
-    """A loader over this rank's exact shard of ``split`` (no DistributedSampler padding), moved to the device."""
-    loader = DataLoader(EncodedDataset(split), batch_size=EVAL_BATCH_SIZE,
+def eval_loader(task: Task, split: EncodedSplit, rank: int, world_size: int) -> DataLoader:
+    """A loader over this rank's exact shard of ``split`` (no DistributedSampler padding; ``task``'s batches), moved
+    to the device."""
+    loader = DataLoader(task.dataset(split), batch_size=EVAL_BATCH_SIZE,
                         sampler=ShardSampler(len(split), rank, world_size), collate_fn=identity_collate)
     return ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)
 
 
-def shared_scores(cm: np.ndarray, labels: list[str], negative_label: str | None, rank: int) -> dict[str, float]:
-    """The scores of the all-reduced confusion matrix ``cm`` (C, C), computed by rank 0 and sent to every rank.
+def shared_scores(task: Task, counts: np.ndarray, labels: list[str], negative_label: str | None,
+                  rank: int) -> dict[str, float]:
+    """``task``'s scores of the all-reduced ``counts``, computed by rank 0 and sent to every rank.
 
     Every rank gets the same dict, so they all take the same decisions (the best epoch, the learning-rate schedule,
-    an early stop), and only rank 0 imports scikit-learn (~60 MB a process).
+    an early stop), and only rank 0 imports what scoring needs (scikit-learn for the sentence task: ~60 MB a process).
     """
-    scores = [M.scores(cm, labels, negative_label) if rank == 0 else None]
+    scores = [task.scores(counts, labels, negative_label) if rank == 0 else None]
     if _several_ranks():
         dist.broadcast_object_list(scores, src=0)
     return scores[0]
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, num_classes: int) -> tuple[np.ndarray, float]:
-    """Confusion matrix (C, C) and mean loss over the whole split, summed over all ranks."""
+def evaluate(task: Task, model: nn.Module, loader: DataLoader, labels: list[str]) -> tuple[np.ndarray, float]:
+    """``task``'s counts (:meth:`~nre_ray.tasks.base.Task.new_counts`: the sentence task's (C, C) confusion matrix)
+    and the mean loss over the whole split, summed over all ranks: every example counted once."""
     model.eval()
     device = ray.train.torch.get_device()
-    cm = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
+    counts = task.new_counts(labels, len(loader.dataset), device)  # the whole split's examples, all ranks' shards
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, count)
     for batch in loader:
-        logits = model(batch)  # (B, C)
-        gold = batch["labels"]
-        loss_sum[0] += nn.functional.cross_entropy(logits, gold, reduction="sum").double()
-        loss_sum[1] += gold.numel()
-        cm += torch.bincount(gold * num_classes + logits.argmax(dim=-1), minlength=num_classes * num_classes)
-    _all_reduce(cm)
+        output = model(batch)  # the sentence task's: logits (B, C)
+        loss_sum[0] += task.loss(output, batch, reduction="sum").double()
+        loss_sum[1] += task.examples(batch)
+        task.count(counts, output, batch)
+    _all_reduce(counts)
     _all_reduce(loss_sum)
     mean_loss = (loss_sum[0] / loss_sum[1].clamp(min=1)).item()
-    return cm.view(num_classes, num_classes).cpu().numpy(), mean_loss
+    return counts.cpu().numpy(), mean_loss
 
 
 def amp_dtype(device: torch.device, enabled: bool) -> torch.dtype | None:
@@ -314,14 +321,16 @@ class WorkerRun:
 
     Built by :func:`_start`; the epochs (:func:`_epoch`), the reports (:func:`_report`, :func:`_report_position`)
     and the final scoring (:func:`_final`) take it. ``model`` is the prepared one (DDP with several workers, except in
-    an elastic run); ``steps``: the optimizer steps an epoch has. The loaders hand out batches: dicts of (B, T)
-    ``tokens``, ``head_pos``, ``tail_pos``, ``segments`` and ``mask``, (B, 2) ``head_span`` and ``tail_span``, and
-    (B,) ``labels`` and ``index`` (:class:`nre_ray.data.encode.EncodedDataset`).
+    an elastic run); ``steps``: the optimizer steps an epoch has. The loaders hand out ``task``'s batches
+    (:meth:`nre_ray.tasks.base.Task.dataset`; the sentence task's: dicts of (B, T) ``tokens``, ``head_pos``,
+    ``tail_pos``, ``segments`` and ``mask``, (B, 2) ``head_span`` and ``tail_span``, and (B,) ``labels`` and
+    ``index``).
     """
 
     cfg: Config
     rank: int
     world_size: int
+    task: Task
     vocab: Vocab
     labels: list[str]
     spec: ModelSpec
@@ -334,7 +343,7 @@ class WorkerRun:
     scaler: torch.amp.GradScaler  # one for the run (active only for fp16): its scale carries over epochs and resumes
     steps: int
     state: TrainState = field(default_factory=TrainState)
-    train_set: EncodedDataset = field(init=False, repr=False)
+    train_set: torch.utils.data.Dataset = field(init=False, repr=False)
     train_loader: DataLoader = field(init=False, repr=False)
     valid_loader: DataLoader = field(init=False, repr=False)
 
@@ -344,9 +353,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     ``loop_config``: ``config`` (Config.to_dict()), ``data`` (dict or ObjectRef of a dict with ``cache`` (where the
     splits' files are) or ``splits`` (name -> arrays, in memory), see :func:`open_splits`; ``vocab``, ``labels``,
-    ``num_positions``, optionally ``assets``), ``tracking_uri`` and ``run_id`` (or None), ``threads``, and
-    optionally ``startup`` (the driver's Unix times ``command`` and ``fit``: the first epoch reports the start-up
-    split, which the controller logs at step 0, stamped with the first step's time).
+    ``num_positions``, optionally ``assets``), ``tracking_uri`` and ``run_id`` (or None), ``threads``, ``task`` (the
+    task's name, :func:`nre_ray.tasks.lookup.task_named`; default the sentence task) and optionally ``startup`` (the
+    driver's Unix times ``command`` and ``fit``: the first epoch reports the start-up split, which the controller
+    logs at step 0, stamped with the first step's time).
     """
     entered = time.time()
     run = _start(loop_config)
@@ -384,12 +394,13 @@ def _start(loop_config: dict[str, Any]) -> WorkerRun:
     vocab, labels = Vocab.from_json(data["vocab"]), list(data["labels"])
     splits = open_splits(data)  # read by rows from the cache folder: this rank reads only the rows it is given
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
-    model = build_model(cfg.model, spec)
+    task = task_named(loop_config.get("task", DEFAULT_TASK))
+    model = task.build_model(cfg.model, spec)
     # An elastic run's steps are global batches, the same number at every world size (nre_ray.run.elastic).
     steps = steps_per_epoch(len(splits["train"]), 1, elastic.global_batch(cfg), 1) if cfg.elastic else \
         steps_per_epoch(len(splits["train"]), world_size, cfg.train.batch_size, cfg.train.grad_accum)
     optimizer, schedule = build_optimizer(cfg, model, steps)
-    run = WorkerRun(cfg=cfg, rank=rank, world_size=world_size, vocab=vocab, labels=labels, spec=spec,
+    run = WorkerRun(cfg=cfg, rank=rank, world_size=world_size, task=task, vocab=vocab, labels=labels, spec=spec,
                     assets=data.get("assets"), splits=splits, tracker=tracker, model=model, optimizer=optimizer,
                     schedule=schedule, scaler=grad_scaler(ray.train.torch.get_device(), cfg.train.amp), steps=steps)
     _place(run, _resume(run))
@@ -443,13 +454,13 @@ def _place(run: WorkerRun, restore: dict[str, Any] | None) -> None:
     generator = torch.Generator().manual_seed(cfg.train.seed + run.state.epoch)
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
     # With several workers prepare_data_loader keeps this DistributedSampler (the one it would add, leaner).
-    run.train_set = EncodedDataset(run.splits["train"])
+    run.train_set = run.task.dataset(run.splits["train"])
     sampler = LeanDistributedSampler(run.train_set, shuffle=True) if run.world_size > 1 else \
         LeanRandomSampler(run.train_set, generator=generator)
     run.train_loader = ray.train.torch.prepare_data_loader(DataLoader(
         run.train_set, batch_size=cfg.train.batch_size, sampler=sampler, collate_fn=identity_collate,
         generator=generator, pin_memory=cfg.train.use_gpu))
-    run.valid_loader = eval_loader(run.splits["valid"], run.rank, run.world_size)
+    run.valid_loader = eval_loader(run.task, run.splits["valid"], run.rank, run.world_size)
 
 
 def _epoch(run: WorkerRun, epoch: int) -> dict[str, Any]:
@@ -462,12 +473,12 @@ def _epoch(run: WorkerRun, epoch: int) -> dict[str, Any]:
     if cfg.elastic:
         train_loss, seen = _train_elastic_epoch(run, epoch)
     else:
-        train_loss, seen = _train_epoch(run.model, run.train_loader, run.optimizer, cfg.train.grad_clip,
+        train_loss, seen = _train_epoch(run.task, run.model, run.train_loader, run.optimizer, cfg.train.grad_clip,
                                         cfg.train.amp, run.schedule, cfg.train.grad_accum, run.scaler,
                                         cfg.train.label_smoothing)
     elapsed, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    cm, valid_loss = evaluate(run.model, run.valid_loader, len(run.labels))  # cm: (C, C)
-    valid = shared_scores(cm, run.labels, cfg.data.negative_label, run.rank)
+    counts, valid_loss = evaluate(run.task, run.model, run.valid_loader, run.labels)
+    valid = shared_scores(run.task, counts, run.labels, cfg.data.negative_label, run.rank)
     if cfg.select_metric not in valid:
         raise ValueError(f"--select-metric {cfg.select_metric!r} is not a validation metric here; choose one of "
                          f"{', '.join(sorted(valid))}")
@@ -504,11 +515,12 @@ def tell_console(notes: list[str], rank: int) -> None:
 
 
 
-def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
+def _train_epoch(task: Task, model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
                  grad_clip: float, amp: bool = False, scheduler: Schedule | None = None,
                  grad_accum: int = 1, scaler: torch.amp.GradScaler | None = None,
                  label_smoothing: float = 0.0) -> tuple[float, float]:
-    """One pass over this rank's shard. Returns (mean loss over all ranks, examples seen by all ranks).
+    """One pass over this rank's shard (``task``'s batches, loss and example counts). Returns (mean loss over all
+    ranks, examples seen by all ranks).
 
     With ``amp`` on a CUDA device the forward pass runs under autocast (bf16, or fp16 with loss scaling). With
     ``grad_accum`` > 1 the gradients of that many batches (fewer for the epoch's last group) are averaged into one
@@ -527,8 +539,8 @@ def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
         no_sync = getattr(model, "no_sync", None)
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
             with autocast_context(device, amp):
-                logits = model(batch)  # (B, C)
-            loss = nn.functional.cross_entropy(logits.float(), batch["labels"], label_smoothing=label_smoothing)
+                output = model(batch)  # the sentence task's: logits (B, C)
+            loss = task.loss(output, batch, label_smoothing=label_smoothing)
             scaler.scale(loss / group).backward()
         if last:
             if grad_clip > 0:
@@ -539,7 +551,7 @@ def _train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Op
             optimizer.zero_grad(set_to_none=True)
             if scheduler is not None:
                 scheduler.after_step()
-        n = batch["labels"].numel()
+        n = task.examples(batch)
         totals[0] += loss.detach().double() * n
         totals[1] += n
     _all_reduce(totals)
@@ -563,8 +575,8 @@ def _train_elastic_epoch(run: WorkerRun, epoch: int) -> tuple[float, float]:
     for step in range(int(position.get("step", 0)), run.steps):
         parts, count = elastic.step_share(order, step, batch, run.rank, run.world_size, cfg.train.batch_size)
         step_loss, step_seen = elastic.accumulate(
-            model, run.train_set, parts, count, device, lambda: autocast_context(device, cfg.train.amp), scaler,
-            cfg.train.label_smoothing)
+            run.task, model, run.train_set, parts, count, device, lambda: autocast_context(device, cfg.train.amp),
+            scaler, cfg.train.label_smoothing)
         loss_sum, seen = loss_sum + step_loss, seen + step_seen
         notice = preemption_notice()
         deadline_ms = getattr(notice, "deadline_ms", None)
@@ -626,13 +638,16 @@ def _save_and_report(run: WorkerRun, metrics: dict[str, Any], full_state: dict[s
     # Ray copies the folder to storage and then deletes it; in local mode (num_workers=0) the folder is the checkpoint.
     folder = tempfile.mkdtemp(prefix=tempfiles.prefix("ckpt"))
     save_checkpoint(Path(folder), full_state, run.cfg, run.vocab, run.labels,
-                    _meta(run.cfg, run.spec, full_state["epoch"]), run.assets)
+                    _meta(run, full_state["epoch"]), run.assets)
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder),
                      delete_local_checkpoint_after_upload=True)
 
 
-def _meta(cfg: Config, spec: ModelSpec, epoch: int) -> dict[str, Any]:
-    return {"model": cfg.model.model, "epoch": epoch, "vocab_size": spec.vocab_size,
+def _meta(run: WorkerRun, epoch: int) -> dict[str, Any]:
+    """A checkpoint's meta.json fields (:mod:`nre_ray.run.checkpoint`): the run's task (what evaluate, predict and
+    serve build again: :func:`nre_ray.tasks.lookup.task_of`), model and sizes, and the ``epoch`` it holds."""
+    spec = run.spec
+    return {"task": run.task.name, "model": run.cfg.model.model, "epoch": epoch, "vocab_size": spec.vocab_size,
             "num_classes": spec.num_classes, "num_positions": spec.num_positions}
 
 
@@ -650,28 +665,24 @@ def _final(run: WorkerRun) -> None:
     if state.best_model is None:
         return
     unwrap(run.model).load_state_dict(state.best_model)
-    matrices = {name: evaluate(run.model, eval_loader(run.splits[name], run.rank, run.world_size), len(labels))
-                for name in ("valid", "test") if name in run.splits}  # name -> ((C, C) counts, mean loss)
+    task = run.task
+    counted = {name: evaluate(task, run.model, eval_loader(task, run.splits[name], run.rank, run.world_size), labels)
+               for name in ("valid", "test") if name in run.splits}  # name -> (the task's counts, mean loss)
     if run.rank != 0:
         return
-    results = {name: (cm, {**M.scores(cm, labels, cfg.data.negative_label), "loss": loss})
-               for name, (cm, loss) in matrices.items()}
+    results = {name: (counts, {**task.scores(counts, labels, cfg.data.negative_label), "loss": loss})
+               for name, (counts, loss) in counted.items()}
     final = {f"{name}_{k}": _finite(v) for name, (_, s) in results.items() for k, v in s.items()}
     run.tracker.log_metrics({"best_epoch": state.best_epoch, **{k: v for k, v in final.items()
                                                                 if k.startswith("test_")}}, step=state.best_epoch)
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("report")) as tmp:
         folder = Path(tmp)
-        from nre_ray.tracking import reports  # matplotlib: imported when the run ends, not while the workers start
-
-        for name, (cm, _) in results.items():
-            reports.write_class_report(cm, labels, folder, name)
-            reports.plot_confusion_matrix(cm, labels, folder / f"{name}_confusion_matrix.png",
-                                          f"{name} (best epoch {state.best_epoch})")
+        for name, (counts, _) in results.items():
+            task.write_reports(counts, labels, folder, name, f"{name} (best epoch {state.best_epoch})")
         run.tracker.log_artifacts(folder, "reports")
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("best")) as tmp:
         best = {"model": state.best_model, "epoch": state.best_epoch, "best_score": state.best_score,
                 "best_epoch": state.best_epoch, "metrics": final}
-        save_checkpoint(Path(tmp), best, cfg, run.vocab, run.labels, _meta(cfg, run.spec, state.best_epoch),
-                        run.assets)
+        save_checkpoint(Path(tmp), best, cfg, run.vocab, run.labels, _meta(run, state.best_epoch), run.assets)
         run.tracker.log_artifacts(Path(tmp), "best_checkpoint")
     # The test scores are printed by the driver's summary (train.print_summary), from MLflow.

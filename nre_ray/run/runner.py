@@ -572,7 +572,8 @@ def failure_config(cfg: Config) -> Any:
 
 def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resources, run_id: str,
                   started: float, extra_callbacks: tuple[Any, ...] = (), events: str | None = None) -> Any:
-    """The TorchTrainer: the loop, its data, the workers' resources, checkpoints kept by the loop's selection rank,
+    """The TorchTrainer: the loop, its data and task (the one the data folder is in: :func:`nre_ray.tasks.lookup.
+    task_for`), the workers' resources, checkpoints kept by the loop's selection rank,
     and the per-epoch MLflow logging from the controller. ``prepared``: the preprocessing result, or the dict of
     :func:`trainer_data` (a sweep's trial); ``resources``: the workers' resources and placement timeout;
     ``extra_callbacks``: more Ray Train callbacks (a sweep's report to Tune); ``events``: the file the controller
@@ -584,6 +585,9 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.run.loop import SELECTION_RANK, train_loop_per_worker
+
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_for
 
     # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tracking.callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
@@ -597,6 +601,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
         torch_config=torch_config(),  # on a local Ray, PyTorch's rendezvous listens on 127.0.0.1 alone
         train_loop_config={"config": cfg.to_dict(), "data": data_ref, "tracking_uri": target.tracking_uri,
                            "run_id": run_id, "threads": resources.threads,
+                           "task": task_for(cfg.data.data_dir).name,  # what the data is: the loop asks it
                            "startup": {"command": started, "fit": time.time()}},  # the loop logs startup_workers_s
         scaling_config=ray.train.ScalingConfig(
             num_workers=(cfg.train.min_workers, cfg.train.num_workers) if cfg.elastic else cfg.train.num_workers,

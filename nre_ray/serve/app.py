@@ -48,16 +48,14 @@ from nre_ray.cluster.session import (
 )
 from nre_ray.serve.cli import ServeOptions, build_parser
 from nre_ray.serving.inference import (
-    INPUT_COLUMNS,
-    UNTYPED_WARNING,
     ModelIdentity,
     Predictor,
     identify_model,
     is_mlflow_model,
-    lacks_types,
     resolve_checkpoint,
     row_problems,
 )
+from nre_ray.tasks.sentence.rows import INPUT_COLUMNS, TOP_K_COLUMNS, UNTYPED_WARNING, lacks_types
 from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
 DEPLOYMENT = "RelationServer"
@@ -252,7 +250,7 @@ class RelationServer:
         with the same columns are labelled in one pass; the answer of a plain request (:func:`plain_request`) is
         its columns as lists (:data:`Columns`), of a request MLflow's code read a DataFrame."""
         # deferred: importing it loads
-        from nre_ray.serving.pyfunc import answer_columns, rows_error
+        from nre_ray.serving.pyfunc import rows_error
 
         predictor = self.predictor
         answers: list[Any] = [None] * len(items)
@@ -260,14 +258,14 @@ class RelationServer:
         for i, (rows, _) in enumerate(items):
             names = rows.columns if isinstance(rows, pd.DataFrame) else rows[0]
             types = tuple(c for c in ("head_type", "tail_type") if c in names)
-            groups.setdefault((*INPUT_COLUMNS, *types), []).append(i)
+            groups.setdefault((*predictor.task.input_columns, *types), []).append(i)
         for columns, members in groups.items():
             top_k = max(items[i][1] for i in members)
             predictions = predictor.predict_rows(_frame([items[i][0] for i in members], list(columns)), top_k)
             warnings = [UNTYPED_WARNING] if lacks_types(columns, predictor.config.data, predictor.vocab) else []
             # Sliced per request as plain lists: pandas' per-slice cost (~1.5 ms a request) was most of a batch's.
             problems = predictions["problem"].tolist()
-            values = {c: predictions[c].tolist() for c in answer_columns(top_k)}
+            values = {c: predictions[c].tolist() for c in predictor.task.output_columns(top_k)}
             start = 0
             for i in members:
                 rows, k = items[i]
@@ -275,9 +273,10 @@ class RelationServer:
                 if any(problems[start:end]):
                     answers[i] = rows_error(row_problems(pd.Series(problems[start:end], dtype=object)))
                 elif isinstance(rows, pd.DataFrame):  # read by MLflow's code, which takes a DataFrame back
-                    answers[i] = (pd.DataFrame(_cut(values, start, end, k)), warnings)
+                    answers[i] = (pd.DataFrame(_cut(values, start, end, k, predictor.task.output_columns(k))),
+                                  warnings)
                 else:
-                    answers[i] = (_cut(values, start, end, k), warnings)
+                    answers[i] = (_cut(values, start, end, k, predictor.task.output_columns(k)), warnings)
                 start = end
         return answers
 
@@ -287,15 +286,13 @@ class RelationServer:
 Columns = dict[str, list[Any]]
 
 
-def _cut(values: Columns, start: int, end: int, top_k: int) -> Columns:
-    """Rows ``start:end`` of the answer columns ``values`` of a request that asked for ``top_k``: top-k lists cut to
-    its k (the batch may have asked for more), and no top-k columns when it asked for none."""
-    # deferred: importing it loads
-    from nre_ray.serving.pyfunc import answer_columns
-
-    cut = {c: values[c][start:end] for c in answer_columns(top_k)}
-    if top_k > 0:
-        for column in ("top_k_labels", "top_k_scores"):
+def _cut(values: Columns, start: int, end: int, top_k: int, columns: list[str]) -> Columns:
+    """Rows ``start:end`` of the answer ``columns`` (the task's output columns for ``top_k``) of ``values``, for a
+    request that asked for ``top_k``: top-k lists cut to its k (the batch may have asked for more), and no top-k
+    columns when it asked for none."""
+    cut = {c: values[c][start:end] for c in columns}
+    for column in TOP_K_COLUMNS:
+        if column in cut:
             cut[column] = [v[:top_k] for v in cut[column]]
     return cut
 

@@ -1,11 +1,12 @@
 """Score a checkpoint on a labelled file with the evaluation code of training (``python -m nre_ray.evaluate``).
 
-The file is read and encoded with the checkpoint's vocabulary, labels and tokenizer settings (the pure functions of
-training, through :func:`nre_ray.serving.inference.encode_rows`); a row whose label the checkpoint does not know is an
-error that names it. A TorchTrainer then runs :func:`eval_loop_per_worker` on ``--num-workers`` workers: each scores
-its exact shard (``nre_ray.run.loop.eval_loader``, every row once, no padding), the confusion counts are all-reduced
-(``nre_ray.run.loop.evaluate``) and rank 0 computes the scores (``nre_ray.run.metrics.scores``) and hands them to the
-driver through a small actor. The numbers therefore do not depend on the number of workers.
+The file is read and encoded with the checkpoint's vocabulary, labels and tokenizer settings by the checkpoint's task
+(the pure functions of training: :meth:`nre_ray.tasks.base.Task.encode_rows`); a row whose label the checkpoint does
+not know is an error that names it. A TorchTrainer then runs :func:`eval_loop_per_worker` on ``--num-workers``
+workers: each scores its exact shard (``nre_ray.run.loop.eval_loader``, every row once, no padding), the task's counts
+(the sentence task's confusion matrix) are all-reduced (``nre_ray.run.loop.evaluate``) and rank 0 computes the task's
+scores and hands them to the driver through a small actor. The numbers therefore do not depend on the number of
+workers.
 """
 
 from __future__ import annotations
@@ -42,12 +43,11 @@ from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import DataError
 from nre_ray.data.pipeline import LAYOUT, MARKER
 from nre_ray.data.read import parse_column_map, problems_of, read_table
-from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
-from nre_ray.run import metrics as M
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.run.loop import eval_loader, evaluate, open_splits
-from nre_ray.serving.inference import ON_BAD_ROWS, encode_rows, resolve_checkpoint
+from nre_ray.serving.inference import ON_BAD_ROWS, resolve_checkpoint
+from nre_ray.tasks.lookup import task_named, task_of
 
 
 @ray.remote(num_cpus=0)
@@ -69,11 +69,11 @@ class ResultSink:
 def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Score this worker's shard; called by TorchTrainer on every rank.
 
-    ``loop_config``: ``model`` (dict or ObjectRef: ``config`` as Config.to_dict(), ``state`` weights, ``spec``
-    (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (``{"cache": ...}`` naming the folder of
-    one saved split, as :func:`nre_ray.run.loop.open_splits` reads it; or a dict or ObjectRef of the encoded arrays,
-    flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``threads``, ``sink`` (a
-    :class:`ResultSink` handle, or an absolute path for a JSON file).
+    ``loop_config``: ``model`` (dict or ObjectRef: ``task`` (its name), ``config`` as Config.to_dict(), ``state``
+    weights, ``spec`` (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (``{"cache": ...}``
+    naming the folder of one saved split, as :func:`nre_ray.run.loop.open_splits` reads it; or a dict or ObjectRef of
+    the encoded arrays, flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``threads``, ``sink``
+    (a :class:`ResultSink` handle, or an absolute path for a JSON file).
     """
     import ray.train
     import ray.train.torch
@@ -83,18 +83,21 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(loop_config.get("threads", 1))))
     payload = _resolve(loop_config["model"])
     cfg = Config.from_dict(payload["config"])
-    model = build_model(cfg.model, ModelSpec(*payload["spec"]))
+    task = task_named(payload["task"])
+    model = task.build_model(cfg.model, ModelSpec(*payload["spec"]))
     model.load_state_dict(payload["state"])
     model.to(ray.train.torch.get_device())  # no DDP: nothing is trained, and ranks may run different batch counts
     data = _resolve(loop_config["data"])
     # the saved split's files, read by rows (this worker reads its shard's rows only), or arrays (flat or padded)
     split = next(iter(open_splits(data).values())) if "cache" in data else EncodedSplit(data)
     labels = list(loop_config["labels"])
-    cm, loss = evaluate(model, eval_loader(split, rank, world_size), len(labels))
+    loader = eval_loader(task, split, rank, world_size)
+    counts, loss = evaluate(task, model, loader, labels)
     if rank != 0:
         return
-    result = {"metrics": M.scores(cm, labels, loop_config.get("negative_label")), "loss": loss,
-              "confusion_matrix": cm.tolist(), "labels": labels, "rows": int(cm.sum()), "workers": world_size}
+    result = {"metrics": task.scores(counts, labels, loop_config.get("negative_label")), "loss": loss,
+              "confusion_matrix": counts.tolist(), "labels": labels, "rows": len(loader.dataset),
+              "workers": world_size}
     sink = loop_config["sink"]
     if isinstance(sink, str):
         Path(sink).write_text(json.dumps(result), encoding="utf-8")
@@ -113,9 +116,9 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
     """Evaluate ``model`` (checkpoint folder or MLflow model URI) on the labelled file ``data`` with ``num_workers``
     workers (``cpus_per_worker`` CPUs each: ``--cpus-per-worker``; default: sized as training sizes them).
 
-    Returns ``model``, ``data``, ``rows``, ``skipped``, ``workers``, ``negative_label``, ``metrics`` (the scores of
-    :func:`nre_ray.run.metrics.scores`), ``loss``, ``per_class`` (one dict per label), ``labels`` and
-    ``confusion_matrix`` (rows = gold, columns = predicted).
+    Returns ``model``, ``data``, ``task`` (the checkpoint's task), ``rows``, ``skipped``, ``workers``,
+    ``negative_label``, ``metrics`` (the task's scores), ``loss``, ``per_class`` (one dict per label), ``labels`` and
+    ``confusion_matrix`` (the task's counts; the sentence task's: rows = gold, columns = predicted).
     """
     _check_options(num_workers, on_bad_rows, cpus_per_worker)
     ahead = local_cluster(address, use_gpu=False)  # an address Ray cannot join is refused before anything is loaded
@@ -126,7 +129,8 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
     negative = _negative(loaded, negative_label)
     with console.get().phase("preprocess", f"reading, checking and encoding {data}") as step:
         frame = read_table(data, fmt, parse_column_map(columns) if columns else None, require_relation=True)
-        problems, split = encode_rows(frame, loaded.config.data, loaded.vocab, labels, loaded.assets)
+        problems, split = task_of(loaded.meta).encode_rows(frame, loaded.config.data, loaded.vocab, labels,
+                                                           loaded.assets)
         bad = (problems != "").to_numpy()
         step.done(f"{len(split)} rows" + (f", {int(bad.sum())} bad" if bad.any() else ""))
     if bad.any() and on_bad_rows == "error":
@@ -194,11 +198,11 @@ def _negative(loaded: Any, negative_label: str | None) -> str | None:
 
 
 def _report(model: str, data: str, skipped: int, negative: str | None, result: dict[str, Any]) -> dict[str, Any]:
-    labels = result["labels"]
-    cm = np.asarray(result["confusion_matrix"], dtype=np.int64)
-    return {"model": model, "data": data, "rows": result["rows"], "skipped": skipped, "workers": result["workers"],
-            "negative_label": negative if negative in labels else None, "metrics": result["metrics"],
-            "loss": result["loss"], "per_class": M.per_class_table(cm, labels).to_dict(orient="records"),
+    labels, task = result["labels"], task_named(result["task"])
+    counts = np.asarray(result["confusion_matrix"])
+    return {"model": model, "data": data, "task": task.name, "rows": result["rows"], "skipped": skipped,
+            "workers": result["workers"], "negative_label": negative if negative in labels else None,
+            "metrics": result["metrics"], "loss": result["loss"], "per_class": task.per_label(counts, labels),
             "labels": labels, "confusion_matrix": result["confusion_matrix"]}
 
 
@@ -226,7 +230,8 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
             step.note(f"the alive nodes cannot hold the workers yet; waiting up to {resources.placement_timeout:g} "
                       f"s for the autoscaler to add nodes ({info.describe_types()})")
     meta = loaded.meta
-    payload = {"config": loaded.config.to_dict(), "state": loaded.state["model"],
+    task = task_of(meta)
+    payload = {"task": task.name, "config": loaded.config.to_dict(), "state": loaded.state["model"],
                "spec": (int(meta["vocab_size"]), int(meta["num_classes"]), int(meta["num_positions"]),
                         loaded.pretrained_config)}
     sink = ResultSink.remote()
@@ -260,7 +265,7 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
     ray.kill(sink)
     if result is None:
         raise UsageError("evaluation failed: rank 0 reported no result")
-    return result
+    return {**result, "task": task.name}
 
 
 #: Ray Train's switch of its preemption watcher, an actor per worker group that polls the GCS for drained nodes

@@ -51,7 +51,10 @@ from nre_ray.data.pipeline import quiet_ray_data
 from nre_ray.data.read import parse_column_map, problems_of
 from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 from nre_ray.run.checkpoint import load_checkpoint
-from nre_ray.serving.inference import ON_BAD_ROWS, OUTPUT_COLUMNS, TOP_K_COLUMNS, Predictor, resolve_checkpoint
+from nre_ray.serving.inference import ON_BAD_ROWS, Predictor, resolve_checkpoint
+
+# the writer joins each input row with its prediction row: the sentence task's rows (one per input row)
+from nre_ray.tasks.sentence.rows import OUTPUT_COLUMNS, TOP_K_COLUMNS
 
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
                   ".parquet": "parquet", ".pq": "parquet"}

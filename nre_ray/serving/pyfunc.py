@@ -66,16 +66,7 @@ class RelationModel(mlflow.pyfunc.PythonModel):
             out = self.predictor.predict_frame(frame, top_k=top_k)
         except DataError as err:
             raise rows_error(err.problems) from None
-        return out[answer_columns(top_k)].reset_index(drop=True)
-
-
-def answer_columns(top_k: int) -> list[str]:
-    """The columns of the model's answer: ``predicted_relation, score`` and, with ``top_k > 0``, ``top_k_labels,
-    top_k_scores``."""
-    # deferred: importing it loads torch
-    from nre_ray.serving.inference import OUTPUT_COLUMNS, TOP_K_COLUMNS
-
-    return list(OUTPUT_COLUMNS) + (list(TOP_K_COLUMNS) if top_k > 0 else [])
+        return out[self.predictor.task.output_columns(top_k)].reset_index(drop=True)
 
 
 def rows_error(problems: list[Any]) -> Exception:
@@ -115,7 +106,7 @@ def input_example(rows: int = 2, typed: bool = False) -> pd.DataFrame:
 def _typed(checkpoint: Path) -> bool:
     """Whether the checkpoint's model learnt typed entity markers (its vocabulary has them)."""
     # deferred: importing it loads torch
-    from nre_ray.serving.inference import learnt_types
+    from nre_ray.tasks.sentence.rows import learnt_types
 
     return learnt_types(Vocab.from_json(json.loads((checkpoint / "vocab.json").read_text(encoding="utf-8"))))
 

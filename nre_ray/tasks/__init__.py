@@ -1,4 +1,12 @@
-"""Tasks: one package per kind of relation extraction, each owning its examples, head, loss, metrics and prediction
-rows (docs/development.md's layout). So far the building blocks of :mod:`nre_ray.tasks.document` (documents: DocRED,
-CDR) and :mod:`nre_ray.tasks.bag` (distant supervision: bags of sentences) are here, tested but not yet wired into the
-commands; the sentence task still lives in the spine and moves here with the task layer (issues 36, 37, 38)."""
+"""Tasks: one package per kind of relation extraction, each owning what differs between them (its data folders and
+batches, the model's head and loss, the metrics, the prediction rows) behind one interface,
+:class:`nre_ray.tasks.base.Task`, whose docstring gives each task's tensor shapes. The rest is one spine (paths, Ray,
+the Ray Data preprocessing and cache, the loop's distribution, MLflow, checkpoints, the console, tune, evaluate,
+predict, serve) that asks the task and never branches on it; :mod:`nre_ray.tasks.lookup` says which task (from the
+data, or from a checkpoint's meta.json).
+
+* :mod:`nre_ray.tasks.sentence`: sentence-level relation classification (one row, one entity pair, one label), the
+  task every command runs today.
+* :mod:`nre_ray.tasks.document` (documents: DocRED, CDR) and :mod:`nre_ray.tasks.bag` (distant supervision: bags of
+  sentences): building blocks, tested but not yet wired into the commands through the interface (issues 37, 38).
+"""

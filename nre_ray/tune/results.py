@@ -154,8 +154,8 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
     # deferred: importing it loads starlette, pandas, pyarrow, numpy
     from nre_ray.serving.pyfunc import log_model
 
-    # deferred: importing it loads matplotlib, pandas, pyarrow, numpy
-    from nre_ray.tracking import reports
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_named
 
     test: dict[str, float] = {}
     model: dict[str, str | None] = {"model_uri": None, "registered_model_uri": None}
@@ -168,10 +168,8 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
             test = {k: float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
             tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=0)
             with tempfile.TemporaryDirectory() as out:
-                cm = np.asarray(report["confusion_matrix"])
-                reports.write_class_report(cm, report["labels"], Path(out), "test")
-                reports.plot_confusion_matrix(cm, report["labels"], Path(out) / "test_confusion_matrix.png",
-                                              "test (best trial)")
+                task_named(report["task"]).write_reports(np.asarray(report["confusion_matrix"]), report["labels"],
+                                                         Path(out), "test", "test (best trial)")
                 tracker.log_artifacts(Path(out), "reports")
         if cfg.run.log_model:
             with console.phase("model", "logging the best trial's checkpoint as the sweep's MLflow model") as step:

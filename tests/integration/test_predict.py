@@ -27,7 +27,9 @@ from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import main as evaluate_main
 from nre_ray.predict import main as predict_main
 from nre_ray.serving.evaluation import evaluate_file
-from nre_ray.serving.inference import INPUT_COLUMNS, Predictor
+from nre_ray.serving.inference import Predictor
+from nre_ray.tasks.sentence import rows as sentence_rows
+from nre_ray.tasks.sentence.rows import INPUT_COLUMNS
 from nre_ray.tracking.store import mlflow_settings
 from nre_ray.train import main as train_main
 
@@ -101,10 +103,8 @@ def test_checkpoint_runs_registered_and_served_models_agree(trained, caplog):
     assert os.environ.get("MLFLOW_TRACKING_URI") == before  # nothing leaks into later runs of this process
     assert_same(served_predictions(trained, rows[inputs]), expected)
     # without the types the rows get untyped markers, which this model never saw: it says so
-    from nre_ray.serving import inference
-
-    inference._warn_untyped.cache_clear()  # said once per process
-    with caplog.at_level(logging.WARNING, logger="nre_ray.serving.inference"):
+    sentence_rows._warn_untyped.cache_clear()  # said once per process
+    with caplog.at_level(logging.WARNING, logger="nre_ray.tasks.sentence.rows"):
         Predictor.from_checkpoint(trained["best_checkpoint"]).predict_frame(rows[list(INPUT_COLUMNS)])
     assert "trained with entity types" in caplog.text
 

@@ -20,13 +20,14 @@ from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
 from nre_ray.data.subword import MarkerTokenizer, build_tokenizer, encode_subword_batch
 from nre_ray.data.vocab import Vocab
-from nre_ray.models import build_model
 from nre_ray.models.bert import BertEncoder
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run.checkpoint import PRETRAINED_DIR, load_checkpoint, pretrained_assets
 from nre_ray.run.loop import train_loop_per_worker
 from nre_ray.run.optim import LinearWarmupSchedule, PlateauSchedule, build_optimizer, steps_per_epoch
 from nre_ray.serving.inference import Predictor
+from nre_ray.tasks.sentence.classifier import build_model
+from nre_ray.tasks.sentence.task import SENTENCE
 from tests.helpers import TEMPLATES, tiny_frame
 from tests.tiny_bert import make_tiny_bert
 
@@ -187,7 +188,7 @@ def test_gradient_accumulation_matches_one_larger_batch(monkeypatch):
         model = build_model(cfg, spec)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         loader = DataLoader(EncodedDataset(split), batch_size=batch_size, collate_fn=identity_collate)
-        loop._train_epoch(model, loader, optimizer, grad_clip=0.0, grad_accum=accum)
+        loop._train_epoch(SENTENCE, model, loader, optimizer, grad_clip=0.0, grad_accum=accum)
         params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
 

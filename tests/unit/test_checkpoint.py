@@ -11,10 +11,10 @@ import torch
 
 from nre_ray.config import Config
 from nre_ray.data.vocab import Vocab
-from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run import checkpoint as ckpt
 from nre_ray.run.checkpoint import CheckpointError, changed_settings, check_compatible, load_checkpoint, save_checkpoint
+from nre_ray.tasks.sentence.classifier import build_model
 
 LABELS = ["born_in", "founded_by", "no_relation"]
 VOCAB = Vocab(["<pad>", "<unk>", "acme", "was", "founded", "by"])

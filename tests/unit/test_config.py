@@ -71,7 +71,7 @@ def test_select_metric_choices_are_the_scores_and_are_checked_before_ray(capsys)
     import numpy as np
 
     from nre_ray.config import METRICS, metric_names
-    from nre_ray.run import metrics
+    from nre_ray.tasks.sentence import metrics
 
     with pytest.raises(SystemExit) as stopped:
         build_parser().parse_args(["--select-metric", "f1"])
@@ -81,7 +81,7 @@ def test_select_metric_choices_are_the_scores_and_are_checked_before_ray(capsys)
         Config.from_dict({"train": {"select_metric": "pos_macro_f1"}})
     with pytest.raises(ConfigError, match="is not one of"):
         Config.from_dict({"train": {"select_metric": "f1"}})  # a TOML file is checked the same way
-    # metric_names gives exactly the keys nre_ray.run.metrics.scores reports, for each kind of label set
+    # metric_names gives exactly the keys nre_ray.tasks.sentence.metrics.scores reports, for each kind of label set
     for labels, negative in ((["a", "b"], None), (["a", "Other"], "Other"), (["a", "Other"], "NA"),
                              (["C-E(e1,e2)", "C-E(e2,e1)", "Other"], "Other"), (["C-E(e1,e2)", "Other"], None)):
         expected = set(metrics.scores(np.eye(len(labels), dtype=np.int64), labels, negative))

@@ -18,10 +18,11 @@ from nre_ray.cluster.ray_private import elastic_trainer
 from nre_ray.config import Config, ConfigError, build_parser, config_from_args
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
-from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run import elastic, runner
 from nre_ray.run.loop import train_loop_per_worker
+from nre_ray.tasks.sentence.classifier import build_model
+from nre_ray.tasks.sentence.task import SENTENCE
 from tests.helpers import tiny_data
 
 CFG = {"train": {"batch_size": 5, "num_workers": "1-3", "seed": 5, "lr": 0.01},
@@ -71,7 +72,8 @@ def _gradients(world: int, step: int) -> list[torch.Tensor]:
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     for rank in range(world):
         parts, count = elastic.step_share(order, step, elastic.global_batch(cfg), rank, world, cfg.train.batch_size)
-        elastic.accumulate(model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext, scaler)
+        elastic.accumulate(SENTENCE, model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext,
+                           scaler)
     return [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
@@ -123,9 +125,9 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_learns_as_one_never_interrupt
         reports.append(dict(metrics))
         return report(run, metrics, *args, **kwargs)
 
-    def recording_accumulate(model, dataset, parts, *args, **kwargs):
+    def recording_accumulate(task, model, dataset, parts, *args, **kwargs):
         trained.append((reports[-1]["epoch"] + 1 if reports else 1, [int(i) for p in parts for i in p]))
-        return accumulate(model, dataset, parts, *args, **kwargs)
+        return accumulate(task, model, dataset, parts, *args, **kwargs)
 
     monkeypatch.setattr(loop, "_report", recording_report)
     monkeypatch.setattr(elastic, "accumulate", recording_accumulate)

@@ -13,11 +13,12 @@ from ray.train.torch import TorchTrainer
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.vocab import Vocab
-from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
-from nre_ray.run import metrics as M
 from nre_ray.serving.evaluation import eval_loop_per_worker
 from nre_ray.serving.inference import Predictor
+from nre_ray.tasks.sentence import metrics as M
+from nre_ray.tasks.sentence.classifier import build_model
+from nre_ray.tasks.sentence.rows import probabilities
 from tests.helpers import tiny_data
 
 
@@ -31,7 +32,7 @@ def test_local_mode_scores_every_row_once(tmp_path):
     out = tmp_path / "result.json"
     TorchTrainer(
         eval_loop_per_worker,
-        train_loop_config={"model": {"config": cfg.to_dict(), "state": model.state_dict(),
+        train_loop_config={"model": {"task": "sentence", "config": cfg.to_dict(), "state": model.state_dict(),
                                      "spec": (spec.vocab_size, spec.num_classes, spec.num_positions)},
                            "data": split, "labels": data["labels"], "negative_label": "no_relation",
                            "threads": 1, "sink": str(out)},
@@ -41,7 +42,7 @@ def test_local_mode_scores_every_row_once(tmp_path):
     result = json.loads(out.read_text())
 
     predictor = Predictor(model, cfg, Vocab(data["vocab"]), data["labels"], spec.num_positions, torch.device("cpu"))
-    predicted = predictor.probabilities(EncodedSplit(split)).argmax(axis=1)
+    predicted = probabilities(model, EncodedSplit(split), predictor).argmax(axis=1)
     cm = M.confusion_matrix(split["labels"], predicted, len(data["labels"]))
     assert result["rows"] == len(split["labels"]) and result["workers"] == 1
     assert np.array_equal(np.asarray(result["confusion_matrix"]), cm)

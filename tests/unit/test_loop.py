@@ -13,6 +13,6 @@ def test_local_mode_learns_and_checkpoints(tmp_path):
     loaded = load_checkpoint(result.checkpoint.to_directory(str(tmp_path / "ckpt")))
     assert loaded.state["epoch"] == 4
     assert loaded.labels == ["born_in", "founded_by", "no_relation"]
-    assert loaded.meta["model"] == "cnn"
+    assert loaded.meta["model"] == "cnn" and loaded.meta["task"] == "sentence"  # evaluate/predict/serve read it
     assert set(loaded.state["model"]) >= {"fc.weight", "encoder.embedding.word.weight"}
     assert loaded.state["scaler"] == {}  # no loss scaling on the CPU; fp16 runs keep their scale here

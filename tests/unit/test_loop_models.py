@@ -12,6 +12,7 @@ from ray.train.torch import TorchTrainer
 from nre_ray.config import Config, ConfigError
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.run.loop import _train_epoch, amp_dtype, autocast_context, grad_scaler, train_loop_per_worker
+from nre_ray.tasks.sentence.task import SENTENCE
 from tests.helpers import tiny_data
 
 
@@ -116,8 +117,8 @@ def test_cpu_train_step_is_unchanged_by_the_amp_flag(monkeypatch):
     from nre_ray.config import ModelConfig
     from nre_ray.data.batches import EncodedSplit
     from nre_ray.data.encode import EncodedDataset, identity_collate
-    from nre_ray.models import build_model
     from nre_ray.models.registry import ModelSpec
+    from nre_ray.tasks.sentence.classifier import build_model
 
     data = tiny_data()
     split = EncodedSplit({k: np.array(v) for k, v in data["splits"]["train"].items()})
@@ -128,7 +129,7 @@ def test_cpu_train_step_is_unchanged_by_the_amp_flag(monkeypatch):
         model = build_model(ModelConfig(model="bilstm", word_dim=8, pos_dim=3, hidden_size=6, dropout=0.0,
                                         embedding_dropout=0.0), spec)
         loader = torch.utils.data.DataLoader(EncodedDataset(split), batch_size=8, collate_fn=identity_collate)
-        _train_epoch(model, loader, torch.optim.Adam(model.parameters(), lr=0.01), 5.0, amp)
+        _train_epoch(SENTENCE, model, loader, torch.optim.Adam(model.parameters(), lr=0.01), 5.0, amp)
         weights.append(model.state_dict())
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key
@@ -143,9 +144,9 @@ def test_ddp_with_gradients_as_bucket_views_trains_to_the_same_weights(monkeypat
     from nre_ray.config import ModelConfig
     from nre_ray.data.batches import EncodedSplit
     from nre_ray.data.encode import EncodedDataset, identity_collate
-    from nre_ray.models import build_model
     from nre_ray.models.registry import ModelSpec
     from nre_ray.run import loop
+    from nre_ray.tasks.sentence.classifier import build_model
 
     monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
     data = tiny_data()
@@ -162,7 +163,7 @@ def test_ddp_with_gradients_as_bucket_views_trains_to_the_same_weights(monkeypat
             for _ in range(2):
                 loader = torch.utils.data.DataLoader(EncodedDataset(split), batch_size=5,
                                                      collate_fn=identity_collate)
-                loop._train_epoch(model, loader, optimizer, grad_clip=1.0, grad_accum=2)
+                loop._train_epoch(SENTENCE, model, loader, optimizer, grad_clip=1.0, grad_accum=2)
             weights.append(loop.unwrap(model).state_dict())
     finally:
         dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""Tests for nre_ray.run.metrics, with expected values worked out by hand."""
+"""Tests for nre_ray.tasks.sentence.metrics, with expected values worked out by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import confusion_matrix as sk_confusion_matrix
 from sklearn.metrics import f1_score, precision_score, recall_score
 
-from nre_ray.run.metrics import (
+from nre_ray.tasks.sentence.metrics import (
     confusion_matrix,
     per_class_table,
     scores,

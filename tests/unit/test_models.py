@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from nre_ray.config import ModelConfig
-from nre_ray.models import MODELS, build_model, register
+from nre_ray.models import MODELS, register
 from nre_ray.models.registry import ModelSpec
+from nre_ray.tasks.sentence.classifier import build_model
 
 SPEC = ModelSpec(vocab_size=50, num_classes=4, num_positions=12)
 

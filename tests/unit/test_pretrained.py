@@ -8,9 +8,9 @@ from torch import nn
 
 from nre_ray.config import ModelConfig
 from nre_ray.data.vocab import Vocab
-from nre_ray.models import build_model
 from nre_ray.models.pretrained import check_dim, load_word_vectors, vector_dim, word_embedding
 from nre_ray.models.registry import ModelSpec
+from nre_ray.tasks.sentence.classifier import build_model
 
 VOCAB = Vocab(["<pad>", "<unk>", "the", "cat", "new york", "sat"])
 LINES = [

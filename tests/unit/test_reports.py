@@ -1,4 +1,4 @@
-"""Tests for nre_ray.tracking.reports."""
+"""Tests for nre_ray.tasks.sentence.reports."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from nre_ray.run.metrics import per_class_table
-from nre_ray.tracking.reports import plot_confusion_matrix, write_class_report
+from nre_ray.tasks.sentence.metrics import per_class_table
+from nre_ray.tasks.sentence.reports import plot_confusion_matrix, write_class_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CM3 = np.array([[5, 1, 0], [2, 3, 1], [0, 2, 6]], dtype=np.int64)
@@ -73,7 +73,7 @@ def test_plot_confusion_matrix_empty_counts(tmp_path):
 
 
 def test_plot_uses_cjk_font_when_available(tmp_path, monkeypatch):
-    from nre_ray.tracking import reports
+    from nre_ray.tasks.sentence import reports
 
     # Pretend an installed font covers CJK; the plot must still render cleanly.
     monkeypatch.setattr(reports, "find_cjk_font", lambda: "DejaVu Sans")
@@ -93,7 +93,7 @@ def test_plot_uses_cjk_font_when_available(tmp_path, monkeypatch):
 def test_find_cjk_font_picks_an_installed_cjk_family(monkeypatch, installed, found):
     from matplotlib import font_manager
 
-    from nre_ray.tracking.reports import find_cjk_font
+    from nre_ray.tasks.sentence.reports import find_cjk_font
 
     entries = [font_manager.FontEntry(fname=f"/fonts/{i}.ttf", name=name) for i, name in enumerate(installed)]
     monkeypatch.setattr(font_manager.fontManager, "ttflist", entries)

@@ -17,11 +17,11 @@ from torch import nn
 
 from nre_ray.config import Config
 from nre_ray.data.vocab import Vocab
-from nre_ray.models import build_model
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run.checkpoint import load_checkpoint, save_checkpoint
 from nre_ray.run.loop import grad_scaler, place_and_restore, unwrap
 from nre_ray.run.optim import build_optimizer
+from nre_ray.tasks.sentence.classifier import build_model
 
 LABELS = ["born_in", "founded_by", "no_relation"]
 VOCAB = Vocab(["<pad>", "<unk>", "acme", "was", "founded", "by"])

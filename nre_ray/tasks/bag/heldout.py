@@ -13,7 +13,8 @@ order that depends on the input.
 
 F1 at a threshold (:func:`threshold_scores`): a (bag, relation != NA) is predicted when its score >= threshold; micro
 F1 counts over all relations, macro F1 averages the relations that occur in the gold or the predictions (as
-:mod:`nre_ray.run.metrics` does). :func:`choose_threshold` picks the threshold of best micro F1 on validation.
+:mod:`nre_ray.tasks.sentence.metrics` does). :func:`choose_threshold` picks the threshold of best micro F1 on
+validation.
 """
 
 from __future__ import annotations

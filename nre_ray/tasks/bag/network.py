@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nre_ray.models.registry import ModelSpec, build_model
+from nre_ray.models.registry import ModelSpec, build_encoder
 from nre_ray.tasks.bag.aggregators import AGGREGATORS, BagAggregator
 
 
@@ -61,10 +61,10 @@ class BagClassifier(nn.Module):
 
 
 def build_bag_model(model_config: object, spec: ModelSpec, aggregator: str) -> BagClassifier:
-    """The encoder that ``--model`` names (built by :func:`nre_ray.models.registry.build_model`, its sentence head
-    dropped) under the ``aggregator`` (``att``, ``avg``, ``one``) with ``spec.num_classes`` relations and
+    """The encoder that ``--model`` names (:func:`nre_ray.models.registry.build_encoder`) under the ``aggregator``
+    (``att``, ``avg``, ``one``) with ``spec.num_classes`` relations and
     ``model_config.dropout`` on the bag vector."""
     if aggregator not in AGGREGATORS:
         raise ValueError(f"unknown bag aggregator {aggregator!r}; choose one of: {', '.join(AGGREGATORS)}")
-    encoder = build_model(model_config, spec).encoder
+    encoder = build_encoder(model_config, spec)
     return BagClassifier(encoder, AGGREGATORS[aggregator](encoder.out_dim, spec.num_classes, model_config.dropout))

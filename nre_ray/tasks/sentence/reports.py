@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from nre_ray.run.metrics import per_class_table
+from nre_ray.tasks.sentence.metrics import per_class_table
 
 __all__ = ["find_cjk_font", "plot_confusion_matrix", "write_class_report"]
 

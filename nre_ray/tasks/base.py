@@ -1,0 +1,175 @@
+"""The task interface: what differs between kinds of relation extraction, behind one small class.
+
+A *task* (sentence-level, document-level, bags of sentences) owns exactly this:
+
+* **its data**: whether a data folder is in one of its formats (:meth:`Task.recognises`), and how its encoded examples
+  (what the Ray Data preprocessing wrote to the cache, an :class:`nre_ray.data.batches.EncodedSplit` today) become
+  model batches (:meth:`Task.dataset`: a torch dataset whose ``__getitems__`` returns one collated batch, a dict of
+  tensors);
+* **its model**: the head on an encoder of :mod:`nre_ray.models` (or a whole model of its own) and the loss
+  (:meth:`Task.build_model`, :meth:`Task.loss`, :meth:`Task.examples`);
+* **its metrics**, from per-worker *counts*: a tensor each rank fills from its exact shard (:meth:`Task.new_counts`,
+  :meth:`Task.count`), which the ranks all-reduce (sum). The counts of disjoint shards must sum exactly to the
+  counts of their union: int64 counts do, and so do per-example values written at the example's index in the split
+  with zeros elsewhere (``x + 0`` is exact), for a metric that needs every score (a ranking). Every score
+  (:meth:`Task.scores`) and report (:meth:`Task.write_reports`), a function of the summed counts alone, is then the
+  same on 1, 2 or 3 workers;
+* **its rows**: what ``python -m nre_ray.predict`` writes and the server answers (:meth:`Task.predict_rows`,
+  :attr:`Task.input_columns`, :meth:`Task.output_columns`).
+
+Everything else is one spine for every task: paths and storage, Ray, the Ray Data preprocessing and its cache, the
+loop's distribution (samplers, DDP, the elastic steps), MLflow, checkpoints, the console, tune, evaluate, predict and
+serve. The spine never branches on the task: it asks the task object. A checkpoint records its task's
+:attr:`Task.name` in ``meta.json`` (``"task"``), so evaluate, predict and serve build the same task again
+(:func:`nre_ray.tasks.lookup.task_of`; a checkpoint without the field is the sentence task's).
+
+How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels, ``E`` entities, ``M`` mentions,
+``P`` candidate pairs, ``N`` examples in the split):
+
+* **sentence** (:mod:`nre_ray.tasks.sentence`, wired): an example is one sentence with one entity pair and one
+  label; a batch is (B, T) ``tokens``, ``head_pos``, ``tail_pos``, ``segments``, ``mask`` and (B,) ``labels``; the
+  model's output is logits (B, C); the loss cross-entropy; the counts a (C, C) int64 confusion matrix; the rows one
+  per input row, the label and its probability.
+* **document** (:mod:`nre_ray.tasks.document`, building blocks): an example is one document, its entities' mentions
+  and every candidate pair's labels; a batch is (B, T) ``input_ids`` and ``mask``, (B, E, M) ``mention_pos``,
+  (B, P, 2) ``pairs`` and (B, P, C) multi-hot ``labels`` (:func:`~nre_ray.tasks.document.batching.pad_batch`); the
+  output is logits (B, P, C) with the threshold class at 0 (:class:`~nre_ray.tasks.document.atlop.DocumentModel`);
+  the loss the adaptive-threshold loss; the counts per relation true positives, predicted and gold facts, int64
+  (:mod:`~nre_ray.tasks.document.scoring`'s additive counts, Ign F1 and intra/inter too); the rows one per
+  predicted fact: document, head entity, tail entity, relation, score.
+* **bag** (:mod:`nre_ray.tasks.bag`, building blocks): an example is one entity pair, the sentences that name it and
+  its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
+  ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
+  instances' logits (K, C), whose cross-entropy is the loss, and the bags' probabilities (B, C); the counts each
+  bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
+  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve; the rows one per bag and relation.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # only for the annotations: the task modules import the spine's types, not the other way round
+    import pandas as pd
+
+    from nre_ray.config import DataConfig
+    from nre_ray.data.batches import EncodedSplit
+    from nre_ray.data.vocab import Vocab
+    from nre_ray.models.registry import ModelSpec
+
+
+class Task(ABC):
+    """One kind of relation extraction, as the spine sees it (see the module docstring).
+
+    A task object holds no state: one instance per task (``SENTENCE`` in :mod:`nre_ray.tasks.sentence`), shared by
+    every rank, the driver, predict and serve. ``name`` is what a checkpoint's ``meta.json`` records.
+    """
+
+    name: ClassVar[str]
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # data
+
+    @abstractmethod
+    def recognises(self, data_dir: str) -> bool:
+        """Whether the folder (or URI) ``data_dir`` holds data in one of this task's formats (its files' names and
+        first lines only; nothing is read in full). The spine picks the task from the data (:mod:`nre_ray.tasks.
+        lookup`)."""
+
+    @abstractmethod
+    def dataset(self, split: EncodedSplit) -> torch.utils.data.Dataset:
+        """The encoded examples of ``split`` as a torch dataset whose ``__getitems__(indices)`` returns one collated
+        batch: a dict of tensors, each with the batch as its first dimension (the loaders' ``collate_fn`` passes it
+        on as it is)."""
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # model and loss
+
+    @abstractmethod
+    def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
+        """The model (``--model``'s encoder with this task's head), untrained: ``model(batch) -> output``, where
+        ``batch`` is what :meth:`dataset` gives and ``output`` (a tensor, or a tuple of them: the task's own) what
+        :meth:`loss` and :meth:`count` read. ``spec``: the sizes the data gives (vocabulary, labels, positions)."""
+
+    @abstractmethod
+    def loss(self, output: Any, batch: Mapping[str, torch.Tensor], label_smoothing: float = 0.0,
+             reduction: str = "mean") -> torch.Tensor:
+        """The loss of ``output`` (the model's, on ``batch``) in float32: a scalar, the mean over the batch's
+        examples (``reduction="mean"``, what an optimizer step takes) or their sum (``"sum"``: what the loop adds up
+        over an epoch and the elastic steps divide by the step's example count)."""
+
+    @abstractmethod
+    def examples(self, batch: Mapping[str, torch.Tensor]) -> int:
+        """How many examples ``batch`` holds: what a mean loss is over and examples/s counts."""
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # metrics
+
+    @abstractmethod
+    def new_counts(self, labels: list[str], num_examples: int, device: torch.device) -> torch.Tensor:
+        """Empty counts (zeros) for a split of ``num_examples`` examples (all ranks' together) scored against
+        ``labels``, on ``device``."""
+
+    @abstractmethod
+    def count(self, counts: torch.Tensor, output: Any, batch: Mapping[str, torch.Tensor]) -> None:
+        """Add ``batch``'s examples (the model's ``output`` on them; ``batch["index"]``: their indices in the split)
+        to ``counts``, in place. Counting is exact and additive: the counts of a split are the sum of its shards'
+        counts, in any order."""
+
+    @abstractmethod
+    def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
+        """The scores (name -> finite float) of the summed ``counts`` (a tensor or the numpy array of one):
+        the keys are the task's metric names, what ``--select-metric`` chooses among."""
+
+    @abstractmethod
+    def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:
+        """Write the split ``name``'s reports of the summed ``counts`` into ``folder`` (tables and plots that MLflow
+        keeps under ``reports/``; ``title`` heads the plots)."""
+
+    @abstractmethod
+    def per_label(self, counts: Any, labels: list[str]) -> list[dict[str, Any]]:
+        """One dict per label of the summed ``counts`` (``label``, ``precision``, ``recall``, ``f1``, ...):
+        what ``python -m nre_ray.evaluate`` reports."""
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # rows
+
+    input_columns: ClassVar[tuple[str, ...]]
+    """The columns an input row to predict on needs (others are kept; a label column is ignored)."""
+
+    @abstractmethod
+    def output_columns(self, top_k: int = 0) -> list[str]:
+        """The columns a prediction adds to its input row (with ``top_k > 0``: the k best labels too)."""
+
+    @abstractmethod
+    def encode_rows(self, frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
+                    assets: Mapping[str, bytes] | None = None) -> tuple[pd.Series, EncodedSplit]:
+        """Check and encode raw rows exactly as the training pipeline did (``data``: the checkpoint's settings).
+        With ``labels``, rows are labelled examples (evaluate) and an unknown label is a row's problem. Returns
+        ``(problems, split)``: each row's problem ("" for a good one; positional) and the good rows encoded."""
+
+    @abstractmethod
+    def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
+                     top_k: int = 0) -> pd.DataFrame:
+        """The prediction rows of the raw rows ``frame`` (:attr:`input_columns`) by ``model`` (in eval mode):
+        the :meth:`output_columns` and ``problem`` ("" for good rows), index positional."""
+
+
+class PredictSettings(Protocol):
+    """What a trained model predicts with besides its weights: the checkpoint's data settings, vocabulary, labels,
+    positions and pretrained assets, the device and the batch size (the spine's
+    :class:`nre_ray.serving.inference.Predictor` is one)."""
+
+    config: Any
+    vocab: Vocab
+    labels: list[str]
+    num_positions: int
+    assets: dict[str, bytes]
+    device: torch.device
+    batch_size: int

@@ -1,0 +1,119 @@
+"""The sentence task through the task interface (:class:`nre_ray.tasks.base.Task`): one row is one example, a sentence
+with one head and one tail entity and one label.
+
+* data: every format of :mod:`nre_ray.data.formats` (csv, tsv, jsonl, parquet, DeepKE, OpenNRE, SemEval), read and
+  encoded by the spine's Ray Data pipeline into an :class:`nre_ray.data.batches.EncodedSplit`; batches are
+  :class:`nre_ray.data.encode.EncodedDataset`'s: (B, T) ``tokens``, ``head_pos``, ``tail_pos``, ``segments``,
+  ``mask``, (B, 2) ``head_span``/``tail_span``, (B,) ``labels`` and ``index``;
+* model: ``--model``'s encoder under :class:`nre_ray.tasks.sentence.classifier.RelationClassifier`, logits (B, C);
+  the loss is softmax cross-entropy (with ``--label-smoothing``);
+* metrics: a (C, C) confusion matrix (rows gold, columns predicted) counted on each rank's shard and all-reduced, and
+  its scores (:mod:`nre_ray.tasks.sentence.metrics`: accuracy, macro/micro, the positive-class and SemEval scores)
+  and reports (:mod:`nre_ray.tasks.sentence.reports`);
+* rows: one prediction per input row, the label and its probability (:mod:`nre_ray.tasks.sentence.rows`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from nre_ray.data.batches import EncodedSplit
+from nre_ray.data.encode import EncodedDataset
+from nre_ray.models.registry import ModelSpec
+from nre_ray.tasks.base import PredictSettings, Task
+from nre_ray.tasks.sentence import metrics, rows
+from nre_ray.tasks.sentence.classifier import build_model
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nre_ray.config import DataConfig
+    from nre_ray.data.vocab import Vocab
+
+
+class SentenceTask(Task):
+    """Sentence-level relation classification: one sentence, one entity pair, one label (module docstring)."""
+
+    name: ClassVar[str] = "sentence"
+    input_columns: ClassVar[tuple[str, ...]] = rows.INPUT_COLUMNS
+
+    def recognises(self, data_dir: str) -> bool:
+        """Every folder: the sentence formats are the spine's readers' (:mod:`nre_ray.data.formats`), which say
+        themselves what they cannot read. The other tasks are asked first (:func:`nre_ray.tasks.lookup.task_for`)."""
+        return True
+
+    def dataset(self, split: EncodedSplit) -> EncodedDataset:
+        """The split's rows, batched and padded to a batch's longest row (:class:`EncodedDataset`)."""
+        return EncodedDataset(split)
+
+    def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
+        """``--model``'s encoder with the classifier head (:func:`nre_ray.tasks.sentence.classifier.build_model`)."""
+        return build_model(model_config, spec)
+
+    def loss(self, output: torch.Tensor, batch: Mapping[str, torch.Tensor], label_smoothing: float = 0.0,
+             reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy of the logits ``output`` (B, C) against ``batch["labels"]`` (B,), in float32."""
+        return nn.functional.cross_entropy(output.float(), batch["labels"], label_smoothing=label_smoothing,
+                                           reduction=reduction)
+
+    def examples(self, batch: Mapping[str, torch.Tensor]) -> int:
+        """The batch's rows."""
+        return batch["labels"].numel()
+
+    def new_counts(self, labels: list[str], num_examples: int, device: torch.device) -> torch.Tensor:
+        """A (C, C) confusion matrix of zeros."""
+        return torch.zeros((len(labels), len(labels)), dtype=torch.long, device=device)
+
+    def count(self, counts: torch.Tensor, output: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> None:
+        """Add each row's (gold, argmax of ``output`` (B, C)) to the confusion matrix ``counts`` (C, C)."""
+        c = counts.shape[0]
+        gold = batch["labels"]  # (B,)
+        counts += torch.bincount(gold * c + output.argmax(dim=-1), minlength=c * c).view(c, c)
+
+    def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
+        """:func:`nre_ray.tasks.sentence.metrics.scores` of the confusion matrix."""
+        return metrics.scores(_matrix(counts), labels, negative_label)
+
+    def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:
+        """The per-class table (``{name}_per_class.csv``/``.md``) and the confusion matrix's plot
+        (``{name}_confusion_matrix.png``)."""
+        from nre_ray.tasks.sentence import reports  # matplotlib: imported when a report is written
+
+        cm = _matrix(counts)
+        reports.write_class_report(cm, labels, folder, name)
+        reports.plot_confusion_matrix(cm, labels, folder / f"{name}_confusion_matrix.png", title)
+
+    def per_label(self, counts: Any, labels: list[str]) -> list[dict[str, Any]]:
+        """:func:`nre_ray.tasks.sentence.metrics.per_class_table`'s rows."""
+        return metrics.per_class_table(_matrix(counts), labels).to_dict(orient="records")
+
+    def output_columns(self, top_k: int = 0) -> list[str]:
+        """``predicted_relation``, ``score`` (and ``top_k_labels``, ``top_k_scores``)."""
+        return list(rows.OUTPUT_COLUMNS) + (list(rows.TOP_K_COLUMNS) if top_k > 0 else [])
+
+    def encode_rows(self, frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
+                    assets: Mapping[str, bytes] | None = None) -> tuple[pd.Series, EncodedSplit]:
+        """:func:`nre_ray.tasks.sentence.rows.encode_rows`."""
+        return rows.encode_rows(frame, data, vocab, labels, assets)
+
+    def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
+                     top_k: int = 0) -> pd.DataFrame:
+        """:func:`nre_ray.tasks.sentence.rows.predict_rows`: one row per input row."""
+        return rows.predict_rows(model, frame, settings, top_k)
+
+
+def _matrix(counts: Any) -> np.ndarray:
+    """The confusion matrix ``counts`` (a tensor or an array, (C, C)) as an int64 numpy array."""
+    if isinstance(counts, torch.Tensor):
+        counts = counts.cpu().numpy()
+    return np.asarray(counts, dtype=np.int64)
+
+
+#: The sentence task (stateless: one object serves every caller).
+SENTENCE = SentenceTask()
