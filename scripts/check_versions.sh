@@ -112,7 +112,8 @@ step_standin() {  # step_standin <venv> <work>: the rehearsal of docs/cluster.md
       python -m nre_ray.train --num-workers 2 --epochs 1 \
         --storage-path s3://$BUCKET/nre_ray/checkpoints --tracking-uri $TRACKING_URI \
         --data-dir s3://$BUCKET/nre_ray/data
-    ray job status versions-1 | tee /dev/stderr | grep -q "succeeded"
+    status=$(ray job status versions-1); echo "$status"  # (not `| tee /dev/stderr`: it reopens this log, truncated)
+    grep -q "succeeded" <<< "$status"
     python -m nre_ray.standin --dir "$DIR" status'
 }
 

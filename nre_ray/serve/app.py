@@ -454,7 +454,9 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
     own event loop); HAProxy's files in ``scratch`` and its stats and metrics on free ports, not the machine-wide
     ``/tmp/haproxy-serve`` and ports 8404 / 9101, so that two servers on one machine do not meet; a replica that
     stops drains for 2 s (HAProxy on the same node hears of it at once), not Serve's 30 s meant for outside load
-    balancers. ``proxy``: nothing (Serve's defaults). A variable already set is kept."""
+    balancers; HAProxy's connection limit at 4096, Ray 2.60's default (Ray 2.59's 20000 makes HAProxy ask for 50036
+    file descriptors, and it crashes at its start where the limit is lower). ``proxy``: nothing (Serve's defaults). A
+    variable already set is kept."""
     if ingress == "proxy":
         return {}
     folder = Path(scratch)
@@ -469,6 +471,7 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port("")),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port("")),
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+        "RAY_SERVE_HAPROXY_MAXCONN": "4096",
     }
     return {key: os.environ.get(key, value) for key, value in wanted.items()}
 

@@ -77,6 +77,21 @@ def test_haproxy_ingress_keeps_its_files_and_ports_to_itself(tmp_path, monkeypat
     assert ingress_env("proxy", str(tmp_path)) == {}
 
 
+def test_haproxy_connection_limit_is_one_serve_reads_and_fits_this_machines_file_limit(tmp_path):
+    """Ray 2.59's HAProxy default (maxconn 20000) asks for 50036 file descriptors and crashed at start here (limit
+    20000); ingress_env gives Ray 2.60's 4096, through the variable the installed Serve reads."""
+    import resource
+    from pathlib import Path
+
+    import ray
+
+    constants = Path(ray.__file__).parent / "serve" / "_private" / "constants.py"
+    assert 'os.environ.get("RAY_SERVE_HAPROXY_MAXCONN"' in constants.read_text(encoding="utf-8")
+    maxconn = int(ingress_env("haproxy", str(tmp_path))["RAY_SERVE_HAPROXY_MAXCONN"])
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert maxconn == 4096 and (hard == resource.RLIM_INFINITY or 2.5 * maxconn + 100 < hard)  # (50036 for 20000)
+
+
 #: In a fresh interpreter: Serve's HAProxy template, from the module that renders it, with or without the hook run
 #: first (as a worker of the job runs it), and with the hook run after the templates were loaded: how often each
 #: replaced text and its replacement occur; and whether the replica module binds its gRPC server on the node's address.
