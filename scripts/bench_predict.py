@@ -166,12 +166,14 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"mode": "cli (subprocess, end to end)", "workers": n, "rows": rows, "seconds": seconds})
             print(f"cli {n} worker(s): {seconds:.1f} s", flush=True)
 
+        from nre_ray.serving.predict_options import PredictOptions
         from nre_ray.serving.prediction import predict_file
 
         for n in workers:
-            summary = predict_file(model, str(args.data), str(work / f"pipe{n}.csv"), batch_size=args.batch_size,
-                                   num_workers=n, chunk_rows=args.chunk_rows, tracking_uri=tracking_uri,
-                                   progress=False)
+            summary = predict_file(PredictOptions(model=model, input=str(args.data), output=str(work / f"pipe{n}.csv"),
+                                                  batch_size=args.batch_size, num_workers=n,
+                                                  chunk_rows=args.chunk_rows, tracking_uri=tracking_uri,
+                                                  no_progress=True))
             results.append({"mode": "pipeline (Ray already up)", "workers": n, "rows": summary.rows,
                             "seconds": summary.seconds})
             print(f"pipeline {n} worker(s): {summary.seconds:.1f} s", flush=True)

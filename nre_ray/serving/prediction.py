@@ -49,9 +49,9 @@ from nre_ray.data.chunks import PREFIX, Chunk, InputPlan, canonical_part, input_
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.pipeline import quiet_ray_data
 from nre_ray.data.read import parse_column_map, problems_of
-from nre_ray.data.sizes import DEFAULT_CHUNK_ROWS, LOCAL_MAX_ROWS
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.serving.inference import ON_BAD_ROWS, Predictor, resolve_checkpoint
+from nre_ray.serving.predict_options import PredictOptions
 
 # the writer joins each input row with its prediction row: the sentence task's rows (one per input row)
 from nre_ray.tasks.sentence.rows import OUTPUT_COLUMNS, TOP_K_COLUMNS
@@ -227,55 +227,55 @@ def output_format(path: str | Path) -> str:
 # the run
 
 
-def predict_file(model: str, input_path: str, output: str, batch_size: int = 256, num_workers: int = 1,
-                 top_k: int = 0, fmt: str | None = None, columns: str | None = None, on_bad_rows: str = "error",
-                 tracking_uri: str | None = None, address: str | None = None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_gpu: bool = False, progress: bool = True,
-                 local_max_rows: int = LOCAL_MAX_ROWS, cpus_per_worker: float | None = None) -> PredictSummary:
-    """Label ``input_path`` with ``model`` and write ``output``; see the module docstring and ``--help``.
-    ``local_max_rows``: inputs of at most this many rows are labelled in this process, without Ray (0: always Ray);
-    ``cpus_per_worker``: the CPUs of each actor (``--cpus-per-worker``; default: sized as training sizes them)."""
-    if num_workers < 1 or batch_size < 1 or top_k < 0 or chunk_rows < 1 or local_max_rows < 0:
+def predict_file(options: PredictOptions) -> PredictSummary:
+    """Label ``options.input`` with ``options.model`` and write ``options.output``; see the module docstring and
+    ``--help``. Inputs of at most ``local_max_rows`` rows are labelled in this process, without Ray (0: always Ray);
+    ``cpus_per_worker``: the CPUs of each actor (default: sized as training sizes them)."""
+    if options.num_workers < 1 or options.batch_size < 1 or options.top_k < 0 or options.chunk_rows < 1 \
+            or options.local_max_rows < 0:
         raise UsageError("--num-workers, --batch-size and --chunk-rows must be >= 1, --top-k and --local-max-rows "
                          ">= 0")
-    if cpus_per_worker is not None and cpus_per_worker < 0.01:
+    if options.cpus_per_worker is not None and options.cpus_per_worker < 0.01:
         raise UsageError("--cpus-per-worker must be >= 0.01")
-    if on_bad_rows not in ON_BAD_ROWS:
+    if options.on_bad_rows not in ON_BAD_ROWS:
         raise UsageError(f"--on-bad-rows must be one of {', '.join(ON_BAD_ROWS)}")
-    out_fmt = output_format(output)
-    if not storage.is_uri(output) and not storage.is_dir(storage.parent(output)):
-        raise UsageError(f"--output {output}: the folder {storage.parent(output)} does not exist")
-    column_map = parse_column_map(columns) if columns else None
-    plan = plan_chunks(input_path, fmt, column_map, chunk_rows, require_relation=False)
-    in_process = plan.total_rows <= local_max_rows
-    if in_process and use_gpu and not local_node().get("GPU"):
-        raise UsageError(f"--use-gpu: this machine has no GPU, and {input_path} ({plan.total_rows} rows, at most "
-                         f"--local-max-rows {local_max_rows}) is labelled here, without Ray. Drop --use-gpu, or "
-                         "pass --local-max-rows 0 to label it on a Ray cluster with GPUs (--address).")
-    ahead = None if in_process else local_cluster(address, use_gpu)  # an address Ray cannot join is refused here
+    out_fmt = output_format(options.output)
+    if not storage.is_uri(options.output) and not storage.is_dir(storage.parent(options.output)):
+        raise UsageError(f"--output {options.output}: the folder {storage.parent(options.output)} does not exist")
+    column_map = parse_column_map(options.columns) if options.columns else None
+    plan = plan_chunks(options.input, options.format, column_map, options.chunk_rows, require_relation=False)
+    in_process = plan.total_rows <= options.local_max_rows
+    if in_process and options.use_gpu and not local_node().get("GPU"):
+        raise UsageError(f"--use-gpu: this machine has no GPU, and {options.input} ({plan.total_rows} rows, at most "
+                         f"--local-max-rows {options.local_max_rows}) is labelled here, without Ray. Drop --use-gpu, "
+                         "or pass --local-max-rows 0 to label it on a Ray cluster with GPUs (--address).")
+    # an address Ray cannot join is refused here
+    ahead = None if in_process else local_cluster(options.address, options.use_gpu)
     if ahead is not None:  # and actors the local Ray can never hold, before it starts and the model is loaded
-        _size_actors(ahead, num_workers, use_gpu, cpus_per_worker)
+        _size_actors(ahead, options.num_workers, options.use_gpu, options.cpus_per_worker)
 
-    resolved = resolve_checkpoint(model, tracking_uri)
+    resolved = resolve_checkpoint(options.model, options.tracking_uri)
     try:
         loaded = load_checkpoint(resolved.checkpoint)
     finally:
         resolved.cleanup()
     loaded.state = {"model": loaded.state["model"]}  # the optimizer's state is not needed to predict
-    device = "cuda" if use_gpu else "cpu"
-    predictor = Predictor.from_loaded(loaded, device, batch_size)  # fails here, clearly, if the weights do not fit
+    device = "cuda" if options.use_gpu else "cpu"
+    # fails here, clearly, if the weights do not fit
+    predictor = Predictor.from_loaded(loaded, device, options.batch_size)
 
     if in_process:
         start = time.perf_counter()
-        batches = _run_here(plan, predictor, top_k)
+        batches = _run_here(plan, predictor, options.top_k)
     else:
         # Ray's messages (the controller's retries under load) stay in its log files; failures come back as errors
-        start_ray(address, log_to_driver=False)
+        start_ray(options.address, log_to_driver=False)
         start = time.perf_counter()
-        batches = _run_ray(plan, loaded, batch_size, num_workers, top_k, use_gpu, cpus_per_worker)
-    summary = _write(batches, plan, output, out_fmt, on_bad_rows, progress)
+        batches = _run_ray(plan, loaded, options.batch_size, options.num_workers, options.top_k, options.use_gpu,
+                           options.cpus_per_worker)
+    summary = _write(batches, plan, options.output, out_fmt, options.on_bad_rows, not options.no_progress)
     summary.seconds = time.perf_counter() - start
-    summary.workers = 0 if in_process else num_workers
+    summary.workers = 0 if in_process else options.num_workers
     summary.in_process = in_process
     return summary
 

@@ -14,6 +14,7 @@ from nre_ray.data.errors import DataError
 from nre_ray.predict import main
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.serving.inference import Predictor
+from nre_ray.serving.predict_options import PredictOptions
 from nre_ray.serving.prediction import PredictChunks, UsageError, Writer, _write, output_format, predict_file
 from tests.unit.test_inference import make_checkpoint, raw_rows
 
@@ -91,8 +92,9 @@ def test_mapped_offset_columns_are_integers_in_parquet(checkpoint, tmp_path):
     rows = raw_rows().rename(columns={"head_offset": "pos1", "tail_offset": "pos2"})
     source = tmp_path / "in.jsonl"
     rows.to_json(source, orient="records", lines=True)
-    summary = predict_file(str(checkpoint), str(source), str(tmp_path / "out.parquet"),
-                           columns="pos1=head_offset,pos2=tail_offset", progress=False)
+    summary = predict_file(PredictOptions(model=str(checkpoint), input=str(source),
+                                          output=str(tmp_path / "out.parquet"),
+                                          columns="pos1=head_offset,pos2=tail_offset", no_progress=True))
     got = pd.read_parquet(tmp_path / "out.parquet")
     assert summary.in_process and got["pos1"].dtype == got["pos2"].dtype == "int64"
     assert got["pos1"].tolist() == rows["pos1"].astype(int).tolist() and got["note"].tolist() == rows["note"].tolist()
