@@ -1,4 +1,4 @@
-"""``python -m nre_ray.evaluate``: score a checkpoint on a labelled file (:mod:`nre_ray.serving.evaluation`)."""
+"""``python -m nre_ray.evaluate``: score a checkpoint on a labelled file (:mod:`nre_ray.inference.evaluation`)."""
 
 from __future__ import annotations
 
@@ -73,10 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_environ()  # before Ray and MLflow are imported
     # deferred: importing it loads torch, numpy
-    from nre_ray.run.checkpoint import CheckpointError
-
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
-    from nre_ray.serving.evaluation import evaluate_file
+    from nre_ray.inference.evaluation import evaluate_file
+    from nre_ray.run.checkpoint import CheckpointError
 
     try:
         report = evaluate_file(args.model, args.data, num_workers=args.num_workers,

@@ -1,4 +1,5 @@
-"""``python -m nre_ray.predict``: label a file of raw rows with a trained model (:mod:`nre_ray.serving.prediction`)."""
+"""``python -m nre_ray.predict``: label a file of raw rows with a trained model
+(:mod:`nre_ray.inference.prediction`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from nre_ray.cluster.session import UsageError, quiet_environ
 from nre_ray.config import command_parser
 from nre_ray.core.user_error import ConfigError
 from nre_ray.data.errors import DataError
-from nre_ray.serving.predict_options import PredictOptions
+from nre_ray.inference.predict_options import PredictOptions
 
 EXAMPLES = """\
 examples:
@@ -37,10 +38,9 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_environ()  # before Ray and MLflow are imported
     # deferred: importing it loads torch, numpy
-    from nre_ray.run.checkpoint import CheckpointError
-
     # deferred: importing it loads torch, pandas, pyarrow, numpy
-    from nre_ray.serving.prediction import cause, predict_file, worker_died
+    from nre_ray.inference.prediction import cause, predict_file, worker_died
+    from nre_ray.run.checkpoint import CheckpointError
 
     try:
         summary = predict_file(args)

@@ -57,7 +57,7 @@ def pyfunc_uri(model: str, work: Path, tracking_uri: str | None) -> tuple[str, s
         from nre_ray.tracking.store import resolve_tracking_uri
 
         return model, resolve_tracking_uri(tracking_uri)
-    from nre_ray.serving.pyfunc import log_model
+    from nre_ray.inference.pyfunc import log_model
     from nre_ray.tracking.store import start_run
 
     uri = f"sqlite:///{work / 'mlflow.db'}"
@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"mode": "cli (subprocess, end to end)", "workers": n, "rows": rows, "seconds": seconds})
             print(f"cli {n} worker(s): {seconds:.1f} s", flush=True)
 
-        from nre_ray.serving.predict_options import PredictOptions
-        from nre_ray.serving.prediction import predict_file
+        from nre_ray.inference.predict_options import PredictOptions
+        from nre_ray.inference.prediction import predict_file
 
         for n in workers:
             summary = predict_file(PredictOptions(model=model, input=str(args.data), output=str(work / f"pipe{n}.csv"),

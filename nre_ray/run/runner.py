@@ -752,7 +752,7 @@ def _sigint_restored() -> Iterator[None]:
 def _log_model(best: Any, cfg: Config, tracking_uri: str, run_id: str) -> dict[str, str | None]:
     """Log the selected checkpoint as the run's MLflow pyfunc model (registered too with --register-model)."""
     # deferred: importing it loads starlette, pandas, pyarrow, numpy
-    from nre_ray.serving.pyfunc import log_model
+    from nre_ray.inference.pyfunc import log_model
 
     with best.as_directory() as folder:
         logged = log_model(folder, tracking_uri, run_id, cfg.run.register_model)

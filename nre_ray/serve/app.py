@@ -1,8 +1,8 @@
 """The Ray Serve application: one deployment, :class:`RelationServer`, that speaks MLflow's scoring protocol.
 
-Each replica holds the model once (:class:`nre_ray.serving.inference.Predictor`). A request is parsed and checked by
+Each replica holds the model once (:class:`nre_ray.inference.predictor.Predictor`). A request is parsed and checked by
 MLflow's own scoring-server code (``mlflow.pyfunc.scoring_server.invocations``, against the signature the logged
-pyfunc model has: :func:`nre_ray.serving.pyfunc.signature`), so requests, answers and errors are those of
+pyfunc model has: :func:`nre_ray.inference.pyfunc.signature`), so requests, answers and errors are those of
 ``mlflow models serve``; only the labelling differs: the rows of concurrent requests are labelled together in one
 batch (``@serve.batch``), and each request gets its own rows' answer, or its own 400 for bad rows.
 
@@ -46,8 +46,7 @@ from nre_ray.cluster.session import (
     size_workers,
     start_ray,
 )
-from nre_ray.serve.cli import ServeOptions, build_parser
-from nre_ray.serving.inference import (
+from nre_ray.inference.predictor import (
     ModelIdentity,
     Predictor,
     identify_model,
@@ -55,6 +54,7 @@ from nre_ray.serving.inference import (
     resolve_checkpoint,
     row_problems,
 )
+from nre_ray.serve.cli import ServeOptions, build_parser
 from nre_ray.tasks.sentence.rows import INPUT_COLUMNS, TOP_K_COLUMNS, UNTYPED_WARNING, lacks_types
 from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
@@ -166,7 +166,7 @@ class RelationServer:
         from mlflow.pyfunc import PyFuncModel
 
         # deferred: importing it loads
-        from nre_ray.serving.pyfunc import signature
+        from nre_ray.inference.pyfunc import signature
 
         self.config: dict[str, Any] = {}
         self.predictor = None
@@ -250,7 +250,7 @@ class RelationServer:
         with the same columns are labelled in one pass; the answer of a plain request (:func:`plain_request`) is
         its columns as lists (:data:`Columns`), of a request MLflow's code read a DataFrame."""
         # deferred: importing it loads
-        from nre_ray.serving.pyfunc import rows_error
+        from nre_ray.inference.pyfunc import rows_error
 
         predictor = self.predictor
         answers: list[Any] = [None] * len(items)

@@ -164,7 +164,7 @@ class Task(ABC):
 class PredictSettings(Protocol):
     """What a trained model predicts with besides its weights: the checkpoint's data settings, vocabulary, labels,
     positions and pretrained assets, the device and the batch size (the spine's
-    :class:`nre_ray.serving.inference.Predictor` is one)."""
+    :class:`nre_ray.inference.predictor.Predictor` is one)."""
 
     config: Any
     vocab: Vocab

@@ -3,7 +3,7 @@
 :func:`collect` reads Tune's results and the trials' curves in MLflow; :func:`close_children` closes the child runs
 a stopped trial could not close itself; :func:`interrupted` tells a Ctrl-C from the end; :func:`finish` logs the
 trials table and plot to the parent run and scores the best trial's checkpoint on test once
-(:mod:`nre_ray.serving.evaluation`, on the encoded test split of the sweep's preprocessing), logging it as the sweep's
+(:mod:`nre_ray.inference.evaluation`, on the encoded test split of the sweep's preprocessing), logging it as the sweep's
 model.
 """
 
@@ -149,10 +149,10 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
     import numpy as np
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
-    from nre_ray.serving.evaluation import evaluate_split
+    from nre_ray.inference.evaluation import evaluate_split
 
     # deferred: importing it loads starlette, pandas, pyarrow, numpy
-    from nre_ray.serving.pyfunc import log_model
+    from nre_ray.inference.pyfunc import log_model
 
     # deferred: importing it loads torch, pandas, numpy
     from nre_ray.tasks.lookup import task_named

@@ -9,7 +9,7 @@ space of ``--search-space`` (see :mod:`nre_ray.tune.space`; a default space per 
 3. an MLflow parent run records the sweep; each trial (:mod:`nre_ray.tune.trial`) logs into a child run;
 4. Ray Tune runs the trials, ASHA (or Optuna's TPE sampler where installed, with ASHA) on the validation metric;
 5. the best trial (by its best validation score) has its best checkpoint scored on the test split once
-   (:mod:`nre_ray.serving.evaluation`); that checkpoint is the sweep's MLflow model (registered with
+   (:mod:`nre_ray.inference.evaluation`); that checkpoint is the sweep's MLflow model (registered with
    ``--register-model``), and the parent run gets the table of all trials and a parallel-coordinates plot.
 
 ``--resume`` continues an interrupted sweep (Ctrl-C, a lost node): Tune restores its experiment, finished trials

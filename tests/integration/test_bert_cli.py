@@ -16,8 +16,8 @@ pytest.importorskip("transformers")
 
 from nre_ray.config import DataConfig
 from nre_ray.data.pipeline import prepare, sample_dir
+from nre_ray.inference.predictor import Predictor
 from nre_ray.run.checkpoint import PRETRAINED_DIR, load_checkpoint
-from nre_ray.serving.inference import Predictor
 from nre_ray.train import main
 from tests.tiny_bert import make_tiny_bert
 
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 FRESH = """
 import json, sys
 import mlflow.pyfunc, pandas as pd
-from nre_ray.serving.inference import Predictor
+from nre_ray.inference.predictor import Predictor
 checkpoint, rows, model_uri = sys.argv[1:4]
 frame = pd.read_csv(rows, keep_default_na=False)
 out = Predictor.from_checkpoint(checkpoint).predict_frame(frame)

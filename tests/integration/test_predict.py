@@ -25,9 +25,9 @@ from nre_ray import storage
 from nre_ray.cluster.ports import free_port
 from nre_ray.data.pipeline import sample_dir
 from nre_ray.evaluate import main as evaluate_main
+from nre_ray.inference.evaluation import evaluate_file
+from nre_ray.inference.predictor import Predictor
 from nre_ray.predict import main as predict_main
-from nre_ray.serving.evaluation import evaluate_file
-from nre_ray.serving.inference import Predictor
 from nre_ray.tasks.sentence import rows as sentence_rows
 from nre_ray.tasks.sentence.rows import INPUT_COLUMNS
 from nre_ray.tracking.store import mlflow_settings

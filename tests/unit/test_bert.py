@@ -20,12 +20,12 @@ from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
 from nre_ray.data.subword import MarkerTokenizer, build_tokenizer, encode_subword_batch
 from nre_ray.data.vocab import Vocab
+from nre_ray.inference.predictor import Predictor
 from nre_ray.models.bert import BertEncoder
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run.checkpoint import PRETRAINED_DIR, load_checkpoint, pretrained_assets
 from nre_ray.run.loop import train_loop_per_worker
 from nre_ray.run.optim import LinearWarmupSchedule, PlateauSchedule, build_optimizer, steps_per_epoch
-from nre_ray.serving.inference import Predictor
 from nre_ray.tasks.sentence.classifier import build_model
 from nre_ray.tasks.sentence.task import SENTENCE
 from tests.helpers import TEMPLATES, tiny_frame

@@ -13,9 +13,9 @@ from ray.train.torch import TorchTrainer
 from nre_ray.config import Config
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.vocab import Vocab
+from nre_ray.inference.evaluation import eval_loop_per_worker
+from nre_ray.inference.predictor import Predictor
 from nre_ray.models.registry import ModelSpec
-from nre_ray.serving.evaluation import eval_loop_per_worker
-from nre_ray.serving.inference import Predictor
 from nre_ray.tasks.sentence import metrics as M
 from nre_ray.tasks.sentence.classifier import build_model
 from nre_ray.tasks.sentence.rows import probabilities

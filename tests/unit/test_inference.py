@@ -14,9 +14,9 @@ from nre_ray.config import Config
 from nre_ray.data.batches import token_counts, tokenize_batch
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
+from nre_ray.inference.predictor import Predictor, _alias_uri, resolve_checkpoint
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run.checkpoint import CheckpointError, save_checkpoint
-from nre_ray.serving.inference import Predictor, _alias_uri, resolve_checkpoint
 from nre_ray.tasks.sentence.classifier import build_model
 from nre_ray.tasks.sentence.rows import encode_rows
 from nre_ray.tracking import sqlite_store

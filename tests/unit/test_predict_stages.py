@@ -11,11 +11,11 @@ import pytest
 from nre_ray import storage
 from nre_ray.data.chunks import plan_chunks
 from nre_ray.data.errors import DataError
+from nre_ray.inference.predict_options import PredictOptions
+from nre_ray.inference.prediction import PredictChunks, UsageError, Writer, _write, output_format, predict_file
+from nre_ray.inference.predictor import Predictor
 from nre_ray.predict import main
 from nre_ray.run.checkpoint import load_checkpoint
-from nre_ray.serving.inference import Predictor
-from nre_ray.serving.predict_options import PredictOptions
-from nre_ray.serving.prediction import PredictChunks, UsageError, Writer, _write, output_format, predict_file
 from tests.unit.test_inference import make_checkpoint, raw_rows
 
 
@@ -191,7 +191,7 @@ def test_a_small_input_is_labelled_in_this_process_without_ray(checkpoint, tmp_p
 def test_a_dead_prediction_actor_is_recognised_through_the_errors_that_wrap_it():
     import ray.exceptions
 
-    from nre_ray.serving.prediction import worker_died
+    from nre_ray.inference.prediction import worker_died
 
     died = ray.exceptions.ActorDiedError()
     try:

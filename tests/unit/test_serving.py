@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from mlflow.exceptions import MlflowException
 
+from nre_ray.inference.predictor import Predictor
+from nre_ray.inference.pyfunc import RelationModel, _weights_only_copy, input_example, pip_requirements, signature
 from nre_ray.run.checkpoint import load_checkpoint
-from nre_ray.serving.inference import Predictor
-from nre_ray.serving.pyfunc import RelationModel, _weights_only_copy, input_example, pip_requirements, signature
 from tests.unit.test_inference import make_checkpoint, raw_rows
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from nre_ray.inference.predictor import Predictor
 from nre_ray.run.checkpoint import CheckpointError, load_checkpoint
-from nre_ray.serving.inference import Predictor
 from nre_ray.tasks.base import Task
 from nre_ray.tasks.lookup import TASKS, task_for, task_of
 from nre_ray.tasks.sentence import metrics

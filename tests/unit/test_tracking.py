@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 
 from nre_ray.cluster.session import Resources
 from nre_ray.config import Config
+from nre_ray.inference.pyfunc import log_model
 from nre_ray.run import runner
-from nre_ray.serving.pyfunc import log_model
 from nre_ray.tracking import store as tracking
 from tests.unit.test_inference import make_checkpoint, raw_rows
 

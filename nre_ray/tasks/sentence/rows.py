@@ -5,7 +5,7 @@ out per input row (the label and its probability, optionally the k best).
 ``tokenize_batch`` -> ``encode_batch`` with the checkpoint's vocabulary and tokenizer settings, then
 ``EncodedSplit``), so a sentence is encoded exactly as it was during training; :func:`probabilities` and
 :func:`predict_rows` run the model on them (:class:`nre_ray.tasks.sentence.task.SentenceTask` gives them to the
-spine's :class:`nre_ray.serving.inference.Predictor`).
+spine's :class:`nre_ray.inference.predictor.Predictor`).
 """
 
 from __future__ import annotations

@@ -43,10 +43,10 @@ from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import DataError
 from nre_ray.data.pipeline import LAYOUT, MARKER
 from nre_ray.data.read import parse_column_map, problems_of, read_table
+from nre_ray.inference.predictor import ON_BAD_ROWS, resolve_checkpoint
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.run.loop import eval_loader, evaluate, open_splits
-from nre_ray.serving.inference import ON_BAD_ROWS, resolve_checkpoint
 from nre_ray.tasks.lookup import task_named, task_of
 
 

@@ -37,14 +37,14 @@ BERT_REQUIREMENTS = ("transformers", "tokenizers", "safetensors")
 MODEL_SCRIPT = """\
 import mlflow
 
-from nre_ray.serving.pyfunc import RelationModel
+from nre_ray.inference.pyfunc import RelationModel
 
 mlflow.models.set_model(RelationModel())
 """
 
 
 class RelationModel(mlflow.pyfunc.PythonModel):
-    """pyfunc wrapper around :class:`nre_ray.serving.inference.Predictor`.
+    """pyfunc wrapper around :class:`nre_ray.inference.predictor.Predictor`.
 
     ``predict`` takes a DataFrame with ``sentence, head, head_offset, tail, tail_offset`` (offsets: 0-based character
     offsets) and returns ``predicted_relation`` and ``score``; ``params={"top_k": K}`` adds ``top_k_labels`` and
@@ -54,7 +54,7 @@ class RelationModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         """Build the predictor from the logged checkpoint folder."""
         # deferred: importing it loads torch
-        from nre_ray.serving.inference import Predictor
+        from nre_ray.inference.predictor import Predictor
 
         self.predictor = Predictor.from_checkpoint(context.artifacts["checkpoint"])
 

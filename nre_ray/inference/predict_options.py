@@ -1,4 +1,4 @@
-"""The options of ``python -m nre_ray.predict`` (:class:`PredictOptions`): what :func:`nre_ray.serving.prediction.
+"""The options of ``python -m nre_ray.predict`` (:class:`PredictOptions`): what :func:`nre_ray.inference.prediction.
 predict_file` takes, one flag each (kept apart from it: ``--help`` loads no torch)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The input is read in chunks (:mod:`nre_ray.data.chunks`). A small input (at most
 Ray and an actor would take longer than the whole job. A larger one is read by Ray tasks and labelled by an actor
 pool of ``--num-workers`` actors, each holding the model once; the driver writes the chunks in input order as they
 come back, and memory stays bounded by a few chunks whatever the size of the input. Both ways label each chunk with
-:class:`nre_ray.serving.inference.Predictor` (the preprocessing of training) and :func:`_with_predictions`, so they
+:class:`nre_ray.inference.predictor.Predictor` (the preprocessing of training) and :func:`_with_predictions`, so they
 write the same file. The output keeps the input's columns, in order, and adds ``predicted_relation`` and ``score`` (and
 ``top_k_labels`` / ``top_k_scores`` with ``--top-k``).
 
@@ -49,9 +49,9 @@ from nre_ray.data.chunks import PREFIX, Chunk, InputPlan, canonical_part, input_
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.pipeline import quiet_ray_data
 from nre_ray.data.read import parse_column_map, problems_of
+from nre_ray.inference.predict_options import PredictOptions
+from nre_ray.inference.predictor import ON_BAD_ROWS, Predictor, resolve_checkpoint
 from nre_ray.run.checkpoint import load_checkpoint
-from nre_ray.serving.inference import ON_BAD_ROWS, Predictor, resolve_checkpoint
-from nre_ray.serving.predict_options import PredictOptions
 
 # the writer joins each input row with its prediction row: the sentence task's rows (one per input row)
 from nre_ray.tasks.sentence.rows import OUTPUT_COLUMNS, TOP_K_COLUMNS
