@@ -44,10 +44,11 @@ def recording_loop(out: str) -> Any:
         import ray.train
 
         from nre_ray.run import loop as worker_loop
+        from nre_ray.tasks.sentence import task as sentence_task
 
         reads: list[dict[str, Any]] = []
 
-        class Recording(worker_loop.EncodedDataset):
+        class Recording(sentence_task.EncodedDataset):
             def __init__(self, split: EncodedSplit) -> None:
                 super().__init__(split)
                 self.record = {"split": split.name, "n": len(split), "indices": [],
@@ -58,7 +59,7 @@ def recording_loop(out: str) -> Any:
                 self.record["indices"].extend(int(i) for i in indices)
                 return super().__getitems__(indices)
 
-        worker_loop.EncodedDataset = Recording
+        sentence_task.EncodedDataset = Recording  # what the sentence task's dataset() builds
         data = ray.get(loop_config["data"]) if isinstance(loop_config["data"], ray.ObjectRef) else loop_config["data"]
         try:
             worker_loop.train_loop_per_worker(loop_config)
