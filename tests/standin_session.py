@@ -107,8 +107,10 @@ def _stop_shared() -> None:
     _STOPPED.append(True)
     folder, state = shared.folder, shared.state
     # (the one started again by a test that stopped before it called restarted())
-    last = standin.Standin.load(folder) if (folder / standin.STATE_FILE).exists() else state
-    standin.down(folder)
+    up = (folder / standin.STATE_FILE).exists()  # (not after a test that failed between its down and its up)
+    last = standin.Standin.load(folder) if up else state
+    if up:
+        standin.down(folder)
     left = {**left_of(state), **left_of(last)}
     strays = {pid: processes.cmdline(pid) for endpoint in shared.endpoints | {last.endpoint}
               for pid in with_env("AWS_ENDPOINT_URL", endpoint)}

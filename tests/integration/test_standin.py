@@ -466,7 +466,11 @@ def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster, standin_
     token, keys = cluster.token_path.read_text(), cluster.store_credentials()
     said = _standin_cli(folder, "down")
     stopped = re.fullmatch(r"stopped (\d+) processes of the stand-in in \S+\n", said)
-    assert stopped and int(stopped[1]) >= len(running), (said, running)
+    # Every process that lives as long as the stand-in was stopped; Ray's worker processes (an idle one, ``ray::IDLE``,
+    # ends by itself after Ray's idle timeout) may have gone before down came to them.
+    lasting = {pid for pid, line in running.items()
+               if not line.startswith("ray::") or line.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent"))}
+    assert stopped and int(stopped[1]) >= len(lasting), (said, running)
     assert not _left(cluster), _left(cluster)
     assert not (folder / standin.STATE_FILE).exists() and not Path(cluster.ray_temp).exists()
     assert not (folder / standin.SECRETS_DIR).exists() and not (folder / standin.AUTH_DB).exists()  # gone with it
