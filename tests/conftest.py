@@ -25,20 +25,25 @@ for key, value in {"RAY_USAGE_STATS_ENABLED": "0",
                    # Each command a test starts (in this process or as a subprocess) starts a private local Ray, as
                    # a user's first command does; test_runs_at_once, test_docs_commands and the command matrix's
                    # cells share one (tests/session_ray.py).
-                   "NRE_RAY_OWN_RAY": "1"}.items():
+                   "NRE_RAY_OWN_RAY": "1",
+                   # ... without Ray's dashboard (about 4 s of CPU less for each of the suite's ~100 starts of a
+                   # local Ray); the tests of the dashboard, the State API's pin and a user's shell set it back.
+                   "NRE_RAY_DASHBOARD": "0"}.items():
     os.environ.setdefault(key, value)
 
 
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray with 4 logical CPUs (on 2 cores), shared by every test that needs one; on the loopback address,
-    as the commands' own local Rays are (nothing of it listens on the network)."""
+    as the commands' own local Rays are (nothing of it listens on the network), and without its dashboard (the State
+    API is pinned to a closed port above; no test asks this Ray's dashboard)."""
     import ray
 
     from nre_ray.cluster.ray_private import loopback_node
 
     with loopback_node() as on_loopback:
-        ray.init(address="local", num_cpus=4, logging_level=logging.WARNING, log_to_driver=True, **on_loopback)
+        ray.init(address="local", num_cpus=4, logging_level=logging.WARNING, log_to_driver=True,
+                 include_dashboard=False, **on_loopback)
     yield ray
     ray.shutdown()
 

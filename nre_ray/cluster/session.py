@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nre_ray import storage
-from nre_ray.cluster.local_settings import QUIET_ENV, TELEMETRY_ENV, pin_state_api
+from nre_ray.cluster.local_settings import QUIET_ENV, TELEMETRY_ENV, dashboard_args
 from nre_ray.config import MIN_CPUS_PER_WORKER
 from nre_ray.core.versions import warn_if_untested
 from nre_ray.tracking import uris
@@ -508,7 +508,7 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
         with loopback_node() as on_loopback:
             ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node.get("GPU", 0)),
                      logging_level=logging.WARNING, log_to_driver=log_to_driver, runtime_env=runtime_env,
-                     **on_loopback, **pin_state_api())
+                     **on_loopback, **dashboard_args())
     except Exception as err:  # Ray raises a bare Exception when its raylet does not register within 30 s
         if "timed out during startup" not in str(err):
             raise

@@ -48,7 +48,7 @@ from typing import Any
 
 from nre_ray import storage
 from nre_ray.cluster import processes
-from nre_ray.cluster.local_settings import QUIET_ENV, pin_state_api
+from nre_ray.cluster.local_settings import QUIET_ENV, dashboard_args
 
 #: Set to 1 (or true, yes): every command starts a private local Ray, as before sharing (tests that need one, or a
 #: user who wants a run apart). ``serve`` always starts a private one: Serve is one per Ray cluster.
@@ -292,7 +292,7 @@ def host(folder: Path, cpus: int, gpus: int, mine: str) -> int:
     signal.signal(signal.SIGINT, _raise_stop)
     watchdog.start()  # a SIGKILL of the host leaves nothing of its Ray
     try:
-        pinned = pin_state_api()
+        pinned = dashboard_args()
         with loopback_node() as on_loopback:
             ray.init(address="local", num_cpus=cpus * CPU_FACTOR, num_gpus=gpus, logging_level=logging.WARNING,
                      log_to_driver=False, **on_loopback, **pinned)

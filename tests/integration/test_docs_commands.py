@@ -105,7 +105,8 @@ class Session:
         self.ray_tmpdir = tempfile.mkdtemp(prefix="nrd-", dir="/tmp")  # short: Ray's sockets live under it
         self.env = env(PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
                        NRE_RAY_DOCS_TEST="1", RAY_TMPDIR=self.ray_tmpdir)
-        for key in ("MLFLOW_TRACKING_URI", "RAY_API_SERVER_ADDRESS", "VIRTUAL_ENV", "NRE_RAY_OWN_RAY"):
+        for key in ("MLFLOW_TRACKING_URI", "RAY_API_SERVER_ADDRESS", "VIRTUAL_ENV", "NRE_RAY_OWN_RAY",
+                    "NRE_RAY_DASHBOARD"):
             self.env.pop(key, None)
         shutil.copytree(sample_dir(), folder / "sample")
         frame = (folder / "sample" / "test.csv").read_text(encoding="utf-8").splitlines()

@@ -70,7 +70,8 @@ def test_the_state_api_answers_from_this_runs_own_cluster(ray_cluster, tmp_path)
     address only, and so do two training workers' PyTorch rendezvous and process group: nothing of a command's
     local Ray can be reached from the network."""
     assert ray_cluster.is_initialized()  # another Ray instance on this machine
-    child_env = {k: v for k, v in env().items() if k != "RAY_API_SERVER_ADDRESS"}  # as a user's shell has it
+    # as a user's shell has it: the State API not pinned, the local Ray with its dashboard
+    child_env = {k: v for k, v in env().items() if k not in ("RAY_API_SERVER_ADDRESS", "NRE_RAY_DASHBOARD")}
     done = subprocess.run([sys.executable, "-c", SCRIPT.replace("{repo!r}", repr(str(REPO)))], env=child_env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -59,7 +59,8 @@ def test_four_runs_started_together_in_a_fresh_folder_all_finish_on_one_ray(tmp_
     work.mkdir()
     args = ["--data-dir", str(tmp_path / "data"), *TINY, "--on-bad-rows", "skip"]
     # no RAY_API_SERVER_ADDRESS from the test session: the runs pin the State API to the shared Ray, as for a user
-    extra = {"RAY_API_SERVER_ADDRESS": "", **shared_env(ray_tmpdir)}
+    # and with its dashboard, as a user's has
+    extra = {"RAY_API_SERVER_ADDRESS": "", "NRE_RAY_DASHBOARD": "1", **shared_env(ray_tmpdir)}
     procs = [start(cli(*args), tmp_path / f"run-{i}.log", work, extra) for i in range(RUNS)]
     try:
         codes = [proc.wait(timeout=360) for proc in procs]
