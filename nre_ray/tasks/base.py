@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # only for the annotations: the task modules import the spine
 
     from nre_ray.config import DataConfig
     from nre_ray.data.batches import EncodedSplit
+    from nre_ray.data.pipeline import Prepared
     from nre_ray.data.vocab import Vocab
     from nre_ray.models.registry import ModelSpec
 
@@ -72,6 +73,10 @@ class Task(ABC):
     """
 
     name: ClassVar[str]
+    unit: ClassVar[str]
+    """What the console calls its examples (``rows``, ``documents``)."""
+    eval_batch_size: ClassVar[int] = 256
+    """Examples per batch when scoring a split."""
 
     # ---------------------------------------------------------------------------------------------------------------
     # data
@@ -83,6 +88,27 @@ class Task(ABC):
         lookup`)."""
 
     @abstractmethod
+    def check_data(self, data: DataConfig) -> None:
+        """Before Ray starts: the data folder holds this task's training file (DataError naming the folder
+        otherwise); explicit input files are checked by the spine."""
+
+    @abstractmethod
+    def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
+                on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
+        """Read, check and encode the data with Ray Data into the preprocessing cache (reused when it holds the same
+        inputs and settings): a :class:`nre_ray.data.pipeline.Prepared` whose splits :meth:`dataset` takes and whose
+        ``cache_dir`` :meth:`open_split` reads on the workers. The arguments are :func:`nre_ray.data.pipeline.
+        prepare`'s."""
+
+    @abstractmethod
+    def open_split(self, folder: Path, name: str) -> Any:
+        """The split ``name`` of the cache folder ``folder`` (what a worker trains on)."""
+
+    @abstractmethod
+    def splits_complete(self, folder: Path, names: list[str]) -> bool:
+        """Whether the cache folder ``folder`` holds every file of the splits ``names``."""
+
+    @abstractmethod
     def dataset(self, split: EncodedSplit) -> torch.utils.data.Dataset:
         """The encoded examples of ``split`` as a torch dataset whose ``__getitems__(indices)`` returns one collated
         batch: a dict of tensors, each with the batch as its first dimension (the loaders' ``collate_fn`` passes it
@@ -90,6 +116,11 @@ class Task(ABC):
 
     # ---------------------------------------------------------------------------------------------------------------
     # model and loss
+
+    def check_settings(self, config: Any) -> None:
+        """Before Ray starts: ConfigError (one line) for settings this task cannot train with (``config``: the run's
+        :class:`nre_ray.config.Config`). Default: every setting the spine accepts."""
+        return None
 
     @abstractmethod
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
@@ -122,6 +153,19 @@ class Task(ABC):
         to ``counts``, in place. Counting is exact and additive: the counts of a split are the sum of its shards'
         counts, in any order."""
 
+    summary_metrics: ClassVar[tuple[str, ...]]
+    """The scores train's summary prints for the validation and test splits (those the run has)."""
+    epoch_metric: ClassVar[tuple[str, str]]
+    """The console's epoch line shows ``valid_<select metric>`` and this one: (its short name, its score's name)."""
+
+    @abstractmethod
+    def metric_names(self, labels: list[str], negative_label: str | None) -> list[str]:
+        """The names of the scores a run on ``labels`` reports (what ``--select-metric`` may choose)."""
+
+    @abstractmethod
+    def default_metric(self, negative_label: str | None) -> str:
+        """The score that selects the best checkpoint when ``--select-metric`` is not given."""
+
     @abstractmethod
     def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
         """The scores (name -> finite float) of the summed ``counts`` (a tensor or the numpy array of one):
@@ -142,6 +186,12 @@ class Task(ABC):
 
     input_columns: ClassVar[tuple[str, ...]]
     """The columns an input row to predict on needs (others are kept; a label column is ignored)."""
+
+    def unsupported(self, command: str) -> str | None:
+        """None when ``command`` (``evaluate``, ``predict``, ``serve``, ``tune``, ``pyfunc``: the MLflow model train
+        logs) works for this task's models and data; else the one line that says it does not yet. Default: all
+        do."""
+        return None
 
     @abstractmethod
     def output_columns(self, top_k: int = 0) -> list[str]:
