@@ -157,7 +157,7 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="document models take --model transformer"):
         DOCUMENT.check_settings(Config.from_dict({}))
     DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}}))
-    assert DOCUMENT.default_metric(None) == "micro_f1"
+    assert DOCUMENT.default_metric(None) == "micro_f1" and DOCUMENT.unsupported("train") is None
     with pytest.raises(CheckpointError, match=r"^document models: predict is not supported yet \(issue 37\)$"):
         task_of({"task": "document"}, "predict")
     assert task_of({"task": "document"}).name == "document" and task_of({}, "predict").name == "sentence"
