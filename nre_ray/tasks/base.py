@@ -30,12 +30,14 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   label; a batch is (B, T) ``tokens``, ``head_pos``, ``tail_pos``, ``segments``, ``mask`` and (B,) ``labels``; the
   model's output is logits (B, C); the loss cross-entropy; the counts a (C, C) int64 confusion matrix; the rows one
   per input row, the label and its probability.
-* **document** (:mod:`nre_ray.tasks.document`, building blocks): an example is one document, its entities' mentions
-  and every candidate pair's labels; a batch is (B, T) ``input_ids`` and ``mask``, (B, E, M) ``mention_pos``,
-  (B, P, 2) ``pairs`` and (B, P, C) multi-hot ``labels`` (:func:`~nre_ray.tasks.document.batching.pad_batch`); the
-  output is logits (B, P, C) with the threshold class at 0 (:class:`~nre_ray.tasks.document.atlop.DocumentModel`);
-  the loss the adaptive-threshold loss; the counts per relation true positives, predicted and gold facts, int64
-  (:mod:`~nre_ray.tasks.document.scoring`'s additive counts, Ign F1 and intra/inter too); the rows one per
+* **document** (:mod:`nre_ray.tasks.document`, wired into train; the other commands refuse its models in one line):
+  an example is one document, its entities' mentions and every candidate pair's labels; a batch is (B, T)
+  ``input_ids`` and ``mask``, (B, E, M) ``mention_pos``, (B, P, 2) ``pairs`` and (B, P, C) multi-hot ``labels``
+  (:class:`~nre_ray.tasks.document.split.DocumentDataset`), with what exact scores need (``intra`` (B, P),
+  ``in_train`` (B, P, C), ``uncovered`` (B, 2, C)); the output is logits (B, P, C) with the threshold class at 0
+  (:class:`~nre_ray.tasks.document.atlop.DocumentModel`); the loss the adaptive-threshold loss, each document's the
+  mean over its pairs; the counts (K, C) int64 per relation: true positives, predicted and gold facts, those seen in
+  training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows (not yet) one per
   predicted fact: document, head entity, tail entity, relation, score.
 * **bag** (:mod:`nre_ray.tasks.bag`, building blocks): an example is one entity pair, the sentences that name it and
   its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot

@@ -157,6 +157,8 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="document models take --model transformer"):
         DOCUMENT.check_settings(Config.from_dict({}))
     DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}}))
+    with pytest.raises(ConfigError, match="elastic runs on documents are not supported yet"):
+        DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}, "train": {"num_workers": "1-2"}}))
     assert DOCUMENT.default_metric(None) == "micro_f1" and DOCUMENT.unsupported("train") is None
     with pytest.raises(CheckpointError, match=r"^document models: predict is not supported yet \(issue 37\)$"):
         task_of({"task": "document"}, "predict")
@@ -165,6 +167,19 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="serve is not supported yet"):
         check_checkpoint_folder(tmp_path, "serve")
     check_checkpoint_folder(tmp_path / "none", "serve")  # no meta.json: the loader says what is wrong
+
+
+def test_bad_documents_are_an_error_or_skipped_and_listed(sample, tmp_path):
+    docs = json.loads((sample / "train.json").read_text(encoding="utf-8"))
+    docs[2]["vertexSet"][0][0]["pos"] = [0, 99]  # outside its sentence
+    (tmp_path / "train.json").write_text(json.dumps(docs), encoding="utf-8")
+    (tmp_path / "dev.json").write_bytes((sample / "valid.json").read_bytes())
+    files = prepare.find_files(tmp_path)
+    assert set(files) == {"train", "valid"}
+    with pytest.raises(DataError, match=r"document 2 .*pos \[0, 99\] is outside sentence"):
+        prepare.read_files(files, DataConfig())
+    read, problems = prepare.read_files(files, DataConfig(on_bad_rows="skip"))
+    assert len(read["train"].documents) == SIZES["train"] - 1 and len(problems) == 1
 
 
 def test_document_settings_key_the_cache():

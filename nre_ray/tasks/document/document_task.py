@@ -97,11 +97,15 @@ class DocumentTask(Task):
     # model and loss
 
     def check_settings(self, config: Any) -> None:
-        """``--model transformer`` only, for now (``--model bert`` documents: not yet)."""
+        """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
+        workers (elastic runs on documents are untested: refused)."""
         model = config.model.model
         if model not in MODELS:
             raise ConfigError(f"--model {model}: document models take --model transformer (an encoder trained from "
                               f"scratch); --model bert for documents is not supported yet ({ISSUE})")
+        if config.elastic:
+            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
+                              f"on documents are not supported yet ({ISSUE}); give a number of workers")
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """ATLOP on a :class:`TransformerDocumentEncoder` of ``--hidden-size`` (d_model), ``--num-layers``

@@ -209,7 +209,9 @@ def prepare_documents(cfg: DataConfig, seed: int) -> Prepared:
     return prepared
 
 
-def _read(files: dict[str, Source], cfg: DataConfig) -> tuple[dict[str, DocumentFile], list[Problem]]:
+def read_files(files: dict[str, Source], cfg: DataConfig) -> tuple[dict[str, DocumentFile], list[Problem]]:
+    """Every split's documents, checked (``--on-bad-rows``: DataError listing the bad documents, or ``skip``: left
+    out), relations unknown to training refused in the other splits; and the problems of the documents left out."""
     on_bad = "skip" if cfg.on_bad_rows == "skip" else "error"
     read = {s: read_documents(path, on_bad=on_bad) for s, path in files.items()}
     known = {f.relation for d in read["train"].documents for f in d.facts}
@@ -220,7 +222,7 @@ def _read(files: dict[str, Source], cfg: DataConfig) -> tuple[dict[str, Document
 
 
 def _build(cfg: DataConfig, files: dict[str, Source], seed: int) -> Prepared:
-    read, problems = _read(files, cfg)
+    read, problems = read_files(files, cfg)
     documents = {s: list(f.documents) for s, f in read.items()}
     valid_from_train = "valid" not in documents
     if valid_from_train:
