@@ -463,15 +463,15 @@ def resolved_params(cfg: Config, target: Target, resources: Resources | None = N
                    "data.cache_dir": str(Path(cfg.data.cache_dir or ".nre_ray_cache").absolute())})
     if not cfg.run.address:
         params["run.address"] = resolve_address(None).given or "local (a Ray started by the command)"
-    from nre_ray.data.pipeline import resolve_files, sample_dir  # pandas and pyarrow: when a run starts, not for --help
+    from nre_ray.data.pipeline import sample_dir  # pandas and pyarrow: when a run starts, not for --help
 
     if not cfg.data.data_dir and not cfg.data.train:
         params["data.data_dir"] = str(sample_dir())
     if not cfg.data.format:
-        from nre_ray.data.formats import detect_format  # pandas: when a run starts, not for --help
+        from nre_ray.tasks.lookup import task_named  # torch: when a run starts, not for --help
 
         try:
-            params["data.format"] = detect_format(resolve_files(cfg.data)["train"])
+            params["data.format"] = task_named(target.task).format_of(cfg.data)
         except (DataError, fs.StorageError, OSError):  # the run has read it; a param is not worth a failure
             pass
     model = cfg.model.model
@@ -516,7 +516,11 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
         if missing_metrics:
             tracker.log_metrics(missing_metrics, step=int(missing_metrics["epoch"]))
     tracker.log_params({f"data.source.{k}": v for k, v in prepared.sources.items()})
-    tracking.log_datasets(target.tracking_uri, run_id, prepared)  # the UI's Dataset column
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_named
+
+    # the UI's Dataset column
+    tracking.log_datasets(target.tracking_uri, run_id, prepared, task_named(target.task).record_columns)
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("audit")) as folder:  # data/audit.md, data/audit.json
         for path in write_audit(prepared.audit, Path(folder)):
             tracker.log_artifact(path, "data")

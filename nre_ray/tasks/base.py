@@ -89,6 +89,13 @@ class Task(ABC):
         first lines only; nothing is read in full). The spine picks the task from the data (:mod:`nre_ray.tasks.
         lookup`)."""
 
+    record_columns: ClassVar[tuple[tuple[str, str], ...]]
+    """A record of this task's data as (MLflow type, column name): the schema MLflow shows for a run's datasets."""
+
+    @abstractmethod
+    def format_of(self, data: DataConfig) -> str | None:
+        """The format of the training file (a run's ``data.format`` parameter), or None when it cannot be told."""
+
     @abstractmethod
     def check_data(self, data: DataConfig) -> None:
         """Before Ray starts: the data folder holds this task's training file (DataError naming the folder

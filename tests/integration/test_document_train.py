@@ -42,6 +42,9 @@ def test_two_workers_train_the_document_sample(ray_cluster, tmp_path, monkeypatc
     run = client.get_run(summary["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["data.train_rows"] == "24" and run.data.params["data.num_classes"] == "5"
+    assert run.data.params["data.format"] == "docred"
+    inputs = {d.dataset.name: d.dataset for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"docs/train", "docs/valid", "docs/test"} and '"vertexSet"' in inputs["docs/train"].schema
     for name in ("epoch/train_loss", "epoch/valid_loss", "epoch/valid_micro_f1", "epoch/valid_ign_f1"):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [1, 2], name
     losses = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "epoch/train_loss"),

@@ -53,6 +53,8 @@ def test_the_task_is_chosen_from_the_data_folder(sample, tmp_path):
     (cdr / "CDR_TrainingSet.PubTator.txt").write_text("1|t|Aspirin and pain.\n1|a|None.\n", encoding="utf-8")
     assert task_for(str(cdr)).name == "document"
     assert prepare.find_files(cdr) == {"train": cdr / "CDR_TrainingSet.PubTator.txt"}
+    assert DOCUMENT.format_of(DataConfig(data_dir=str(cdr))) == "pubtator"
+    assert DOCUMENT.format_of(DataConfig(data_dir=str(sample))) == "docred"
     sentences = tmp_path / "sentences"
     sentences.mkdir()
     (sentences / "train.csv").write_text("sentence,head,tail,relation\n", encoding="utf-8")

@@ -68,6 +68,17 @@ class DocumentTask(Task):
 
         return has_documents(data_dir)
 
+    record_columns: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("string", "title"), ("string", "sents"), ("string", "vertexSet"), ("string", "labels"))
+    """DocRED's fields (PubTator's documents are read into them)."""
+
+    def format_of(self, data: DataConfig) -> str | None:
+        """``docred`` or ``pubtator``: the training file's (:func:`.readers.detect_document_format`)."""
+        from nre_ray.tasks.document.prepare import find_files
+        from nre_ray.tasks.document.readers import detect_document_format
+
+        return detect_document_format(find_files(data.data_dir)["train"])
+
     def check_data(self, data: DataConfig) -> None:
         """The folder's document files (:func:`.prepare.find_files`: a training file at least)."""
         from nre_ray.tasks.document.prepare import find_files

@@ -30,6 +30,7 @@ from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.base import PredictSettings, Task
 from nre_ray.tasks.sentence import metrics, rows
 from nre_ray.tasks.sentence.classifier import build_model
+from nre_ray.tracking.store import SENTENCE_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,6 +51,15 @@ class SentenceTask(Task):
         """Every folder: the sentence formats are the spine's readers' (:mod:`nre_ray.data.formats`), which say
         themselves what they cannot read. The other tasks are asked first (:func:`nre_ray.tasks.lookup.task_for`)."""
         return True
+
+    record_columns: ClassVar[tuple[tuple[str, str], ...]] = SENTENCE_COLUMNS
+
+    def format_of(self, data: DataConfig) -> str | None:
+        """``--format``, else the training file's detected format (:func:`nre_ray.data.formats.detect_format`)."""
+        from nre_ray.data.formats import detect_format  # pandas: when a run starts
+        from nre_ray.data.pipeline import resolve_files
+
+        return data.format or detect_format(resolve_files(data)["train"])
 
     def check_data(self, data: DataConfig) -> None:
         """The folder's split files (:func:`nre_ray.data.datadir.find_data_files`: a training file at least)."""
