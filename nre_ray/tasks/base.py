@@ -197,9 +197,9 @@ class Task(ABC):
     """The columns an input row to predict on needs (others are kept; a label column is ignored)."""
 
     def unsupported(self, command: str) -> str | None:
-        """None when ``command`` (``evaluate``, ``predict``, ``serve``, ``tune``, ``pyfunc``: the MLflow model train
-        logs) works for this task's models and data; else the one line that says it does not yet. Default: all
-        do."""
+        """None when ``command`` (``train``, ``evaluate``, ``predict``, ``serve``, ``tune``, ``inspect``: ``python -m
+        nre_ray.data inspect``, ``pyfunc``: the MLflow model train logs) works for this task's models and data; else
+        the one line that says it does not yet. Default: all do."""
         return None
 
     @abstractmethod

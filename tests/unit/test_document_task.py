@@ -171,6 +171,13 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     check_checkpoint_folder(tmp_path / "none", "serve")  # no meta.json: the loader says what is wrong
 
 
+def test_data_inspect_refuses_a_document_folder(sample, capsys):
+    from nre_ray.data.__main__ import main
+
+    assert main(["inspect", "--data-dir", str(sample)]) == 2
+    assert capsys.readouterr().err == "error: document models: inspect is not supported yet (issue 37)\n"
+
+
 def test_bad_documents_are_an_error_or_skipped_and_listed(sample, tmp_path):
     docs = json.loads((sample / "train.json").read_text(encoding="utf-8"))
     docs[2]["vertexSet"][0][0]["pos"] = [0, 99]  # outside its sentence
