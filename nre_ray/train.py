@@ -20,9 +20,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         epochs = summary["epochs_run"]
         print(f"trained {epochs} epoch{'' if epochs == 1 else 's'}; {summary['stop_reason']}")
     print(f"best epoch {summary['best_epoch']} by {summary['select_metric']}; checkpoint {summary['best_checkpoint']}")
-    from nre_ray.tasks.lookup import task_named  # torch: once a run has ended
+    from nre_ray.tasks.lookup import DEFAULT_TASK, task_named  # torch: once a run has ended
 
-    keys = task_named(summary.get("task", "sentence")).summary_metrics
+    keys = task_named(summary.get("task", DEFAULT_TASK)).summary_metrics
     for name, scores in (("valid", valid), ("test", test)):
         if scores:
             print(f"  {name:5s} " + "  ".join(f"{k} {scores[k]:.4f}" for k in keys if k in scores))

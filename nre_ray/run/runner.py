@@ -47,7 +47,7 @@ from nre_ray.cluster.session import (
     start_ray,
     torch_config,
 )
-from nre_ray.config import Config, metric_names
+from nre_ray.config import Config
 from nre_ray.core import buildonce, console, tempfiles
 from nre_ray.core.redact import redact
 from nre_ray.data.errors import DataError, Problem
@@ -139,7 +139,7 @@ class Target:
     storage: str
     tracking_uri: str
     resumed: Any = None  # an mlflow.entities.Run with --resume
-    task: str = "sentence"
+    task: str = "sentence"  # nre_ray.tasks.lookup.DEFAULT_TASK (spelled out: importing it here would load torch)
 
 
 @contextlib.contextmanager
@@ -425,18 +425,12 @@ def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None)
     return prepared
 
 
-def check_select_metric(cfg: Config, labels: list[str], task: Any = None) -> None:
-    """UsageError unless the selection metric is one ``task`` (default: the sentence task) reports on these labels
-    (the sentence task's ``semeval_macro_f1`` needs directed labels such as ``Cause-Effect(e1,e2)``; its ``pos_*``
-    scores need ``--negative-label`` to be one of the labels)."""
-    available = task.metric_names(labels, cfg.data.negative_label) if task is not None \
-        else metric_names(labels, cfg.data.negative_label)
+def check_select_metric(cfg: Config, labels: list[str], task: Any) -> None:
+    """UsageError unless the selection metric is one ``task`` reports on these labels, saying why not
+    (:meth:`~nre_ray.tasks.base.Task.metric_names`, :meth:`~nre_ray.tasks.base.Task.why_no_metric`)."""
+    available = task.metric_names(labels, cfg.data.negative_label)
     if cfg.select_metric not in available:
-        sentence = task is None or task.name == "sentence"
-        why = (f"--negative-label {cfg.data.negative_label!r} is not one of the labels"
-               if sentence and cfg.data.negative_label and cfg.data.negative_label not in labels
-               else "it needs directed labels such as Cause-Effect(e1,e2) and --negative-label" if sentence
-               else f"{task.name} models report other scores")
+        why = task.why_no_metric(cfg.select_metric, labels, cfg.data.negative_label)
         raise UsageError(f"--select-metric {cfg.select_metric}: this data has no such score ({why}); choose one "
                          f"of {', '.join(available)}")
 

@@ -171,6 +171,10 @@ class Task(ABC):
     def metric_names(self, labels: list[str], negative_label: str | None) -> list[str]:
         """The names of the scores a run on ``labels`` reports (what ``--select-metric`` may choose)."""
 
+    def why_no_metric(self, metric: str, labels: list[str], negative_label: str | None) -> str:
+        """Why a run on ``labels`` has no score ``metric`` (not among :meth:`metric_names`'): a few words."""
+        return f"{self.name} models report other scores"
+
     @abstractmethod
     def default_metric(self, negative_label: str | None) -> str:
         """The score that selects the best checkpoint when ``--select-metric`` is not given."""

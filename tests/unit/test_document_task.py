@@ -23,6 +23,7 @@ from nre_ray.tasks.document.sample import write_sample
 from nre_ray.tasks.document.scoring import score_documents, train_triples
 from nre_ray.tasks.document.split import DocumentSplit
 from nre_ray.tasks.lookup import check_checkpoint_folder, task_for, task_of
+from nre_ray.tasks.sentence.task import SENTENCE
 
 SIZES = {"train": 12, "valid": 5, "test": 5}
 
@@ -162,6 +163,10 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="elastic runs on documents are not supported yet"):
         DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}, "train": {"num_workers": "1-2"}}))
     assert DOCUMENT.default_metric(None) == "micro_f1" and DOCUMENT.unsupported("train") is None
+    assert DOCUMENT.why_no_metric("accuracy", ["TH", "P17"], None) == "document models report other scores"
+    assert SENTENCE.why_no_metric("ign_f1", ["a", "b"], None) == "sentence models report other scores"
+    assert SENTENCE.why_no_metric("pos_macro_f1", ["a", "b"], "Other") \
+        == "--negative-label 'Other' is not one of the labels"
     with pytest.raises(CheckpointError, match=r"^document models: predict is not supported yet \(issue 37\)$"):
         task_of({"task": "document"}, "predict")
     assert task_of({"task": "document"}).name == "document" and task_of({}, "predict").name == "sentence"

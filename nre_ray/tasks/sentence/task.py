@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nre_ray.config import metric_names
+from nre_ray.config import METRICS, metric_names
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
 from nre_ray.models.registry import ModelSpec
@@ -121,6 +121,15 @@ class SentenceTask(Task):
     def metric_names(self, labels: list[str], negative_label: str | None) -> list[str]:
         """:func:`nre_ray.config.metric_names`."""
         return metric_names(labels, negative_label)
+
+    def why_no_metric(self, metric: str, labels: list[str], negative_label: str | None) -> str:
+        """A ``--negative-label`` that is not a label, else the ``pos_*``/``semeval_*`` scores' needs; a score of
+        another task."""
+        if metric not in METRICS:
+            return super().why_no_metric(metric, labels, negative_label)
+        if negative_label and negative_label not in labels:
+            return f"--negative-label {negative_label!r} is not one of the labels"
+        return "it needs directed labels such as Cause-Effect(e1,e2) and --negative-label"
 
     def default_metric(self, negative_label: str | None) -> str:
         """``pos_macro_f1`` with a negative label, else ``macro_f1`` (:attr:`nre_ray.config.Config.select_metric`)."""
