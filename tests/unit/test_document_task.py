@@ -196,6 +196,18 @@ def test_bad_documents_are_an_error_or_skipped_and_listed(sample, tmp_path):
     assert len(read["train"].documents) == SIZES["train"] - 1 and len(problems) == 1
 
 
+def test_validation_drawn_from_train_keeps_the_training_file_relations(sample, tmp_path):
+    docs = json.loads((sample / "train.json").read_text(encoding="utf-8"))
+    docs[0]["labels"].append({"h": 0, "t": 1, "r": "rare", "evidence": []})  # a relation of one document
+    (tmp_path / "train.json").write_text(json.dumps(docs), encoding="utf-8")
+    read, _ = prepare.read_files(prepare.find_files(tmp_path), DataConfig())
+    for seed in range(8):  # whichever side the document lands on, every fact has a label column
+        documents, relations, drawn = prepare.split_documents(read, 0.25, seed)
+        assert drawn and "rare" in relations and len(documents["valid"]) == 3
+        assert len(documents["train"]) + len(documents["valid"]) == SIZES["train"]
+        assert {f.relation for ds in documents.values() for d in ds for f in d.facts} <= set(relations)
+
+
 def test_document_settings_key_the_cache():
     a = prepare.settings_of(DataConfig(), 1)
     assert a["task"] == "document" and prepare.settings_of(DataConfig(min_freq=1), 1) != a

@@ -4,10 +4,10 @@
    CDR's own names) and read whole (:func:`~.readers.read_documents`; bad documents: an error, or with
    ``--on-bad-rows skip`` left out and listed); relations that training never saw are checked in the other splits
    (:func:`~.validation.check_relations`). Without a validation file, a seeded share of the training documents
-   (``--valid-fraction``) validates. What needs the whole training split comes from it: the relations (label
-   columns, TH at 0), the vocabulary (``--min-freq``, ``--lowercase``), the candidate pairs' entity types (PubTator:
-   the type pairs of the training facts, so CDR's Chemical -> Disease; DocRED: every ordered pair) and the training
-   facts' names (Ign F1).
+   (``--valid-fraction``) validates. The relations (label columns, TH at 0) are the training file's; what else
+   needs the whole training split comes from it: the vocabulary (``--min-freq``, ``--lowercase``), the candidate
+   pairs' entity types (PubTator: the type pairs of the training facts, so CDR's Chemical -> Disease; DocRED: every
+   ordered pair) and the training facts' names (Ign F1).
 2. Ray Data: every document is encoded by :func:`encode_batch` (``map_batches``): ATLOP's markers and token ids,
    its candidate pairs and gold facts (:mod:`.encoding`), each pair's intra-sentence flag and each fact's "seen in
    training" flag (:mod:`.counts`).
@@ -56,7 +56,7 @@ from nre_ray.tasks.document.split import DocumentSplit
 from nre_ray.tasks.document.validation import check_relations
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 MARKER = "meta.json"
 """The file a document cache folder gets last (with ``"task": "document"``)."""
 _SPLIT_WORDS = {"train": "train", "valid": "valid", "validation": "valid", "dev": "valid", "val": "valid",
@@ -221,21 +221,31 @@ def read_files(files: dict[str, Source], cfg: DataConfig) -> tuple[dict[str, Doc
     return read, [p for f in read.values() for p in f.problems]
 
 
-def _build(cfg: DataConfig, files: dict[str, Source], seed: int) -> Prepared:
-    read, problems = read_files(files, cfg)
+def split_documents(read: Mapping[str, DocumentFile], valid_fraction: float, seed: int
+                    ) -> tuple[dict[str, list[Document]], dict[str, int], bool]:
+    """The documents of each split, the relations (name -> label column) and whether validation was drawn from
+    train: without a validation file, a seeded ``valid_fraction`` of the training documents (at least one). The
+    relations are the training file's, those of the documents drawn for validation included (a relation only they
+    have is a label column that training never sees positive, not a fact that cannot be counted)."""
     documents = {s: list(f.documents) for s, f in read.items()}
     valid_from_train = "valid" not in documents
     if valid_from_train:
         order = list(range(len(documents["train"])))
         random.Random(seed).shuffle(order)
-        cut = set(order[:max(1, round(cfg.valid_fraction * len(order)))])
+        cut = set(order[:max(1, round(valid_fraction * len(order)))])
         documents["valid"] = [d for k, d in enumerate(documents["train"]) if k in cut]
         documents["train"] = [d for k, d in enumerate(documents["train"]) if k not in cut]
+    relations = relation_index(f.relation for d in read["train"].documents for f in d.facts)
+    return documents, relations, valid_from_train
+
+
+def _build(cfg: DataConfig, files: dict[str, Source], seed: int) -> Prepared:
+    read, problems = read_files(files, cfg)
+    documents, relations, valid_from_train = split_documents(read, cfg.valid_fraction, seed)
     if not documents["train"] or not documents["valid"]:
         raise DataError([Problem(str(files["train"]), None, None, "too few good documents to train and validate "
                                                                   "on")], hint="Check the data folder.")
     train = documents["train"]
-    relations = relation_index(f.relation for d in train for f in d.facts)
     labels = [THRESHOLD_LABEL, *relations]
     vocab = build_vocab(train, cfg.min_freq, cfg.lowercase)
     context = _context(train, vocab, relations, read["train"].format, cfg.lowercase)
