@@ -30,6 +30,9 @@ MODELS = ("cnn", "pcnn", "bilstm", "transformer", "bert")
 #: labels such as Cause-Effect(e1,e2). tests/unit/test_config.py checks them against nre_ray.tasks.sentence.metrics.
 METRICS = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "micro_f1", "micro_precision", "micro_recall",
            "pos_macro_f1", "pos_micro_f1", "pos_micro_precision", "pos_micro_recall", "semeval_macro_f1")
+#: The document task's scores besides micro_* and macro_f1 (nre_ray.tasks.document.counts.METRICS; its default is
+#: micro_f1, F1 over facts). Which of all these a run may choose is said once its data is read.
+DOCUMENT_METRICS = ("ign_f1", "ign_precision", "intra_f1", "inter_f1")
 
 
 #: Settings added after runs had written their configs, with the value that reproduces what those runs did: a stored
@@ -228,7 +231,8 @@ class TrainConfig:
     select_metric: str | None = _f(None, "Validation metric that selects the best checkpoint (default: macro_f1, or "
                                          "pos_macro_f1 with --negative-label). The pos_* scores need "
                                          "--negative-label; semeval_macro_f1 also needs directed labels such as "
-                                         "Cause-Effect(e1,e2).", choices=METRICS)
+                                         "Cause-Effect(e1,e2). Document data: micro_f1 (the default), "
+                                         "ign_f1, intra_f1, inter_f1, ...", choices=METRICS + DOCUMENT_METRICS)
     seed: int = _f(1, "Random seed for initialisation, shuffling and the validation split.")
     num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu. MIN-MAX (e.g. 1-3): an "
                              "elastic run, which starts once MIN workers can be placed, grows towards MAX as room "

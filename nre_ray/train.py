@@ -20,7 +20,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         epochs = summary["epochs_run"]
         print(f"trained {epochs} epoch{'' if epochs == 1 else 's'}; {summary['stop_reason']}")
     print(f"best epoch {summary['best_epoch']} by {summary['select_metric']}; checkpoint {summary['best_checkpoint']}")
-    keys = ("accuracy", "macro_f1", "micro_f1", "pos_macro_f1", "pos_micro_f1", "semeval_macro_f1")
+    from nre_ray.tasks.lookup import DEFAULT_TASK, task_named  # torch: once a run has ended
+
+    keys = task_named(summary.get("task", DEFAULT_TASK)).summary_metrics
     for name, scores in (("valid", valid), ("test", test)):
         if scores:
             print(f"  {name:5s} " + "  ".join(f"{k} {scores[k]:.4f}" for k in keys if k in scores))
@@ -49,8 +51,10 @@ examples:
 
 def cli_parser() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.train`` parser: one flag per config field, then the examples."""
-    parser = build_parser(description="Train a sentence-level relation classifier with Ray Train, Ray Data and "
-                                      "MLflow. Without --data-dir it trains on the bundled English sample.")
+    parser = build_parser(description="Train a relation extraction model with Ray Train, Ray Data and MLflow: "
+                                      "sentence-level, or document-level when --data-dir holds DocRED JSON or "
+                                      "PubTator files (--model transformer). Without --data-dir it trains on the "
+                                      "bundled English sample.")
     parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     return parser
 

@@ -396,8 +396,13 @@ class EventFollower:
                     print(f"console: could not show an event: {err}", file=sys.stderr)
 
 
-def format_epoch(metrics: dict[str, Any], epochs: int, select: str) -> str:
-    """One epoch's line: ``epoch   2/10  train_loss ...  valid_macro_f1 0.9066 ...  10084 ex/s  *``."""
+#: The score an epoch line shows besides the selection metric, (short name, score name): the sentence task's.
+EPOCH_ALSO = ("acc", "accuracy")
+
+
+def format_epoch(metrics: dict[str, Any], epochs: int, select: str, also: tuple[str, str] = EPOCH_ALSO) -> str:
+    """One epoch's line: ``epoch   2/10  train_loss ...  valid_macro_f1 0.9066 ...  10084 ex/s  *``. ``also``:
+    the other validation score it shows (the task's :attr:`~nre_ray.tasks.base.Task.epoch_metric`)."""
     def num(key: str, fmt: str) -> str:
         value = metrics.get(key)
         return format(float(value), fmt) if isinstance(value, int | float) and math.isfinite(value) else "-"
@@ -405,7 +410,7 @@ def format_epoch(metrics: dict[str, Any], epochs: int, select: str) -> str:
     improved = float(metrics.get(IMPROVED_KEY, 0) or 0) > 0
     return (f"epoch {int(metrics.get('epoch', 0)):3d}/{epochs}  train_loss {num('train_loss', '.4f')}  "
             f"valid_loss {num('valid_loss', '.4f')}  valid_{select} {num(f'valid_{select}', '.4f')}  "
-            f"valid_acc {num('valid_accuracy', '.4f')}  lr {num('lr', '.2g')}  "
+            f"valid_{also[0]} {num(f'valid_{also[1]}', '.4f')}  lr {num('lr', '.2g')}  "
             f"{num('examples_per_sec', '.0f')} ex/s" + ("  *" if improved else ""))
 
 
@@ -461,8 +466,9 @@ class TrainingView:
     ``handle`` is an :class:`EventFollower` handler."""
 
     def __init__(self, console: Console, workers: str, epochs: int, select: str, patience: int = 0,
-                 first_epoch: int = 1) -> None:
+                 first_epoch: int = 1, also: tuple[str, str] = EPOCH_ALSO) -> None:
         self.console, self.epochs, self.select, self.patience = console, epochs, select, patience
+        self.also = also
         self.first_epoch = first_epoch
         self.last: dict[str, Any] | None = None
         self.starts = 0
@@ -504,7 +510,7 @@ class TrainingView:
         """Print one epoch's line."""
         if self._phase is None or self._phase.name != "training":
             self.handle({"event": "training_started"})
-        self.console.line(format_epoch(metrics, self.epochs, self.select), stamp=False)
+        self.console.line(format_epoch(metrics, self.epochs, self.select, self.also), stamp=False)
         if self._bar is not None:  # to the epoch reached (a resumed run starts after its checkpoint's epoch)
             self._bar.update(max(0, int(metrics.get("epoch", 0)) - self.first_epoch + 1 - int(self._bar.count)))
         self.last = metrics

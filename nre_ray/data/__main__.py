@@ -78,7 +78,13 @@ def inspect(args: argparse.Namespace) -> int:
     # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data import pipeline
 
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_for
+
     cfg, opts = config_from_args(args), options_from(args, InspectOptions)
+    refused = task_for(cfg.data.data_dir).unsupported("inspect")  # a task whose data inspect does not describe yet
+    if refused:
+        raise UsageError(refused)
     # train's cache: the same --cache-dir, --storage-path and --allow-local-storage find the same folders
     cfg.data.cache_dir, shared = pipeline.cache_places(cfg.data.cache_dir, cfg.run.storage_path,
                                                        cfg.run.allow_local_storage)

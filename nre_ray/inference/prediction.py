@@ -52,6 +52,7 @@ from nre_ray.data.read import parse_column_map, problems_of
 from nre_ray.inference.predict_options import PredictOptions
 from nre_ray.inference.predictor import ON_BAD_ROWS, Predictor, resolve_checkpoint
 from nre_ray.run.checkpoint import load_checkpoint
+from nre_ray.tasks.lookup import check_checkpoint_folder, task_of
 
 # the writer joins each input row with its prediction row: the sentence task's rows (one per input row)
 from nre_ray.tasks.sentence.rows import OUTPUT_COLUMNS, TOP_K_COLUMNS
@@ -243,6 +244,8 @@ def predict_file(options: PredictOptions) -> PredictSummary:
     if not storage.is_uri(options.output) and not storage.is_dir(storage.parent(options.output)):
         raise UsageError(f"--output {options.output}: the folder {storage.parent(options.output)} does not exist")
     column_map = parse_column_map(options.columns) if options.columns else None
+    if not storage.is_uri(options.model) and Path(options.model).is_dir():  # before its input is read as rows
+        check_checkpoint_folder(options.model, "predict")
     plan = plan_chunks(options.input, options.format, column_map, options.chunk_rows, require_relation=False)
     in_process = plan.total_rows <= options.local_max_rows
     if in_process and options.use_gpu and not local_node().get("GPU"):
@@ -259,6 +262,7 @@ def predict_file(options: PredictOptions) -> PredictSummary:
         loaded = load_checkpoint(resolved.checkpoint)
     finally:
         resolved.cleanup()
+    task_of(loaded.meta, "predict")  # a task whose models predict does not take yet: one line
     loaded.state = {"model": loaded.state["model"]}  # the optimizer's state is not needed to predict
     device = "cuda" if options.use_gpu else "cpu"
     # fails here, clearly, if the weights do not fit

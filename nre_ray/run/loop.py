@@ -43,7 +43,6 @@ from nre_ray.core import buildonce, tempfiles
 from nre_ray.core.console import NOTES_KEY, RESUME_NOTE
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import identity_collate
-from nre_ray.data.pipeline import split_files_complete
 from nre_ray.data.vocab import Vocab
 from nre_ray.models.pretrained import load_word_vectors, word_embedding
 from nre_ray.models.registry import ModelSpec
@@ -55,7 +54,6 @@ from nre_ray.tasks.lookup import DEFAULT_TASK, task_named
 from nre_ray.tracking.store import FIRST_STEP_AT, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
-EVAL_BATCH_SIZE = 256
 INTS_AT_ONCE = 65536
 """The samplers' indices become Python ints this many at a time (:class:`LeanDistributedSampler`)."""
 
@@ -142,7 +140,7 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
 def eval_loader(task: Task, split: EncodedSplit, rank: int, world_size: int) -> DataLoader:
     """A loader over this rank's exact shard of ``split`` (no DistributedSampler padding; ``task``'s batches), moved
     to the device."""
-    loader = DataLoader(task.dataset(split), batch_size=EVAL_BATCH_SIZE,
+    loader = DataLoader(task.dataset(split), batch_size=task.eval_batch_size,
                         sampler=ShardSampler(len(split), rank, world_size), collate_fn=identity_collate)
     return ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)
 
@@ -208,8 +206,9 @@ def _arrays(data: Any) -> dict[str, Any]:
     return ray.get(data) if isinstance(data, ray.ObjectRef) else data
 
 
-def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
-    """This worker's view of the encoded splits, from the loop's ``data``.
+def open_splits(data: dict[str, Any], task: Task | None = None) -> dict[str, EncodedSplit]:
+    """This worker's view of the encoded splits, from the loop's ``data``, as ``task`` (default: the sentence task)
+    opens its cache files (:meth:`~nre_ray.tasks.base.Task.open_split`).
 
     With ``cache``: ``{"dir": the local cache folder's absolute path, "shared": the shared cache's URI or None,
     "splits": names}`` (what :func:`nre_ray.run.runner.build_trainer` sends), the splits' ``.npy`` files are read by
@@ -222,17 +221,18 @@ def open_splits(data: dict[str, Any]) -> dict[str, EncodedSplit]:
     if "splits" in data:
         return {name: EncodedSplit(arrays, name) for name, arrays in data["splits"].items()}
 
+    task = task or task_named(DEFAULT_TASK)
     cache = data["cache"]
     folder = Path(cache["dir"]) if cache.get("dir") else None
-    if folder is None or not split_files_complete(folder, cache["splits"]):
+    if folder is None or not task.splits_complete(folder, cache["splits"]):
         if not cache.get("shared"):
             raise FileNotFoundError(f"the preprocessed data is not on this node: {folder} (and no shared cache to "
                                     "copy it from: pass a shared --storage-path, or the same path on every node)")
         folder = buildonce.local_copy(cache["shared"])
-        if not split_files_complete(folder, cache["splits"]):  # complete, of this layout
+        if not task.splits_complete(folder, cache["splits"]):  # complete, of this layout
             raise FileNotFoundError(f"the shared cache {cache['shared']} (copied to {folder}) lacks the splits "
                                     f"{cache['splits']}")
-    return {name: EncodedSplit.open(folder, name) for name in cache["splits"]}
+    return {name: task.open_split(folder, name) for name in cache["splits"]}
 
 
 DDP_OPTIONS = {"gradient_as_bucket_view": True}
@@ -392,9 +392,9 @@ def _start(loop_config: dict[str, Any]) -> WorkerRun:
     tracker = make_tracker(rank, loop_config.get("tracking_uri"), loop_config.get("run_id"))
 
     vocab, labels = Vocab.from_json(data["vocab"]), list(data["labels"])
-    splits = open_splits(data)  # read by rows from the cache folder: this rank reads only the rows it is given
-    spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     task = task_named(loop_config.get("task", DEFAULT_TASK))
+    splits = open_splits(data, task)  # read by rows from the cache folder: this rank reads only the rows it is given
+    spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = task.build_model(cfg.model, spec)
     # An elastic run's steps are global batches, the same number at every world size (nre_ray.run.elastic).
     steps = steps_per_epoch(len(splits["train"]), 1, elastic.global_batch(cfg), 1) if cfg.elastic else \

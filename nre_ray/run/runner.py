@@ -47,7 +47,7 @@ from nre_ray.cluster.session import (
     start_ray,
     torch_config,
 )
-from nre_ray.config import Config, metric_names
+from nre_ray.config import Config
 from nre_ray.core import buildonce, console, tempfiles
 from nre_ray.core.redact import redact
 from nre_ray.data.errors import DataError, Problem
@@ -108,15 +108,16 @@ def _latest_checkpoint(storage: str, run_name: str) -> Any:
     return result.checkpoint if result is not None else None
 
 
-def check_inputs(cfg: Config) -> None:
-    """Before Ray starts: the data folder has a training file, each explicit local input file exists, and the
-    folder of ``--summary-json`` exists (DataError / UsageError naming the path; URIs are checked by the
-    preprocessing, in their store)."""
-    # deferred: importing it loads pandas, pyarrow, numpy
-    from nre_ray.data.datadir import find_data_files
+def check_inputs(cfg: Config, task: Any = None) -> None:
+    """Before Ray starts: the data folder has a training file of ``task`` (default: the data folder's,
+    :func:`nre_ray.tasks.lookup.task_for`), each explicit local input file exists, and the folder of
+    ``--summary-json`` exists (DataError / UsageError naming the path; URIs are checked by the preprocessing, in
+    their store)."""
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_for
 
     if cfg.data.data_dir:
-        find_data_files(cfg.data.data_dir)
+        (task or task_for(cfg.data.data_dir)).check_data(cfg.data)
     missing = [Problem(value, None, None, f"--{key}: file not found")
                for key in ("train", "valid", "test", "labels")
                if (value := getattr(cfg.data, key)) and not fs.is_uri(value) and not Path(value).is_file()]
@@ -131,12 +132,14 @@ def check_inputs(cfg: Config) -> None:
 
 @dataclass
 class Target:
-    """Where a run goes: its name, checkpoint storage, MLflow store, and the MLflow run ``--resume`` continues."""
+    """Where a run goes: its name, checkpoint storage, MLflow store, the MLflow run ``--resume`` continues, and what
+    it trains: the task of its data (:func:`nre_ray.tasks.lookup.task_for`), by name."""
 
     run_name: str
     storage: str
     tracking_uri: str
     resumed: Any = None  # an mlflow.entities.Run with --resume
+    task: str = "sentence"  # nre_ray.tasks.lookup.DEFAULT_TASK (spelled out: importing it here would load torch)
 
 
 @contextlib.contextmanager
@@ -291,8 +294,16 @@ def resolve_target(cfg: Config) -> Target:
     # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.pipeline import DEFAULT_STORAGE, cache_places
 
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_for
+
     check_address(cfg.run.address)  # before anything is created: the run's log, its folder, the MLflow run
-    check_inputs(cfg)
+    task = task_for(cfg.data.data_dir)  # what the data is: the spine asks it from here on
+    task.check_settings(cfg)
+    check_inputs(cfg, task)
+    default = task.default_metric(cfg.data.negative_label)
+    if cfg.train.select_metric is None and default != cfg.select_metric:
+        cfg.train.select_metric = default  # the task's own (the sentence task's is Config's default)
     run_name = cfg.run.run_name or default_run_name(cfg.model.model)
     storage = fs.absolute(cfg.run.storage_path or DEFAULT_STORAGE)
     try:
@@ -321,7 +332,7 @@ def resolve_target(cfg: Config) -> Target:
     # The one rule of every command that preprocesses (data inspect too): under an s3:// storage path, published
     # there; under a local one mounted on every node, there itself (every node reads it, any node can build it).
     cfg.data.cache_dir, _ = cache_places(cfg.data.cache_dir, storage, cfg.run.allow_local_storage)
-    return Target(run_name, storage, tracking_uri, resumed)
+    return Target(run_name, storage, tracking_uri, resumed, task.name)
 
 
 def warm_up(tracking_uri: str) -> threading.Thread:
@@ -389,35 +400,37 @@ def prepare_data(cfg: Config, target: Target, step: console.Phase | None = None)
     """Preprocess with Ray Data (cached; under the storage path too when that is remote) and say what came out
     (``step``: the console phase that says so). Checks that ``--select-metric`` exists for these labels."""
     # deferred: importing it loads pandas, pyarrow, numpy
-    from nre_ray.data.pipeline import cache_places, prepare
+    from nre_ray.data.pipeline import cache_places
+
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_named
 
     step = step or console.Phase(console.get(), "preprocess", "preprocessing")
+    task = task_named(target.task)
     pretrained = cfg.model.pretrained if cfg.model.model == "bert" else None
     _, shared = cache_places(cfg.data.cache_dir, target.storage, cfg.run.allow_local_storage)
     # several nodes, or an autoscaler that may add some (tasks may land there): with a shared cache in an object
     # store the preprocessing tasks run on any node and build in the store, else on the driver's node
-    prepared = prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared,
-                       on_every_node=cache_on_every_node(cfg, target.storage), multi_node=cluster().multi_node)
+    prepared = task.prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared,
+                            on_every_node=cache_on_every_node(cfg, target.storage), multi_node=cluster().multi_node)
     rows = ", ".join(f"{name} {len(split)}" for name, split in prepared.splits.items())
-    step.done(f"{rows} rows; {len(prepared.labels)} labels; vocabulary {len(prepared.vocab)}"
+    step.done(f"{rows} {task.unit}; {len(prepared.labels)} labels; vocabulary {len(prepared.vocab)}"
               + ("; reused from the cache" if prepared.cache_hit else "")
               + ("; valid split drawn from train" if prepared.valid_from_train else ""))
     for warning in prepared.audit.get("warnings", []):
         step.note(f"data warning: {warning}")
     if "valid" not in prepared.splits:
         raise UsageError("no validation rows: add a valid file or more training rows per class.")
-    check_select_metric(cfg, prepared.labels)
+    check_select_metric(cfg, prepared.labels, task)
     return prepared
 
 
-def check_select_metric(cfg: Config, labels: list[str]) -> None:
-    """UsageError unless the selection metric is one these labels give (``semeval_macro_f1`` needs directed labels
-    such as ``Cause-Effect(e1,e2)``; the ``pos_*`` scores need ``--negative-label`` to be one of the labels)."""
-    available = metric_names(labels, cfg.data.negative_label)
+def check_select_metric(cfg: Config, labels: list[str], task: Any) -> None:
+    """UsageError unless the selection metric is one ``task`` reports on these labels, saying why not
+    (:meth:`~nre_ray.tasks.base.Task.metric_names`, :meth:`~nre_ray.tasks.base.Task.why_no_metric`)."""
+    available = task.metric_names(labels, cfg.data.negative_label)
     if cfg.select_metric not in available:
-        why = (f"--negative-label {cfg.data.negative_label!r} is not one of the labels"
-               if cfg.data.negative_label and cfg.data.negative_label not in labels
-               else "it needs directed labels such as Cause-Effect(e1,e2) and --negative-label")
+        why = task.why_no_metric(cfg.select_metric, labels, cfg.data.negative_label)
         raise UsageError(f"--select-metric {cfg.select_metric}: this data has no such score ({why}); choose one "
                          f"of {', '.join(available)}")
 
@@ -444,15 +457,15 @@ def resolved_params(cfg: Config, target: Target, resources: Resources | None = N
                    "data.cache_dir": str(Path(cfg.data.cache_dir or ".nre_ray_cache").absolute())})
     if not cfg.run.address:
         params["run.address"] = resolve_address(None).given or "local (a Ray started by the command)"
-    from nre_ray.data.pipeline import resolve_files, sample_dir  # pandas and pyarrow: when a run starts, not for --help
+    from nre_ray.data.pipeline import sample_dir  # pandas and pyarrow: when a run starts, not for --help
 
     if not cfg.data.data_dir and not cfg.data.train:
         params["data.data_dir"] = str(sample_dir())
     if not cfg.data.format:
-        from nre_ray.data.formats import detect_format  # pandas: when a run starts, not for --help
+        from nre_ray.tasks.lookup import task_named  # torch: when a run starts, not for --help
 
         try:
-            params["data.format"] = detect_format(resolve_files(cfg.data)["train"])
+            params["data.format"] = task_named(target.task).format_of(cfg.data)
         except (DataError, fs.StorageError, OSError):  # the run has read it; a param is not worth a failure
             pass
     model = cfg.model.model
@@ -497,7 +510,11 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
         if missing_metrics:
             tracker.log_metrics(missing_metrics, step=int(missing_metrics["epoch"]))
     tracker.log_params({f"data.source.{k}": v for k, v in prepared.sources.items()})
-    tracking.log_datasets(target.tracking_uri, run_id, prepared)  # the UI's Dataset column
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_named
+
+    # the UI's Dataset column
+    tracking.log_datasets(target.tracking_uri, run_id, prepared, task_named(target.task).record_columns)
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("audit")) as folder:  # data/audit.md, data/audit.json
         for path in write_audit(prepared.audit, Path(folder)):
             tracker.log_artifact(path, "data")
@@ -587,7 +604,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
     from nre_ray.run.loop import SELECTION_RANK, train_loop_per_worker
 
     # deferred: importing it loads torch, pandas, numpy
-    from nre_ray.tasks.lookup import task_for
+    from nre_ray.tasks.lookup import task_named
 
     # deferred: importing it loads ray, pandas, pyarrow, numpy
     from nre_ray.tracking.callback import HAS_WORKER_GROUP_HOOKS, ConsoleEvents, EpochMetricsLogger
@@ -601,7 +618,7 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
         torch_config=torch_config(),  # on a local Ray, PyTorch's rendezvous listens on 127.0.0.1 alone
         train_loop_config={"config": cfg.to_dict(), "data": data_ref, "tracking_uri": target.tracking_uri,
                            "run_id": run_id, "threads": resources.threads,
-                           "task": task_for(cfg.data.data_dir).name,  # what the data is: the loop asks it
+                           "task": target.task,  # what the data is (resolve_target): the loop asks it
                            "startup": {"command": started, "fit": time.time()}},  # the loop logs startup_workers_s
         scaling_config=ray.train.ScalingConfig(
             num_workers=(cfg.train.min_workers, cfg.train.num_workers) if cfg.elastic else cfg.train.num_workers,
@@ -621,7 +638,8 @@ def build_trainer(cfg: Config, target: Target, prepared: Any, resources: Resourc
             failure_config=failure_config(cfg),
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             # each epoch once, when its checkpoint is kept
-            callbacks=[EpochMetricsLogger(target.tracking_uri, run_id, events, cfg.train.epochs, cfg.select_metric),
+            callbacks=[EpochMetricsLogger(target.tracking_uri, run_id, events, cfg.train.epochs, cfg.select_metric,
+                                          task_named(target.task).epoch_metric),
                        *([ConsoleEvents(events, cfg.train.max_failures, target.storage, _start_of(target))]
                          if events and HAS_WORKER_GROUP_HOOKS else []),
                        *extra_callbacks],
@@ -651,14 +669,16 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
     from nre_ray.run.loop import SELECTION_RANK
+    from nre_ray.tasks.lookup import task_named
 
     out = console.get()
+    task = task_named(target.task)
     workers = f"{worker_count(cfg)} worker(s)" + (f", {resources.per_worker} each" if resources else "")
     if resources is not None and resources.waits:  # the workers phase ends when the nodes have come
         workers += (f"; the alive nodes cannot hold them yet: waiting up to {resources.placement_timeout:g} s "
                     "(--placement-timeout) for the autoscaler to add nodes")
-    view = console.TrainingView(out, workers, cfg.train.epochs, cfg.select_metric, cfg.train.patience) \
-        if events else None
+    view = console.TrainingView(out, workers, cfg.train.epochs, cfg.select_metric, cfg.train.patience,
+                                also=task.epoch_metric) if events else None
     status, cwd = "FAILED", os.getcwd()
     try:
         with console.EventFollower(events, view.handle) if view else contextlib.nullcontext():
@@ -670,7 +690,10 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
         # the loop's own choice: the first epoch with the best validation score (see loop.SELECTION_RANK)
         best = result.get_best_checkpoint(metric=SELECTION_RANK, mode="max") if result.best_checkpoints else None
         model = {}
-        if best is not None and cfg.run.log_model:
+        no_model = task.unsupported("pyfunc")
+        if best is not None and cfg.run.log_model and no_model:
+            out.line(f"model: {no_model}; the best checkpoint is {fs.with_scheme(best.path, target.storage)}")
+        elif best is not None and cfg.run.log_model:
             with out.phase("model", "logging the best checkpoint as the run's MLflow model") as step:
                 model = _log_model(best, cfg, target.tracking_uri, run_id)
                 step.done(model["model_uri"] or "done")
@@ -710,7 +733,7 @@ def fit(trainer: Any, cfg: Config, target: Target, run_id: str, events: str | No
     if stopped:
         tracking.set_run_tags(target.tracking_uri, run_id, {"nre_ray.stop_reason": stopped})
     return {
-        "run_id": run_id, "run_name": target.run_name, "experiment": cfg.run.experiment_name,
+        "run_id": run_id, "run_name": target.run_name, "task": target.task, "experiment": cfg.run.experiment_name,
         "experiment_id": tracking.experiment_id(target.tracking_uri, run_id),
         "tracking_uri": target.tracking_uri, "storage_path": target.storage,
         "best_checkpoint": fs.with_scheme(best.path, target.storage) if best else None,

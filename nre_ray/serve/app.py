@@ -55,6 +55,7 @@ from nre_ray.inference.predictor import (
     row_problems,
 )
 from nre_ray.serve.cli import ServeOptions, build_parser
+from nre_ray.tasks.lookup import check_checkpoint_folder
 from nre_ray.tasks.sentence.rows import INPUT_COLUMNS, TOP_K_COLUMNS, UNTYPED_WARNING, lacks_types
 from nre_ray.tracking.store import model_store, resolve_tracking_uri
 
@@ -76,7 +77,11 @@ def named_model(options: ServeOptions) -> tuple[ModelIdentity, str]:
     tracking_uri = (model_store(options.model, options.tracking_uri) if is_mlflow_model(options.model)
                     else resolve_tracking_uri(options.tracking_uri))
     identity = identify_model(options.model, tracking_uri)
-    resolve_checkpoint(identity.uri if identity.version else options.model, tracking_uri).cleanup()
+    resolved = resolve_checkpoint(identity.uri if identity.version else options.model, tracking_uri)
+    try:
+        check_checkpoint_folder(resolved.checkpoint, "serve")  # a task whose models serve does not take yet
+    finally:
+        resolved.cleanup()
     return identity, tracking_uri
 
 

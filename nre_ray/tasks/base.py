@@ -30,12 +30,14 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   label; a batch is (B, T) ``tokens``, ``head_pos``, ``tail_pos``, ``segments``, ``mask`` and (B,) ``labels``; the
   model's output is logits (B, C); the loss cross-entropy; the counts a (C, C) int64 confusion matrix; the rows one
   per input row, the label and its probability.
-* **document** (:mod:`nre_ray.tasks.document`, building blocks): an example is one document, its entities' mentions
-  and every candidate pair's labels; a batch is (B, T) ``input_ids`` and ``mask``, (B, E, M) ``mention_pos``,
-  (B, P, 2) ``pairs`` and (B, P, C) multi-hot ``labels`` (:func:`~nre_ray.tasks.document.batching.pad_batch`); the
-  output is logits (B, P, C) with the threshold class at 0 (:class:`~nre_ray.tasks.document.atlop.DocumentModel`);
-  the loss the adaptive-threshold loss; the counts per relation true positives, predicted and gold facts, int64
-  (:mod:`~nre_ray.tasks.document.scoring`'s additive counts, Ign F1 and intra/inter too); the rows one per
+* **document** (:mod:`nre_ray.tasks.document`, wired into train; the other commands refuse its models in one line):
+  an example is one document, its entities' mentions and every candidate pair's labels; a batch is (B, T)
+  ``input_ids`` and ``mask``, (B, E, M) ``mention_pos``, (B, P, 2) ``pairs`` and (B, P, C) multi-hot ``labels``
+  (:class:`~nre_ray.tasks.document.split.DocumentDataset`), with what exact scores need (``intra`` (B, P),
+  ``in_train`` (B, P, C), ``uncovered`` (B, 2, C)); the output is logits (B, P, C) with the threshold class at 0
+  (:class:`~nre_ray.tasks.document.atlop.DocumentModel`); the loss the adaptive-threshold loss, each document's the
+  mean over its pairs; the counts (K, C) int64 per relation: true positives, predicted and gold facts, those seen in
+  training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows (not yet) one per
   predicted fact: document, head entity, tail entity, relation, score.
 * **bag** (:mod:`nre_ray.tasks.bag`, building blocks): an example is one entity pair, the sentences that name it and
   its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # only for the annotations: the task modules import the spine
 
     from nre_ray.config import DataConfig
     from nre_ray.data.batches import EncodedSplit
+    from nre_ray.data.pipeline import Prepared
     from nre_ray.data.vocab import Vocab
     from nre_ray.models.registry import ModelSpec
 
@@ -72,6 +75,10 @@ class Task(ABC):
     """
 
     name: ClassVar[str]
+    unit: ClassVar[str]
+    """What the console calls its examples (``rows``, ``documents``)."""
+    eval_batch_size: ClassVar[int] = 256
+    """Examples per batch when scoring a split."""
 
     # ---------------------------------------------------------------------------------------------------------------
     # data
@@ -82,6 +89,34 @@ class Task(ABC):
         first lines only; nothing is read in full). The spine picks the task from the data (:mod:`nre_ray.tasks.
         lookup`)."""
 
+    record_columns: ClassVar[tuple[tuple[str, str], ...]]
+    """A record of this task's data as (MLflow type, column name): the schema MLflow shows for a run's datasets."""
+
+    @abstractmethod
+    def format_of(self, data: DataConfig) -> str | None:
+        """The format of the training file (a run's ``data.format`` parameter), or None when it cannot be told."""
+
+    @abstractmethod
+    def check_data(self, data: DataConfig) -> None:
+        """Before Ray starts: the data folder holds this task's training file (DataError naming the folder
+        otherwise); explicit input files are checked by the spine."""
+
+    @abstractmethod
+    def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
+                on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
+        """Read, check and encode the data with Ray Data into the preprocessing cache (reused when it holds the same
+        inputs and settings): a :class:`nre_ray.data.pipeline.Prepared` whose splits :meth:`dataset` takes and whose
+        ``cache_dir`` :meth:`open_split` reads on the workers. The arguments are :func:`nre_ray.data.pipeline.
+        prepare`'s."""
+
+    @abstractmethod
+    def open_split(self, folder: Path, name: str) -> Any:
+        """The split ``name`` of the cache folder ``folder`` (what a worker trains on)."""
+
+    @abstractmethod
+    def splits_complete(self, folder: Path, names: list[str]) -> bool:
+        """Whether the cache folder ``folder`` holds every file of the splits ``names``."""
+
     @abstractmethod
     def dataset(self, split: EncodedSplit) -> torch.utils.data.Dataset:
         """The encoded examples of ``split`` as a torch dataset whose ``__getitems__(indices)`` returns one collated
@@ -90,6 +125,11 @@ class Task(ABC):
 
     # ---------------------------------------------------------------------------------------------------------------
     # model and loss
+
+    def check_settings(self, config: Any) -> None:
+        """Before Ray starts: ConfigError (one line) for settings this task cannot train with (``config``: the run's
+        :class:`nre_ray.config.Config`). Default: every setting the spine accepts."""
+        return None
 
     @abstractmethod
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
@@ -122,6 +162,23 @@ class Task(ABC):
         to ``counts``, in place. Counting is exact and additive: the counts of a split are the sum of its shards'
         counts, in any order."""
 
+    summary_metrics: ClassVar[tuple[str, ...]]
+    """The scores train's summary prints for the validation and test splits (those the run has)."""
+    epoch_metric: ClassVar[tuple[str, str]]
+    """The console's epoch line shows ``valid_<select metric>`` and this one: (its short name, its score's name)."""
+
+    @abstractmethod
+    def metric_names(self, labels: list[str], negative_label: str | None) -> list[str]:
+        """The names of the scores a run on ``labels`` reports (what ``--select-metric`` may choose)."""
+
+    def why_no_metric(self, metric: str, labels: list[str], negative_label: str | None) -> str:
+        """Why a run on ``labels`` has no score ``metric`` (not among :meth:`metric_names`'): a few words."""
+        return f"{self.name} models report other scores"
+
+    @abstractmethod
+    def default_metric(self, negative_label: str | None) -> str:
+        """The score that selects the best checkpoint when ``--select-metric`` is not given."""
+
     @abstractmethod
     def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
         """The scores (name -> finite float) of the summed ``counts`` (a tensor or the numpy array of one):
@@ -142,6 +199,12 @@ class Task(ABC):
 
     input_columns: ClassVar[tuple[str, ...]]
     """The columns an input row to predict on needs (others are kept; a label column is ignored)."""
+
+    def unsupported(self, command: str) -> str | None:
+        """None when ``command`` (``train``, ``evaluate``, ``predict``, ``serve``, ``tune``, ``inspect``: ``python -m
+        nre_ray.data inspect``, ``pyfunc``: the MLflow model train logs) works for this task's models and data; else
+        the one line that says it does not yet. Default: all do."""
+        return None
 
     @abstractmethod
     def output_columns(self, top_k: int = 0) -> list[str]:

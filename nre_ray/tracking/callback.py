@@ -25,7 +25,7 @@ import ray.train
 from nre_ray import storage
 from nre_ray.cluster.ray_private import failure_of, train_callback_bases, worker_death, worker_places
 from nre_ray.cluster.session import root_cause
-from nre_ray.core.console import NOTES_KEY, append_event, format_epoch
+from nre_ray.core.console import EPOCH_ALSO, NOTES_KEY, append_event, format_epoch
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ class EpochMetricsLogger(ray.train.UserCallback):
     them on to the driver's console: appended to ``events`` (a file on the driver's node), else printed."""
 
     def __init__(self, tracking_uri: str, run_id: str, events: str | None = None, epochs: int = 0,
-                 select: str = "macro_f1") -> None:
+                 select: str = "macro_f1", also: tuple[str, str] = EPOCH_ALSO) -> None:
         self.tracking_uri = tracking_uri
         self.run_id = run_id
-        self.events, self.epochs, self.select = events, epochs, select
+        self.events, self.epochs, self.select, self.also = events, epochs, select, also
         self._tracker: Any = None  # an nre_ray.tracking.store.MlflowTracker from the first epoch on
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
@@ -67,7 +67,7 @@ class EpochMetricsLogger(ray.train.UserCallback):
         except Exception as err:  # tracking trouble must not stop training: the checkpoint holds the metrics too
             log.warning("MLflow: could not log the metrics of epoch %s: %s", metrics[0].get("epoch"), err)
         _tell(self.events, {"event": "epoch", "metrics": dict(metrics[0])},
-              lambda: format_epoch(metrics[0], self.epochs, self.select))
+              lambda: format_epoch(metrics[0], self.epochs, self.select, self.also))
 
 
 class ConsoleEvents(*(TRAIN_CALLBACK_BASES or (object,))):  # type: ignore[misc]

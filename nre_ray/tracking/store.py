@@ -575,15 +575,20 @@ def data_params(data: dict[str, Any]) -> dict[str, Any]:
             "data.num_classes": len(data["labels"]), **{f"data.{name}_rows": n for name, n in data["rows"].items()}}
 
 
-def split_datasets(prepared: Any) -> list[DatasetInput]:
+#: The columns of a record of the sentence task, (MLflow type, name): the schema its dataset inputs show.
+SENTENCE_COLUMNS = (("string", "sentence"), ("string", "head"), ("long", "head_offset"), ("string", "tail"),
+                    ("long", "tail_offset"), ("string", "relation"))
+
+
+def split_datasets(prepared: Any, columns: tuple[tuple[str, str], ...] = SENTENCE_COLUMNS) -> list[DatasetInput]:
     """The splits as MLflow dataset inputs (what the runs table's Dataset column shows): name ``<folder>/<split>``,
-    source (the file's path or URI), digest and rows. The digest identifies the split as training saw it: the input
-    files' bytes and the preprocessing settings (the cache key) and the split's name."""
+    source (the file's path or URI), digest, rows and the schema of a record (``columns``: (MLflow type, name), the
+    task's :attr:`~nre_ray.tasks.base.Task.record_columns`). The digest identifies the split as training saw it:
+    the input files' bytes and the preprocessing settings (the cache key) and the split's name."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.types import ColSpec, Schema
 
-    schema = Schema([ColSpec("string", "sentence"), ColSpec("string", "head"), ColSpec("long", "head_offset"),
-                     ColSpec("string", "tail"), ColSpec("long", "tail_offset"), ColSpec("string", "relation")])
+    schema = Schema([ColSpec(kind, name) for kind, name in columns])
     key = Path(prepared.cache_dir).name if prepared.cache_dir else ""
     inputs = []
     for split, rows in prepared.splits.items():
@@ -602,8 +607,10 @@ def split_datasets(prepared: Any) -> list[DatasetInput]:
 _LOG_INPUTS_TRIES = 3
 
 
-def log_datasets(tracking_uri: str, run_id: str, prepared: Any) -> None:
-    """Log the splits (:func:`split_datasets`) as the run's dataset inputs, those it does not have yet.
+def log_datasets(tracking_uri: str, run_id: str, prepared: Any,
+                 columns: tuple[tuple[str, str], ...] = SENTENCE_COLUMNS) -> None:
+    """Log the splits (:func:`split_datasets`, records of ``columns``) as the run's dataset inputs, those it does not
+    have yet.
 
     A dataset is the experiment's, shared by its runs: when another run on the same inputs logs it at the same moment,
     MLflow's insert of it can fail (sqlite: ``UNIQUE constraint failed``; the whole call is undone), and the next try
@@ -613,7 +620,7 @@ def log_datasets(tracking_uri: str, run_id: str, prepared: Any) -> None:
     client = _client(tracking_uri)
     for attempt in range(_LOG_INPUTS_TRIES):
         have = {(d.dataset.name, d.dataset.digest) for d in client.get_run(run_id).inputs.dataset_inputs}
-        fresh = [d for d in split_datasets(prepared) if (d.dataset.name, d.dataset.digest) not in have]
+        fresh = [d for d in split_datasets(prepared, columns) if (d.dataset.name, d.dataset.digest) not in have]
         if not fresh:
             return
         try:

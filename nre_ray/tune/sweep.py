@@ -166,6 +166,9 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         check_scale(cfg, opts)  # workers the local Ray can never hold: before Ray starts
         from ray import tune  # (seconds: after the first line)
 
+        # deferred: importing it loads torch, pandas, numpy
+        from nre_ray.tasks.lookup import task_for
+
         # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.report import ProgressPrinter
         from nre_ray.tune.results import close_children, close_running, collect, finish, interrupted
@@ -173,6 +176,9 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.trial import trial_trainable
 
+        refused = task_for(cfg.data.data_dir).unsupported("tune")  # a task whose data tune does not take yet
+        if refused:
+            raise UsageError(refused)
         cfg.run.run_name = cfg.run.run_name or default_run_name(f"tune-{cfg.model.model}")
         target = resolve_target(cfg)  # storage, tracking URI; with --resume the parent MLflow run
         path = fs.join(target.storage, target.run_name)

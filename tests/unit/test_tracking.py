@@ -64,7 +64,7 @@ def test_run_has_source_user_datasets_and_resolved_params(store, tmp_path):
     assert len({d.dataset.digest for d in inputs.values()}) == 3
 
     cfg = Config.from_dict({"train": {"num_workers": 2}})
-    target = SimpleNamespace(run_name="run-1", storage="/abs/ray_results", tracking_uri=uri)
+    target = runner.Target(run_name="run-1", storage="/abs/ray_results", tracking_uri=uri)
     params = runner.resolved_params(cfg, target, resources=Resources({"CPU": 0.5}, 1, placement_timeout=900.0))
     assert params["run.storage_path"] == "/abs/ray_results" and params["train.select_metric"] == "macro_f1"
     assert params["data.cache_dir"].endswith(".nre_ray_cache") and Path(params["data.cache_dir"]).is_absolute()

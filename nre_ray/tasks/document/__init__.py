@@ -1,6 +1,9 @@
-"""Document-level relation extraction (DocRED / Re-DocRED, BioCreative V CDR): the task's building blocks.
+"""Document-level relation extraction (DocRED / Re-DocRED, BioCreative V CDR).
 
-What is here (pure, typed, unit-tested; tests/unit/test_document_*.py):
+The task (:mod:`.document_task`, ``DOCUMENT``, what train runs for a folder of DocRED JSON or PubTator files): its
+preprocessing (:mod:`.prepare`: the files, Ray Data encoding, the cache), its encoded splits and batches
+(:mod:`.split`), its additive counts and scores (:mod:`.counts`). Its building blocks (pure, typed, unit-tested;
+tests/unit/test_document_*.py):
 
 * :mod:`.records`: :class:`~.records.Document`, :class:`~.records.Entity`, :class:`~.records.Mention`,
   :class:`~.records.Fact`; ``Document.to_dict()`` / :func:`~.records.document_from_dict` (JSON values for rows).
@@ -20,8 +23,8 @@ What is here (pure, typed, unit-tested; tests/unit/test_document_*.py):
   exact on any number of workers.
 * :mod:`.sample`: a small synthetic DocRED-format dataset the project writes itself.
 
-What is NOT wired yet: nothing in train / tune / evaluate / predict / serve, the Ray Data pipeline, the cache,
-``python -m nre_ray.data inspect``, ``--on-bad-rows`` or the format detection of :mod:`nre_ray.data.formats`
-reaches this package; the encoders are to move beside the others in ``nre_ray/models/``; the generated sample is
-not committed (call :func:`.sample.write_sample`). That is the task layer's work (issues 36 and 37).
+What is NOT wired yet: tune / evaluate / predict / serve (they refuse document models in one line), ``python -m
+nre_ray.data inspect``, ``--model bert`` for documents, a shared ``s3://`` cache, batches by length and shards by
+tokens (:mod:`.batching` is not used by the loop yet); the encoders are to move beside the others in
+``nre_ray/models/``; the generated sample is not committed (call :func:`.sample.write_sample`) (issue 37).
 """

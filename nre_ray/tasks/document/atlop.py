@@ -158,8 +158,14 @@ def pool_entities(states: torch.Tensor, attention: torch.Tensor,
 
 def adaptive_threshold_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """ATLOP's adaptive-threshold loss, the mean over N pairs: (N, C) logits and multi-hot labels (column 0 = TH,
-    ignored in ``labels``) -> a scalar. The positive classes are pushed above TH (softmax over the positives and
-    TH), TH above the negative classes (softmax over TH and the negatives)."""
+    ignored in ``labels``) -> a scalar (:func:`adaptive_threshold_losses`' mean)."""
+    return adaptive_threshold_losses(logits, labels).mean()
+
+
+def adaptive_threshold_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """ATLOP's adaptive-threshold loss of each of N pairs: (N, C) logits and multi-hot labels (column 0 = TH,
+    ignored in ``labels``) -> (N,). The positive classes are pushed above TH (softmax over the positives and TH),
+    TH above the negative classes (softmax over TH and the negatives)."""
     labels = labels.clone()
     labels[:, 0] = 0.0
     th = torch.zeros_like(labels)
@@ -168,7 +174,7 @@ def adaptive_threshold_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch
     negative = 1.0 - labels  # (N, C): negatives and TH
     loss1 = -(F.log_softmax(logits - (1.0 - positive) * 1e30, dim=-1) * labels).sum(dim=1)  # (N,)
     loss2 = -(F.log_softmax(logits - (1.0 - negative) * 1e30, dim=-1) * th).sum(dim=1)  # (N,)
-    return (loss1 + loss2).mean()
+    return loss1 + loss2
 
 
 def predict_labels(logits: torch.Tensor, top_k: int | None = None) -> torch.Tensor:

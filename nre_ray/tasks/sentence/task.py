@@ -23,17 +23,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from nre_ray.config import METRICS, metric_names
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.encode import EncodedDataset
 from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.base import PredictSettings, Task
 from nre_ray.tasks.sentence import metrics, rows
 from nre_ray.tasks.sentence.classifier import build_model
+from nre_ray.tracking.store import SENTENCE_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from nre_ray.config import DataConfig
+    from nre_ray.data.pipeline import Prepared
     from nre_ray.data.vocab import Vocab
 
 
@@ -41,12 +44,47 @@ class SentenceTask(Task):
     """Sentence-level relation classification: one sentence, one entity pair, one label (module docstring)."""
 
     name: ClassVar[str] = "sentence"
+    unit: ClassVar[str] = "rows"
     input_columns: ClassVar[tuple[str, ...]] = rows.INPUT_COLUMNS
 
     def recognises(self, data_dir: str) -> bool:
         """Every folder: the sentence formats are the spine's readers' (:mod:`nre_ray.data.formats`), which say
         themselves what they cannot read. The other tasks are asked first (:func:`nre_ray.tasks.lookup.task_for`)."""
         return True
+
+    record_columns: ClassVar[tuple[tuple[str, str], ...]] = SENTENCE_COLUMNS
+
+    def format_of(self, data: DataConfig) -> str | None:
+        """``--format``, else the training file's detected format (:func:`nre_ray.data.formats.detect_format`)."""
+        from nre_ray.data.formats import detect_format  # pandas: when a run starts
+        from nre_ray.data.pipeline import resolve_files
+
+        return data.format or detect_format(resolve_files(data)["train"])
+
+    def check_data(self, data: DataConfig) -> None:
+        """The folder's split files (:func:`nre_ray.data.datadir.find_data_files`: a training file at least)."""
+        from nre_ray.data.datadir import find_data_files  # pandas, pyarrow: when a run starts
+
+        if data.data_dir:
+            find_data_files(data.data_dir)
+
+    def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
+                on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
+        """The spine's Ray Data pipeline (:func:`nre_ray.data.pipeline.prepare`)."""
+        from nre_ray.data.pipeline import prepare  # pandas, pyarrow: when a run starts
+
+        return prepare(data, seed, pretrained, shared_cache=shared_cache, on_every_node=on_every_node,
+                       multi_node=multi_node)
+
+    def open_split(self, folder: Path, name: str) -> EncodedSplit:
+        """:meth:`EncodedSplit.open`: read by rows, on demand."""
+        return EncodedSplit.open(folder, name)
+
+    def splits_complete(self, folder: Path, names: list[str]) -> bool:
+        """:func:`nre_ray.data.pipeline.split_files_complete`."""
+        from nre_ray.data.pipeline import split_files_complete
+
+        return split_files_complete(folder, names)
 
     def dataset(self, split: EncodedSplit) -> EncodedDataset:
         """The split's rows, batched and padded to a batch's longest row (:class:`EncodedDataset`)."""
@@ -75,6 +113,27 @@ class SentenceTask(Task):
         c = counts.shape[0]
         gold = batch["labels"]  # (B,)
         counts += torch.bincount(gold * c + output.argmax(dim=-1), minlength=c * c).view(c, c)
+
+    summary_metrics: ClassVar[tuple[str, ...]] = ("accuracy", "macro_f1", "micro_f1", "pos_macro_f1", "pos_micro_f1",
+                                                  "semeval_macro_f1")
+    epoch_metric: ClassVar[tuple[str, str]] = ("acc", "accuracy")
+
+    def metric_names(self, labels: list[str], negative_label: str | None) -> list[str]:
+        """:func:`nre_ray.config.metric_names`."""
+        return metric_names(labels, negative_label)
+
+    def why_no_metric(self, metric: str, labels: list[str], negative_label: str | None) -> str:
+        """A ``--negative-label`` that is not a label, else the ``pos_*``/``semeval_*`` scores' needs; a score of
+        another task."""
+        if metric not in METRICS:
+            return super().why_no_metric(metric, labels, negative_label)
+        if negative_label and negative_label not in labels:
+            return f"--negative-label {negative_label!r} is not one of the labels"
+        return "it needs directed labels such as Cause-Effect(e1,e2) and --negative-label"
+
+    def default_metric(self, negative_label: str | None) -> str:
+        """``pos_macro_f1`` with a negative label, else ``macro_f1`` (:attr:`nre_ray.config.Config.select_metric`)."""
+        return "pos_macro_f1" if negative_label else "macro_f1"
 
     def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
         """:func:`nre_ray.tasks.sentence.metrics.scores` of the confusion matrix."""

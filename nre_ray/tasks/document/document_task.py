@@ -1,0 +1,209 @@
+"""The document task through the task interface (:class:`nre_ray.tasks.base.Task`): one example is one document,
+its entities' mentions and every candidate pair's relations (DocRED / Re-DocRED JSON, BioCreative V CDR PubTator).
+
+* data: a folder with a DocRED JSON or PubTator file whose name names a split (``train.json``, ``dev.json``,
+  ``CDR_TrainingSet.PubTator.txt`` ...), read, checked and encoded by :mod:`.prepare` (Ray Data) into the cache as
+  :class:`~.split.DocumentSplit` objects; batches are :class:`~.split.DocumentDataset`'s: (B, T) ``input_ids`` and
+  ``mask``, (B, E, M) ``mention_pos``, (B, P, 2) ``pairs``, (B, P, C) ``labels`` (column 0: TH), and what the exact
+  scores need (``intra``, ``in_train``, ``uncovered``, ``index``);
+* model: ATLOP (:class:`~.atlop.DocumentModel`) on the from-scratch document transformer
+  (:class:`~.encoder.TransformerDocumentEncoder`: ``--model transformer``, ``--hidden-size``, ``--num-layers``,
+  ``--num-heads``, ``--max-positions`` the window longer documents are read in), logits (B, P, C); the loss is the
+  adaptive-threshold loss, each document's the mean over its candidate pairs (``--label-smoothing`` does not
+  apply);
+* metrics: (K, C) int64 counts (:mod:`.counts`): micro P/R/F1 over facts, Ign F1, intra/inter-sentence F1, macro
+  F1; exact on any number of workers;
+* rows: not yet (evaluate, predict, serve, tune and the MLflow pyfunc model refuse document models: issue 37).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from nre_ray.core.user_error import ConfigError
+from nre_ray.models.registry import ModelSpec
+from nre_ray.tasks.base import PredictSettings, Task
+from nre_ray.tasks.document import counts as doc_counts
+from nre_ray.tasks.document.atlop import DocumentModel, adaptive_threshold_losses, pair_mask
+from nre_ray.tasks.document.encoder import TransformerDocumentEncoder
+from nre_ray.tasks.document.split import DocumentDataset, DocumentSplit
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nre_ray.config import DataConfig
+    from nre_ray.data.batches import EncodedSplit
+    from nre_ray.data.pipeline import Prepared
+    from nre_ray.data.vocab import Vocab
+
+MODELS = ("transformer",)
+"""The ``--model`` values the document task trains (an encoder trained from scratch)."""
+ISSUE = "issue 37"
+SUPPORTED = frozenset({"train"})
+"""The commands that take document data and models (:meth:`DocumentTask.unsupported`)."""
+
+
+class DocumentTask(Task):
+    """Document-level relation extraction: entities with mentions, facts on entity pairs (module docstring)."""
+
+    name: ClassVar[str] = "document"
+    unit: ClassVar[str] = "documents"
+    eval_batch_size: ClassVar[int] = 8  # a document's attention is (heads, T, T)
+    input_columns: ClassVar[tuple[str, ...]] = ()
+    summary_metrics: ClassVar[tuple[str, ...]] = ("micro_f1", "micro_precision", "micro_recall", "ign_f1",
+                                                  "intra_f1", "inter_f1")
+    epoch_metric: ClassVar[tuple[str, str]] = ("ign_f1", "ign_f1")
+
+    # data
+
+    def recognises(self, data_dir: str) -> bool:
+        """A folder holding a DocRED JSON or PubTator file whose name names a split (its first bytes only)."""
+        from nre_ray.tasks.document.prepare import has_documents
+
+        return has_documents(data_dir)
+
+    record_columns: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("string", "title"), ("string", "sents"), ("string", "vertexSet"), ("string", "labels"))
+    """DocRED's fields (PubTator's documents are read into them)."""
+
+    def format_of(self, data: DataConfig) -> str | None:
+        """``docred`` or ``pubtator``: the training file's (:func:`.readers.detect_document_format`)."""
+        from nre_ray.tasks.document.prepare import find_files
+        from nre_ray.tasks.document.readers import detect_document_format
+
+        return detect_document_format(find_files(data.data_dir)["train"])
+
+    def check_data(self, data: DataConfig) -> None:
+        """The folder's document files (:func:`.prepare.find_files`: a training file at least)."""
+        from nre_ray.tasks.document.prepare import find_files
+
+        find_files(data.data_dir)
+
+    def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
+                on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
+        """:func:`.prepare.prepare_documents` (a cache local to the driver's node: ``shared_cache`` and the
+        placement arguments are not used yet)."""
+        from nre_ray.tasks.document.prepare import prepare_documents
+
+        return prepare_documents(data, seed)
+
+    def open_split(self, folder: Path, name: str) -> DocumentSplit:
+        """:meth:`DocumentSplit.open`."""
+        return DocumentSplit.open(folder, name)
+
+    def splits_complete(self, folder: Path, names: list[str]) -> bool:
+        """Every split's ``.documents.npz`` and ``.documents.json``."""
+        return all((Path(folder) / f).is_file() for n in names for f in DocumentSplit.files(n))
+
+    def dataset(self, split: EncodedSplit) -> DocumentDataset:
+        """Padded batches of documents (:class:`DocumentDataset`)."""
+        return DocumentDataset(split)  # type: ignore[arg-type]
+
+    # model and loss
+
+    def check_settings(self, config: Any) -> None:
+        """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
+        workers (elastic runs on documents are untested: refused)."""
+        model = config.model.model
+        if model not in MODELS:
+            raise ConfigError(f"--model {model}: document models take --model transformer (an encoder trained from "
+                              f"scratch); --model bert for documents is not supported yet ({ISSUE})")
+        if config.elastic:
+            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
+                              f"on documents are not supported yet ({ISSUE}); give a number of workers")
+
+    def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
+        """ATLOP on a :class:`TransformerDocumentEncoder` of ``--hidden-size`` (d_model), ``--num-layers``
+        (default 2), ``--num-heads`` and ``--max-positions`` (its window); the grouped bilinear's size is the
+        hidden size, in blocks of gcd(hidden size, 64)."""
+        hidden = model_config.hidden_size
+        encoder = TransformerDocumentEncoder(spec.vocab_size, hidden, model_config.num_layers or 2,
+                                             model_config.num_heads, model_config.max_positions)
+        return DocumentModel(encoder, spec.num_classes, emb_size=hidden, block_size=math.gcd(hidden, 64))
+
+    def loss(self, output: torch.Tensor, batch: Mapping[str, torch.Tensor], label_smoothing: float = 0.0,
+             reduction: str = "mean") -> torch.Tensor:
+        """The adaptive-threshold loss of the logits ``output`` (B, P, C): each document's is the mean over its
+        candidate pairs (0 for a document without one); the mean or the sum over the B documents."""
+        keep = pair_mask(batch["pairs"])  # (B, P)
+        losses = torch.zeros_like(keep, dtype=torch.float32)  # (B, P)
+        losses[keep] = adaptive_threshold_losses(output[keep].float(), batch["labels"][keep].float())
+        per_document = losses.sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # (B,)
+        return per_document.sum() if reduction == "sum" else per_document.mean()
+
+    def examples(self, batch: Mapping[str, torch.Tensor]) -> int:
+        """The batch's documents."""
+        return batch["input_ids"].shape[0]
+
+    # metrics
+
+    def new_counts(self, labels: list[str], num_examples: int, device: torch.device) -> torch.Tensor:
+        """(K, C) int64 zeros (:mod:`.counts`)."""
+        return doc_counts.new_counts(len(labels), device)
+
+    def count(self, counts: torch.Tensor, output: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> None:
+        """:func:`.counts.count`."""
+        doc_counts.count(counts, output, batch)
+
+    def metric_names(self, labels: list[str], negative_label: str | None) -> list[str]:
+        """:data:`.counts.METRICS`."""
+        return list(doc_counts.METRICS)
+
+    def default_metric(self, negative_label: str | None) -> str:
+        """``micro_f1``: F1 over facts, as the field reports it."""
+        return "micro_f1"
+
+    def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
+        """:func:`.counts.scores`."""
+        return doc_counts.scores(counts)
+
+    def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:
+        """``{name}_per_relation.csv`` and ``.md``: precision, recall, F1 and counts per relation, and the scores."""
+        import pandas as pd
+
+        rows = self.per_label(counts, labels)
+        columns = ["label", "precision", "recall", "f1", "tp", "predicted", "gold"]
+        pd.DataFrame(rows, columns=columns).to_csv(folder / f"{name}_per_relation.csv", index=False)
+        cells = [[f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
+        lines = [f"# {title}", "", *(f"- {k}: {v:.4f}" for k, v in doc_counts.scores(counts).items()), "",
+                 "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+                 *("| " + " | ".join(row) + " |" for row in cells), ""]
+        (folder / f"{name}_per_relation.md").write_text("\n".join(lines), encoding="utf-8")
+
+    def per_label(self, counts: Any, labels: list[str]) -> list[dict[str, Any]]:
+        """:func:`.counts.per_label`."""
+        return doc_counts.per_label(counts, labels)
+
+    # rows
+
+    def unsupported(self, command: str) -> str | None:
+        """Only train works for documents yet (:data:`SUPPORTED`)."""
+        if command in SUPPORTED:
+            return None
+        what = "the MLflow pyfunc model is not logged yet" if command == "pyfunc" \
+            else f"{command} is not supported yet"
+        return f"document models: {what} ({ISSUE})"
+
+    def output_columns(self, top_k: int = 0) -> list[str]:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("predict") or "")
+
+    def encode_rows(self, frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
+                    assets: Mapping[str, bytes] | None = None) -> tuple[pd.Series, EncodedSplit]:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("evaluate") or "")
+
+    def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
+                     top_k: int = 0) -> pd.DataFrame:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("predict") or "")
+
+
+#: The document task (stateless: one object serves every caller).
+DOCUMENT = DocumentTask()

@@ -1,0 +1,317 @@
+"""The document task's preprocessing: a folder of DocRED JSON or PubTator files -> encoded splits in the cache.
+
+1. Driver: the split files are found (:func:`find_files`: ``train``/``dev``/``valid``/``test`` in the name, or
+   CDR's own names) and read whole (:func:`~.readers.read_documents`; bad documents: an error, or with
+   ``--on-bad-rows skip`` left out and listed); relations that training never saw are checked in the other splits
+   (:func:`~.validation.check_relations`). Without a validation file, a seeded share of the training documents
+   (``--valid-fraction``) validates. The relations (label columns, TH at 0) are the training file's; what else
+   needs the whole training split comes from it: the vocabulary (``--min-freq``, ``--lowercase``), the candidate
+   pairs' entity types (PubTator: the type pairs of the training facts, so CDR's Chemical -> Disease; DocRED: every
+   ordered pair) and the training facts' names (Ign F1).
+2. Ray Data: every document is encoded by :func:`encode_batch` (``map_batches``): ATLOP's markers and token ids,
+   its candidate pairs and gold facts (:mod:`.encoding`), each pair's intra-sentence flag and each fact's "seen in
+   training" flag (:mod:`.counts`).
+3. Driver: the encoded documents become one :class:`~.split.DocumentSplit` per split, saved with the vocabulary,
+   labels and audit in a private folder and published as the cache folder (:mod:`nre_ray.core.buildonce`), under a
+   key of the input files' content and the settings (:func:`nre_ray.data.pipeline.cache_key`); the next run with
+   the same inputs and settings reuses it.
+
+Documents are few and small next to sentence corpora (CDR: 1,500 abstracts), so the driver holds them; the cache is
+local to the driver's node (a shared ``s3://`` cache, as the sentence pipeline has, is not done yet).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from nre_ray import storage
+from nre_ray.config import DataConfig
+from nre_ray.core import buildonce
+from nre_ray.data.errors import DataError, Problem
+from nre_ray.data.formats.common import HINT_PATH, Source, storage_problem
+from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, quiet_ray_data, sources_of
+from nre_ray.data.vocab import UNK_ID, Vocab
+from nre_ray.tasks.document.encoding import THRESHOLD_LABEL, build_vocab, encode_document, relation_index
+from nre_ray.tasks.document.pairs import candidate_pairs, type_pairs
+from nre_ray.tasks.document.readers import (
+    PUBTATOR,
+    DocumentFile,
+    detect_document_format,
+    read_documents,
+    split_of_name,
+)
+from nre_ray.tasks.document.records import Document, document_from_dict
+from nre_ray.tasks.document.scoring import intra_pairs, train_triples
+from nre_ray.tasks.document.split import DocumentSplit
+from nre_ray.tasks.document.validation import check_relations
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 2
+MARKER = "meta.json"
+"""The file a document cache folder gets last (with ``"task": "document"``)."""
+_SPLIT_WORDS = {"train": "train", "valid": "valid", "validation": "valid", "dev": "valid", "val": "valid",
+                "test": "test"}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the files
+
+
+def split_of_file(name: str) -> str | None:
+    """``train``, ``valid`` or ``test`` for a file's name: CDR's own names (:func:`~.readers.split_of_name`), else the
+    first word of its stem that names a split (``train_annotated.json``, ``dev_revised.json``, ``test.json``)."""
+    cdr = split_of_name(name)
+    if cdr:
+        return cdr
+    stem = PurePosixPath(name).name.split(".", 1)[0].lower()
+    return next((_SPLIT_WORDS[w] for w in re.split(r"[_\-]", stem) if w in _SPLIT_WORDS), None)
+
+
+def find_files(data_dir: Source) -> dict[str, Source]:
+    """Split -> the document file (DocRED JSON or PubTator, told by its first bytes) of the folder ``data_dir``
+    (local or a URI). :class:`DataError` when there is none for training, or two for one split."""
+    try:
+        names = storage.list_files(data_dir) if storage.is_dir(data_dir) else []
+    except storage.StorageError as err:
+        raise storage_problem(err) from None
+    found: dict[str, list[Source]] = {}
+    for name in sorted(names):
+        path: Source = name if storage.is_uri(name) else Path(name)
+        split = split_of_file(str(name))
+        if split and not PurePosixPath(str(name)).name.startswith(".") and detect_document_format(path):
+            found.setdefault(split, []).append(path)
+    problems = [Problem(str(data_dir), None, None, f"more than one {s} file ({', '.join(map(str, fs))})")
+                for s, fs in found.items() if len(fs) > 1]
+    if "train" not in found:
+        problems.append(Problem(str(data_dir), None, None, "no training file of documents (DocRED JSON or PubTator "
+                                                           "with train, or CDR_TrainingSet, in its name)"))
+    if problems:
+        raise DataError(problems, hint=HINT_PATH)
+    return {s: fs[0] for s, fs in found.items()}
+
+
+def has_documents(data_dir: str) -> bool:
+    """Whether the folder holds a file in a document format whose name names a split (first bytes only)."""
+    try:
+        if not storage.is_dir(data_dir):
+            return False
+        for name in storage.list_files(data_dir):
+            path: Source = name if storage.is_uri(name) else Path(name)
+            if split_of_file(str(name)) and detect_document_format(path):
+                return True
+    except (DataError, storage.StorageError, OSError):
+        return False
+    return False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# encoding (run by Ray Data)
+
+
+def encode_document_row(doc: Document, context: Mapping[str, Any]) -> dict[str, Any]:
+    """One document encoded for :class:`~.split.DocumentSplit` with the training split's ``context``: ``tokens``
+    (the vocabulary in id order), ``lowercase``, ``relations`` (name -> column), ``type_pairs`` (allowed (head
+    type, tail type) pairs, or None: every ordered pair), ``train`` (the training facts' name triples)."""
+    index = {t: i for i, t in enumerate(context["tokens"])}
+    lower = context["lowercase"]
+    relations = context["relations"]
+    allowed = None if context["type_pairs"] is None else frozenset(map(tuple, context["type_pairs"]))
+    pairs = candidate_pairs(doc, allowed)
+    encoded = encode_document(doc, pairs, relations,
+                              lambda tokens: [index.get(t.lower() if lower else t, UNK_ID) for t in tokens])
+    intra = intra_pairs(doc)
+    ids = [e.id for e in doc.entities]
+    row = {(h, t): k for k, (h, t) in enumerate(pairs)}
+    train = context["train"]
+    facts, uncovered = [], np.zeros((2, 1 + len(relations)), dtype=np.int64)
+    for f in doc.facts:
+        column = relations[f.relation]
+        inside = (ids[f.head], ids[f.tail]) in intra
+        k = row.get((f.head, f.tail))
+        if k is None:
+            uncovered[0, column] += 1
+            uncovered[1, column] += inside
+            continue
+        names = [(n1, n2) for n1 in doc.entities[f.head].names for n2 in doc.entities[f.tail].names]
+        facts.append((k, column, any((n1, n2, f.relation) in train for n1, n2 in names)))
+    return {"id": doc.id, "input_ids": encoded.input_ids.tolist(), "mention_pos": encoded.mention_pos,
+            "pairs": encoded.pairs.tolist(), "intra": [(ids[h], ids[t]) in intra for h, t in pairs],
+            "facts": facts, "uncovered": uncovered.tolist()}
+
+
+def encode_batch(batch: dict[str, np.ndarray], context: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Ray Data ``map_batches``: rows ``split``, ``position``, ``document`` (:meth:`~.records.Document.to_dict` as
+    JSON) -> rows ``split``, ``position``, ``encoded`` (:func:`encode_document_row` as JSON)."""
+    encoded = [json.dumps(encode_document_row(document_from_dict(json.loads(d)), context))
+               for d in batch["document"]]
+    return {"split": batch["split"], "position": batch["position"], "encoded": np.asarray(encoded, dtype=object)}
+
+
+def _context(train: list[Document], vocab: Vocab, relations: dict[str, int], fmt: str, lowercase: bool
+             ) -> dict[str, Any]:
+    allowed = sorted(type_pairs(train)) if fmt == PUBTATOR else None
+    return {"tokens": list(vocab.tokens), "lowercase": lowercase, "relations": relations, "type_pairs": allowed,
+            "train": train_triples(train)}
+
+
+def _encode_with_ray_data(documents: dict[str, list[Document]], context: dict[str, Any]) -> dict[str, list[dict]]:
+    """Every split's documents encoded by Ray Data (:func:`encode_batch`), back in their order."""
+    import ray.data
+
+    quiet_ray_data()
+    items = [{"split": s, "position": k, "document": json.dumps(d.to_dict(), ensure_ascii=False)}
+             for s, docs in documents.items() for k, d in enumerate(docs)]
+    blocks = max(1, min(len(items) // 16, 8))
+    rows = ray.data.from_items(items, override_num_blocks=blocks).map_batches(
+        encode_batch, fn_kwargs={"context": context}, batch_format="numpy", batch_size=32).take_all()
+    out: dict[str, list[Any]] = {s: [None] * len(docs) for s, docs in documents.items()}
+    for r in rows:
+        out[str(r["split"])][int(r["position"])] = json.loads(r["encoded"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the run's data
+
+
+def settings_of(cfg: DataConfig, seed: int) -> dict[str, Any]:
+    """The settings that change the encoded documents (the cache key uses them)."""
+    return {"task": "document", "version": CACHE_VERSION, "seed": seed, "lowercase": cfg.lowercase,
+            "min_freq": cfg.min_freq, "valid_fraction": cfg.valid_fraction, "on_bad_rows": cfg.on_bad_rows}
+
+
+def prepare_documents(cfg: DataConfig, seed: int) -> Prepared:
+    """The encoded splits of ``cfg.data_dir`` (see the module docstring), from the cache when it has them."""
+    files = find_files(cfg.data_dir)
+    cache = Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed))
+    with buildonce.turn(cache):  # runs on this machine take turns: the second one reuses the first one's result
+        if not cfg.no_cache and complete(cache):
+            log.info("preprocess: reused the cache in %s (--no-cache rebuilds it)", cache)
+            prepared = load_documents(cache)
+        else:
+            with buildonce.private_folder(cache) as private:
+                built = _build(cfg, files, seed)
+                save_documents(built, private)
+                buildonce.publish(private, cache, complete, replace=True)
+            prepared = load_documents(cache)
+            prepared.cache_hit, prepared.rejected = False, built.rejected
+    prepared.sources = sources_of(files)
+    return prepared
+
+
+def read_files(files: dict[str, Source], cfg: DataConfig) -> tuple[dict[str, DocumentFile], list[Problem]]:
+    """Every split's documents, checked (``--on-bad-rows``: DataError listing the bad documents, or ``skip``: left
+    out), relations unknown to training refused in the other splits; and the problems of the documents left out."""
+    on_bad = "skip" if cfg.on_bad_rows == "skip" else "error"
+    read = {s: read_documents(path, on_bad=on_bad) for s, path in files.items()}
+    known = {f.relation for d in read["train"].documents for f in d.facts}
+    for s in read:
+        if s != "train":
+            read[s] = check_relations(read[s], known, on_bad)
+    return read, [p for f in read.values() for p in f.problems]
+
+
+def split_documents(read: Mapping[str, DocumentFile], valid_fraction: float, seed: int
+                    ) -> tuple[dict[str, list[Document]], dict[str, int], bool]:
+    """The documents of each split, the relations (name -> label column) and whether validation was drawn from
+    train: without a validation file, a seeded ``valid_fraction`` of the training documents (at least one). The
+    relations are the training file's, those of the documents drawn for validation included (a relation only they
+    have is a label column that training never sees positive, not a fact that cannot be counted)."""
+    documents = {s: list(f.documents) for s, f in read.items()}
+    valid_from_train = "valid" not in documents
+    if valid_from_train:
+        order = list(range(len(documents["train"])))
+        random.Random(seed).shuffle(order)
+        cut = set(order[:max(1, round(valid_fraction * len(order)))])
+        documents["valid"] = [d for k, d in enumerate(documents["train"]) if k in cut]
+        documents["train"] = [d for k, d in enumerate(documents["train"]) if k not in cut]
+    relations = relation_index(f.relation for d in read["train"].documents for f in d.facts)
+    return documents, relations, valid_from_train
+
+
+def _build(cfg: DataConfig, files: dict[str, Source], seed: int) -> Prepared:
+    read, problems = read_files(files, cfg)
+    documents, relations, valid_from_train = split_documents(read, cfg.valid_fraction, seed)
+    if not documents["train"] or not documents["valid"]:
+        raise DataError([Problem(str(files["train"]), None, None, "too few good documents to train and validate "
+                                                                  "on")], hint="Check the data folder.")
+    train = documents["train"]
+    labels = [THRESHOLD_LABEL, *relations]
+    vocab = build_vocab(train, cfg.min_freq, cfg.lowercase)
+    context = _context(train, vocab, relations, read["train"].format, cfg.lowercase)
+    encoded = _encode_with_ray_data({s: documents[s] for s in ("train", "valid", "test") if s in documents}, context)
+    splits = {s: DocumentSplit.from_documents(rows, len(labels), s) for s, rows in encoded.items()}
+    rejected = pd.DataFrame([{"file": p.file, "line": p.line, "problem": p.message} for p in problems],
+                            columns=["file", "line", "problem"])
+    return Prepared(splits=splits, vocab=vocab, labels=labels, sources={}, rejected=rejected,
+                    valid_from_train=valid_from_train, audit=audit_of(documents, labels, splits, len(problems)),
+                    rejected_count=len(problems))
+
+
+def audit_of(documents: dict[str, list[Document]], labels: list[str], splits: dict[str, DocumentSplit],
+             rejected: int) -> dict[str, Any]:
+    """The data audit in :mod:`nre_ray.data.audit`'s layout: per split its documents (``rows``), skipped ones,
+    lengths in words, candidate pairs and facts per relation."""
+    out: dict[str, Any] = {"warnings": [], "labels": labels[1:], "max_length": 0, "splits": {}}
+    for s, docs in documents.items():
+        lengths = np.asarray([d.num_tokens for d in docs] or [0])
+        facts = Counter(f.relation for d in docs for f in d.facts)
+        out["splits"][s] = {
+            "rows": len(docs), "rejected": rejected if s == "train" else 0, "entities": sum(len(d.entities)
+                                                                                              for d in docs),
+            "candidate_pairs": len(splits[s].arrays["pairs"]) if s in splits else 0,
+            "facts": sum(facts.values()),
+            "length": {"mean": float(lengths.mean()), "p50": float(np.percentile(lengths, 50)),
+                       "p90": float(np.percentile(lengths, 90)), "max": int(lengths.max())},
+            "distance": {}, "labels": dict(facts)}
+    return out
+
+
+def complete(folder: Path) -> bool:
+    """Whether ``folder`` is a complete document cache."""
+    try:
+        return json.loads((folder / MARKER).read_text(encoding="utf-8")).get("task") == "document"
+    except (OSError, ValueError):
+        return False
+
+
+def splits_complete(folder: Path, names: list[str]) -> bool:
+    """Whether ``folder`` holds the files of the splits ``names``."""
+    return all((Path(folder) / f).is_file() for n in names for f in DocumentSplit.files(n))
+
+
+def save_documents(prepared: Prepared, folder: Path) -> None:
+    """Write the splits, vocabulary, labels, audit and rejected documents into ``folder``, meta.json last."""
+    for name, split in prepared.splits.items():
+        split.save(folder, name)
+    prepared.vocab.save(folder / "vocab.json")
+    (folder / "labels.json").write_text(json.dumps(prepared.labels, ensure_ascii=False), encoding="utf-8")
+    (folder / "audit.json").write_text(json.dumps(prepared.audit, ensure_ascii=False), encoding="utf-8")
+    prepared.rejected.to_csv(folder / "rejected.csv", index=False)
+    meta = {"task": "document", "splits": list(prepared.splits), "valid_from_train": prepared.valid_from_train,
+            "rejected_count": prepared.rejected_count}
+    (folder / MARKER).write_text(json.dumps(meta), encoding="utf-8")
+
+
+def load_documents(folder: Path) -> Prepared:
+    """What :func:`save_documents` wrote."""
+    meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    rejected = folder / "rejected.csv"
+    return Prepared(
+        splits={name: DocumentSplit.open(folder, name) for name in meta["splits"]},
+        vocab=Vocab.load(folder / "vocab.json"),
+        labels=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
+        sources={}, rejected=pd.read_csv(rejected, keep_default_na=False) if rejected.stat().st_size > 1
+        else pd.DataFrame(), cache_hit=True, valid_from_train=meta["valid_from_train"],
+        audit=json.loads((folder / "audit.json").read_text(encoding="utf-8")), rejected_count=meta["rejected_count"],
+        rejected_csv=str(rejected) if meta["rejected_count"] else None, cache_dir=str(folder))
