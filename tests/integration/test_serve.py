@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -198,16 +199,30 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered(u
     assert victim not in after and len(after - before) == 1
 
 
+def start_serve(args: list[str], log: Path, tmp_path: Path) -> subprocess.Popen:
+    """``python -m nre_ray.serve ARGS``, up to its URL line. The command starts a Ray of its own (Serve is one per
+    cluster), whose raylet must register within Ray's fixed 30 s: with the suite in two processes the load once
+    reached 67 on 2 cores and the command refused in one line, as it should; that refusal (and only it) gets one more
+    try, since these tests are about the serving, not about Ray's start."""
+    for attempt in (1, 2):
+        proc = procs.start([sys.executable, "-m", "nre_ray.serve", *args], log, cwd=tmp_path)
+        procs.wait_for("the URL line", lambda p=proc: "serving " in log.read_text() or p.poll() is not None,
+                       timeout=UP_TIMEOUT_S, interval=0.5)
+        if proc.poll() is None or attempt == 2 or "its node did not register within" not in log.read_text():
+            return proc
+        procs.stop_tree(proc)  # (what its Ray had started)
+        log.write_text(f"(the first try refused on the load: {log.read_text()})\n")
+    raise AssertionError("unreachable")
+
+
 def test_through_haproxy_a_killed_replica_is_replaced_and_every_request_is_answered(model, tmp_path):
     """The same through the command's default ingress (Serve's HAProxy, on a Ray the command starts), which listens
     on the address the user chose (the default 127.0.0.1) and nowhere else."""
     port = procs.free_port_between(20000, 32000)  # outside the ranges Ray takes ports from
     log = tmp_path / "serve.log"
-    proc = procs.start([sys.executable, "-m", "nre_ray.serve", "--model", str(model), "--port", str(port),
-                        "--min-replicas", "2", "--max-batch-size", "8"], log, cwd=tmp_path)
+    proc = start_serve(["--model", str(model), "--port", str(port), "--min-replicas", "2", "--max-batch-size", "8"],
+                       log, tmp_path)
     try:
-        procs.wait_for("the URL line", lambda: "serving " in log.read_text() or proc.poll() is not None,
-                       timeout=UP_TIMEOUT_S, interval=0.5)
         assert proc.poll() is None, log.read_text()
         url = f"http://127.0.0.1:{port}"
         before = replica_pids(url, 2)
@@ -254,11 +269,8 @@ def leftovers(started: list[int], command: int) -> list[str]:
 def test_command_prints_its_url_and_ctrl_c_shuts_everything_down(model, tmp_path):
     port = procs.free_port_between(20000, 32000)  # outside the ranges Ray takes ports from
     log = tmp_path / "serve.log"
-    proc = procs.start([sys.executable, "-m", "nre_ray.serve", "--model", str(model), "--port", str(port)],
-                       log, cwd=tmp_path)
+    proc = start_serve(["--model", str(model), "--port", str(port)], log, tmp_path)
     try:
-        procs.wait_for("the URL line", lambda: "serving " in log.read_text() or proc.poll() is not None,
-                       timeout=UP_TIMEOUT_S, interval=0.5)
         assert proc.poll() is None, log.read_text()
         assert f"at http://127.0.0.1:{port}/invocations" in log.read_text()
         response = post(f"http://127.0.0.1:{port}", {"dataframe_split": split(rows(2))})
