@@ -40,10 +40,17 @@ DASHBOARD_ENV = "NRE_RAY_DASHBOARD"
 NO_STATE_API = "http://127.0.0.1:9"
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """The on/off setting ``name`` of the environment: 1, true, yes, on or 0, false, no, off (any case, spaces
+    around); ``default`` when it is unset or anything else."""
+    value = os.environ.get(name, "").strip().lower()
+    return True if value in ("1", "true", "yes", "on") else False if value in ("0", "false", "no", "off") else default
+
+
 def with_dashboard() -> bool:
     """Whether a local Ray a command starts has its dashboard (:data:`DASHBOARD_ENV`; yes unless set to a false
     value)."""
-    return os.environ.get(DASHBOARD_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch(DASHBOARD_ENV, default=True)
 
 
 def dashboard_args() -> dict[str, int | bool]:

@@ -48,7 +48,7 @@ from typing import Any
 
 from nre_ray import storage
 from nre_ray.cluster import processes
-from nre_ray.cluster.local_settings import QUIET_ENV, dashboard_args
+from nre_ray.cluster.local_settings import QUIET_ENV, dashboard_args, env_switch
 
 #: Set to 1 (or true, yes): every command starts a private local Ray, as before sharing (tests that need one, or a
 #: user who wants a run apart). ``serve`` always starts a private one: Serve is one per Ray cluster.
@@ -76,7 +76,7 @@ log = logging.getLogger("nre_ray")
 
 def wanted() -> bool:
     """Whether commands share the local Ray (:data:`OWN_RAY_ENV` not set to a true value)."""
-    return os.environ.get(OWN_RAY_ENV, "").strip().lower() not in ("1", "true", "yes", "on")
+    return not env_switch(OWN_RAY_ENV, default=False)
 
 
 def registry() -> Path:
