@@ -42,8 +42,10 @@ lint: venv
 # make ui [PORT=5001] [HOST=0.0.0.0]: the MLflow UI on this folder's runs (mlflow.db), http://HOST:PORT
 PORT ?= 5000
 HOST ?= 127.0.0.1
+# Without MLflow's job runner (nre_ray submits no MLflow jobs): 2 processes instead of 10, none polling while idle
+# (nre_ray/cluster/local_settings.py, MLFLOW_SERVER_ENV); MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true keeps it.
 ui: venv
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false} $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nre_ray_cache .versions

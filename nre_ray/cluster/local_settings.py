@@ -32,6 +32,13 @@ QUIET_ENV = {
 }
 
 
+#: The environment of an MLflow server that nre_ray starts (the stand-in's, ``make ui``'s): without MLflow's job
+#: execution (MLflow's GenAI jobs, which nre_ray never submits), the server is 2 processes instead of 10. MLflow
+#: 3.17's job runner and its 8 Huey consumers take about 6 s of CPU to start and 14% of a core while idle (they
+#: poll). A user's own setting wins.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 #: ``NRE_RAY_DASHBOARD=0``: the local Ray a command starts (its own, or the one nre_ray commands share) runs without
 #: Ray's dashboard: it starts sooner and takes about 4 s less CPU (docs/training.md). The test suite sets it.
 DASHBOARD_ENV = "NRE_RAY_DASHBOARD"

@@ -59,6 +59,7 @@ import yaml
 
 from nre_ray import storage
 from nre_ray.cluster import processes, ray_private
+from nre_ray.cluster.local_settings import MLFLOW_SERVER_ENV
 from nre_ray.cluster.ports import free_port
 from nre_ray.cluster.processes import Process
 from nre_ray.cluster.session import UsageError
@@ -447,7 +448,7 @@ def _up(folder: Path, bucket: str, max_workers: int, cpus_per_node: float, head_
                          "--artifacts-destination", f"s3://{bucket}/mlflow-artifacts", "--host", "127.0.0.1",
                          "--port", str(state.mlflow_port), "--workers", "1",
                          *(["--app-name", "basic-auth"] if auth else [])],
-                        logs / "mlflow.log", {**env, **mlflow_auth_env(state)}, folder)
+                        logs / "mlflow.log", {**MLFLOW_SERVER_ENV, **env, **mlflow_auth_env(state)}, folder)
         state.record()
         _wait("the MLflow server", lambda: _http_ok(f"{state.tracking_uri}/health"), 120, logs / "mlflow.log", server)
 

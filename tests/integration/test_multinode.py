@@ -20,6 +20,7 @@ import pytest
 import ray.train
 from mlflow.tracking import MlflowClient
 
+from nre_ray.cluster.local_settings import MLFLOW_SERVER_ENV
 from nre_ray.run.checkpoint import load_checkpoint
 from tests.procs import (
     alive,
@@ -79,7 +80,8 @@ def _cluster(started: list, workdir: Path, head_cpus: int, node_cpus: int):
     ``started``)."""
     mlflow_port = free_port()
     server = start([MLFLOW, "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--host",
-                    "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], workdir / "mlflow.log", workdir)
+                    "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], workdir / "mlflow.log", workdir,
+                   MLFLOW_SERVER_ENV)
     started.append(server)
     port = free_port()
     common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]

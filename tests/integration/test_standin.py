@@ -460,6 +460,8 @@ def test_down_stops_all_that_up_started_and_up_starts_it_again(cluster, standin_
     # The head's Ray Client proxy, which Ray leaves to init: up recorded it, and it runs
     proxy = [p for p in cluster.processes if "ray.util.client.server" in p.cmdline and "--mode=proxy" in p.cmdline]
     assert proxy and proxy[0].current() and proxy[0].pid in _left(cluster)
+    # The MLflow server without MLflow's job runner and its Huey consumers (local_settings.MLFLOW_SERVER_ENV)
+    assert not [line for line in _left(cluster).values() if "mlflow.server.jobs" in line or "huey" in line]
 
     folder = Path(cluster.folder)
     running = _left(cluster)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from nre_ray.cluster.local_settings import MLFLOW_SERVER_ENV
 from nre_ray.cluster.session import UsageError
 from nre_ray.tracking import store as tracking
 from tests.procs import free_port, start, stop_tree, wait_for
@@ -151,7 +152,7 @@ def mlflow_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("server")
     port = free_port()
     proc = start([MLFLOW, "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--host", "127.0.0.1",
-                  "--port", str(port), "--workers", "1"], folder / "mlflow.log", folder)
+                  "--port", str(port), "--workers", "1"], folder / "mlflow.log", folder, MLFLOW_SERVER_ENV)
     try:
         uri = f"http://127.0.0.1:{port}"
         wait_for("the MLflow server", lambda: tracking.tracking_uri_problem(uri) is None, 120, 0.5, proc,
