@@ -84,6 +84,8 @@ Ray internals other modules name by value (no import of a private name; pinned a
     standin_cluster.RAY_WORKER_PORTS -> ray start --min-worker-port/--max-worker-port defaults -> \
         test_contract_ray_start_worker_ports
     session.of_type -> the head's resource node:__internal_head__ -> test_contract_internal_head_resource
+    local_settings.local_train_settings -> RAY_TRAIN_ENABLE_PREEMPTION_WATCHER (propagated), \
+        RAY_TRAIN_METRICS_ENABLED (read by the driver) -> test_contract_local_train_switches
     tune.trial.stop_train_run -> the Train controller actor's abort() -> test_contract_train_controller_abort
     tracking.callback.EpochMetricsLogger -> DeveloperAPIs UserCallback, TuneReportCallback, list_nodes -> \
         test_contract_developer_apis

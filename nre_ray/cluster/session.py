@@ -19,7 +19,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nre_ray import storage
-from nre_ray.cluster.local_settings import QUIET_ENV, TELEMETRY_ENV, dashboard_args
+from nre_ray.cluster.local_settings import (
+    QUIET_ENV,
+    TELEMETRY_ENV,
+    dashboard_args,
+    local_train_settings,
+    with_dashboard,
+)
 from nre_ray.config import MIN_CPUS_PER_WORKER
 from nre_ray.core.versions import warn_if_untested
 from nre_ray.tracking import uris
@@ -502,6 +508,7 @@ def _start_local(log_to_driver: bool, runtime_env: dict[str, Any] | None = None)
     from nre_ray.cluster.ray_private import loopback_node
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    local_train_settings(with_dashboard())
     node = local_node()
     watchdog.start()  # what a SIGKILL of this process would leave of its Ray is stopped
     try:
@@ -561,6 +568,7 @@ def _start_shared(log_to_driver: bool, runtime_env: dict[str, Any] | None = None
                  runtime_env=shared_ray.job_runtime_env(runtime_env, os.getcwd()),
                  _node_ip_address=on_loopback["_node_ip_address"])
     _on_shared_ray = True
+    local_train_settings(bool(record.get("dashboard")))
     _say(f"started a local Ray (shared with later runs; it stops when its last run ends; process {record['host'][0]})"
          if outcome == "started" else
          f"joined the local Ray shared by nre_ray runs on this machine (process {record['host'][0]}; "

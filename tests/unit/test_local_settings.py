@@ -8,7 +8,15 @@ import socket
 
 import pytest
 
-from nre_ray.cluster.local_settings import DASHBOARD_ENV, NO_STATE_API, dashboard_args, with_dashboard
+from nre_ray.cluster.local_settings import (
+    DASHBOARD_ENV,
+    NO_STATE_API,
+    PREEMPTION_WATCHER_ENV,
+    TRAIN_METRICS_ENV,
+    dashboard_args,
+    local_train_settings,
+    with_dashboard,
+)
 
 
 @pytest.mark.parametrize(("value", "wanted"), [(None, True), ("1", True), ("yes", True), ("0", False),
@@ -48,3 +56,19 @@ def test_a_users_own_state_api_address_is_kept(monkeypatch):
         monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://10.0.0.5:8265")
         assert dashboard_args() == ({} if value == "1" else {"include_dashboard": False})
         assert os.environ["RAY_API_SERVER_ADDRESS"] == "http://10.0.0.5:8265"
+
+
+@pytest.mark.parametrize("dashboard", [True, False])
+def test_runs_on_a_local_ray_start_no_preemption_watcher_and_no_metrics_without_a_dashboard(monkeypatch, dashboard):
+    monkeypatch.delenv(PREEMPTION_WATCHER_ENV, raising=False)
+    monkeypatch.delenv(TRAIN_METRICS_ENV, raising=False)
+    local_train_settings(dashboard)
+    assert os.environ[PREEMPTION_WATCHER_ENV] == "0"
+    assert os.environ.get(TRAIN_METRICS_ENV) == (None if dashboard else "0")
+
+
+def test_the_users_own_train_switches_win(monkeypatch):
+    monkeypatch.setenv(PREEMPTION_WATCHER_ENV, "1")
+    monkeypatch.setenv(TRAIN_METRICS_ENV, "true")
+    local_train_settings(dashboard=False)
+    assert (os.environ[PREEMPTION_WATCHER_ENV], os.environ[TRAIN_METRICS_ENV]) == ("1", "true")

@@ -691,6 +691,27 @@ def test_contract_placement_timeout_env() -> None:
          f"{session.PLACEMENT_TIMEOUT_ENV} to the controller (get_env_vars_to_propagate)")
 
 
+def test_contract_local_train_switches() -> None:
+    import importlib.util
+    import inspect
+
+    from ray.train.v2._internal import constants
+    from ray.train.v2.api import data_parallel_trainer
+
+    from nre_ray.cluster import local_settings
+
+    if hasattr(constants, "ENABLE_PREEMPTION_WATCHER_ENV_VAR"):
+        assert constants.ENABLE_PREEMPTION_WATCHER_ENV_VAR == local_settings.PREEMPTION_WATCHER_ENV, \
+            "local_settings.local_train_settings relies on Ray Train's preemption watcher switch by that name"
+        assert local_settings.PREEMPTION_WATCHER_ENV in constants.ENV_VARS_TO_PROPAGATE, \
+            "local_settings.local_train_settings relies on fit() passing the switch on to the controller"
+    else:  # a release before the watcher: the variable is read by nothing
+        assert importlib.util.find_spec("ray.train.v2._internal.callbacks.preemption_callback") is None
+    assert constants.METRICS_ENABLED_ENV_VAR == local_settings.TRAIN_METRICS_ENV
+    assert "env_bool(METRICS_ENABLED_ENV_VAR" in inspect.getsource(data_parallel_trainer), \
+        "local_settings.local_train_settings relies on the trainer reading RAY_TRAIN_METRICS_ENABLED in the driver"
+
+
 def test_contract_fake_head_node_id() -> None:
     from ray.autoscaler._private.fake_multi_node import node_provider
 

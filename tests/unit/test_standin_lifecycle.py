@@ -58,8 +58,8 @@ def _sleep(**env: str) -> subprocess.Popen:
     return subprocess.Popen(["sleep", "300"], env={"PATH": "/usr/bin:/bin", **env}, start_new_session=True)
 
 
-def _identity(proc: subprocess.Popen) -> processes.Process:
-    return wait_for("the process to start", lambda: (p := processes.identify(proc.pid)) and "sleep" in p.cmdline
+def _identity(proc: subprocess.Popen, program: str = "sleep") -> processes.Process:
+    return wait_for("the process to start", lambda: (p := processes.identify(proc.pid)) and program in p.cmdline
                     and p, 10)
 
 
@@ -70,7 +70,8 @@ def test_down_stops_only_what_is_still_the_standins(tmp_path, capsys):
     restarted, renamed = _sleep(), _sleep()  # ids now held by other programs: another start time, command line
     others = [restarted, renamed]
     try:
-        ours = [_identity(recorded), wait_for("sh", lambda: processes.identify(shell.pid), 10)]
+        # (as its command line: read between fork and exec, it is empty, and that record would not match it later)
+        ours = [_identity(recorded), _identity(shell, "sh -c")]
         child = wait_for("the shell's sleep", lambda: processes.descendants([shell.pid], processes.parents())
                          - {shell.pid}, 10).pop()
         was = _identity(restarted)
