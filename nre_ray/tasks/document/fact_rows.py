@@ -35,7 +35,7 @@ from nre_ray.data.vocab import Vocab
 from nre_ray.run.checkpoint import CheckpointError
 from nre_ray.tasks.base import PredictSettings
 from nre_ray.tasks.document.prepare import checkpoint_context, encode_document_row
-from nre_ray.tasks.document.readers import DOCUMENT_HINT, parse_docred, read_documents
+from nre_ray.tasks.document.readers import parse_docred, read_documents
 from nre_ray.tasks.document.records import Document, document_from_dict
 from nre_ray.tasks.document.split import DocumentDataset, DocumentSplit
 from nre_ray.tasks.document.validation import check_relations
@@ -94,11 +94,12 @@ def encode_file(path: Source, data: Any, vocab: Vocab, labels: list[str], assets
 class DocumentPlan:
     """A document file as chunks of rows, one row per document (the shape of :class:`nre_ray.data.chunks.InputPlan`
     that predict reads: ``path``, ``chunks``, ``total_rows``, ``read``, ``read_chunk``, ``offset_columns``).
-    Document files are small: each chunk is cut from the whole file, read again by whoever reads the chunk (a Ray
-    task on a large input)."""
+    Document files are small: the file is read once, into ``frame`` (:func:`document_frame`), which a plan shipped
+    to Ray tasks carries along."""
 
     path: str
     chunks: list[Chunk]
+    frame: pd.DataFrame
 
     @property
     def total_rows(self) -> int:
@@ -117,7 +118,7 @@ class DocumentPlan:
     def read_chunk(self, chunk: Chunk) -> pd.DataFrame:
         """The document rows ``[chunk.start, chunk.end)``: ``id`` (the input's one column), and ``_nre_document``
         (:meth:`~.records.Document.to_dict` as JSON), ``_nre_file``, ``_nre_line``, ``_nre_problem``."""
-        return document_frame(self.path)[chunk.start:chunk.end].reset_index(drop=True)
+        return self.frame[chunk.start:chunk.end].reset_index(drop=True)
 
 
 def document_frame(path: Source) -> pd.DataFrame:
@@ -137,10 +138,11 @@ def plan_documents(path: Source, fmt: str | None, columns: str | None, chunk_row
     """``path`` (DocRED JSON or PubTator) as a :class:`DocumentPlan` of about ``chunk_rows`` documents a chunk; a file
     that cannot be read at all is a :class:`DataError` now."""
     _no_columns(fmt, columns)
-    total = len(document_frame(path))
+    frame = document_frame(path)
+    total = len(frame)
     chunks = [Chunk(start, min(total, start + chunk_rows), 0, min(total, start + chunk_rows) - start)
               for start in range(0, total, max(1, chunk_rows))]
-    return DocumentPlan(str(path), chunks)
+    return DocumentPlan(str(path), chunks, frame)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -244,16 +246,3 @@ def answer(frame: pd.DataFrame) -> pd.DataFrame:
     rows = [{"document": d, **fact} for d, facts in zip(frame["document"], frame["facts"], strict=True)
             for fact in (facts or ())]
     return pd.DataFrame(rows, columns=list(ANSWER_COLUMNS)).astype({"score": "float64"})
-
-
-def input_example(path: Source, rows: int = 1) -> pd.DataFrame:
-    """The first ``rows`` documents of a DocRED JSON file as request rows (:data:`INPUT_COLUMNS`)."""
-    from nre_ray import storage
-
-    items = json.loads(storage.read_bytes(str(path)).decode("utf-8"))[:rows]
-    return pd.DataFrame([{c: item[c] for c in INPUT_COLUMNS} for item in items])
-
-
-def bad_documents(problems: Sequence[Problem]) -> DataError:
-    """The error for bad documents in a request."""
-    return DataError(list(problems), hint=DOCUMENT_HINT)
