@@ -616,8 +616,12 @@ def read_toml(path: str | Path, what: str, error: type[ConfigError] = ConfigErro
         raise error(f"{path}: not valid TOML: {err}") from None
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Merge an optional TOML file and the flags that were given into a validated Config."""
+def config_from_args(args: argparse.Namespace,
+                     default_model: typing.Callable[[str | None], str | None] | None = None) -> Config:
+    """Merge an optional TOML file and the flags that were given into a validated Config. ``default_model``: the
+    ``--model`` of a data folder (``--data-dir``, or None) when neither the flags nor the file name one (train's: the
+    data's task's, :attr:`nre_ray.tasks.base.Task.default_model`); None from it, or no function: ``--model``'s
+    default."""
     raw: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     if getattr(args, "config", None):
         path = args.config  # a local path or a URI
@@ -633,4 +637,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if "." in dest and value is not None:
             section, key = dest.split(".", 1)
             raw[section][key] = value
+    if default_model is not None and raw.get("model", {}).get("model") is None:
+        model = default_model(raw.get("data", {}).get("data_dir"))
+        if model:
+            raw.setdefault("model", {})["model"] = model
     return Config.from_dict(raw, source=source)

@@ -14,22 +14,25 @@ from nre_ray.core.user_error import ConfigError
 from nre_ray.data.errors import DataError
 from nre_ray.storage import StorageError, write_text
 
-SCORE_KEYS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
-              "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
-
 
 def print_report(report: dict[str, Any]) -> None:
-    """The scores, then the per-class table."""
+    """The scores the task shows (``report["shown"]``), then the per-label table (its columns: the task's)."""
     metrics = report["metrics"]
-    print(f"{report['data']}: {report['rows']} rows" + (f" ({report['skipped']} bad rows skipped)"
+    unit = report.get("unit", "rows")
+    print(f"{report['data']}: {report['rows']} {unit}" + (f" ({report['skipped']} bad {unit} skipped)"
                                                           if report["skipped"] else "")
           + f", {report['workers']} worker(s), model {report['model']}")
-    print("  " + "  ".join(f"{k} {metrics[k]:.4f}" for k in SCORE_KEYS if k in metrics))
-    width = max(len("label"), *(len(r["label"]) for r in report["per_class"]))
-    print(f"\n  {'label':<{width}}  precision  recall      f1  support  predicted")
-    for r in report["per_class"]:
-        print(f"  {r['label']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  {r['f1']:6.4f}  "
-              f"{r['support']:7d}  {r['predicted']:9d}")
+    print("  " + "  ".join(f"{k} {metrics[k]:.4f}" for k in report.get("shown", metrics) if k in metrics))
+    rows = report["per_class"]
+    if not rows:
+        return
+    columns = [c for c in rows[0] if c != "label"]
+    width = max(len("label"), *(len(r["label"]) for r in rows))
+    widths = {c: max(len(c), 6) for c in columns}
+    print(f"\n  {'label':<{width}}  " + "  ".join(f"{c:>{widths[c]}}" for c in columns))
+    for r in rows:
+        cells = [f"{r[c]:{widths[c]}.4f}" if isinstance(r[c], float) else f"{r[c]:{widths[c]}}" for c in columns]
+        print(f"  {r['label']:<{width}}  " + "  ".join(cells))
 
 
 @dataclass

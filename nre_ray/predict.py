@@ -66,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
               "memory is short.", file=sys.stderr)
         return 1
     where = "in this process" if summary.in_process else f"{summary.workers} Ray worker(s)"
-    print(f"predicted {summary.rows} rows in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} rows/s, "
-          f"{where}) -> {summary.output}", flush=True)
+    unit = summary.unit
+    print(f"predicted {summary.rows} {unit} in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} {unit}/s, "
+          f"{where}) -> {summary.output}" + (f" ({summary.written} rows)" if unit != "rows" else ""), flush=True)
     if summary.skipped:
-        print(f"skipped {summary.skipped} bad rows, listed in {summary.rejected}", flush=True)
+        print(f"skipped {summary.skipped} bad {unit}, listed in {summary.rejected}", flush=True)
     return 0
 
 

@@ -53,10 +53,20 @@ def cli_parser() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.train`` parser: one flag per config field, then the examples."""
     parser = build_parser(description="Train a relation extraction model with Ray Train, Ray Data and MLflow: "
                                       "sentence-level, or document-level when --data-dir holds DocRED JSON or "
-                                      "PubTator files (--model transformer). Without --data-dir it trains on the "
-                                      "bundled English sample.")
+                                      "PubTator files (then --model transformer, the default there and the only "
+                                      "choice). Without --data-dir it trains on the bundled English sample.")
     parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     return parser
+
+
+def task_model(data_dir: str | None) -> str | None:
+    """The ``--model`` the task of ``data_dir`` trains when none is given (documents: transformer)."""
+    if data_dir is None:
+        return None
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_for
+
+    return task_for(data_dir).default_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = cli_parser().parse_args(argv)
 
     def work() -> tuple[dict[str, Any], str | None]:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, default_model=task_model)  # the data's task's model unless --model is given
         return run(cfg, started), cfg.run.summary_json
 
     return run_command(work, print_summary, "interrupted: the MLflow run is marked KILLED", started=started)

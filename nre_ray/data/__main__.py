@@ -73,34 +73,32 @@ class InspectOptions:
 def inspect(args: argparse.Namespace) -> int:
     """Preprocess (or reuse the cache), print the audit; write it with ``--json`` / ``--report``."""
     # deferred: importing it loads pandas, pyarrow, numpy
-    from nre_ray.data import audit as data_audit
-
-    # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data import pipeline
 
     # deferred: importing it loads torch, pandas, numpy
     from nre_ray.tasks.lookup import task_for
 
     cfg, opts = config_from_args(args), options_from(args, InspectOptions)
-    refused = task_for(cfg.data.data_dir).unsupported("inspect")  # a task whose data inspect does not describe yet
+    task = task_for(cfg.data.data_dir)  # what the data is: its task preprocesses and describes it, as train's does
+    refused = task.unsupported("inspect")  # a task whose data inspect does not describe yet
     if refused:
         raise UsageError(refused)
     # train's cache: the same --cache-dir, --storage-path and --allow-local-storage find the same folders
     cfg.data.cache_dir, shared = pipeline.cache_places(cfg.data.cache_dir, cfg.run.storage_path,
                                                        cfg.run.allow_local_storage)
-    if not pipeline.is_cached(cfg.data, cfg.train.seed, shared_cache=shared):
-        pipeline.check_inputs(cfg.data)  # bad files, headers and columns fail here, before Ray starts
+    if not task.is_cached(cfg.data, cfg.train.seed, shared_cache=shared):
+        task.check_inputs(cfg.data)  # bad folders, files, headers and columns fail here, before Ray starts
         start_ray(cfg.run.address, log_to_driver=False)
-    prepared = pipeline.prepare(cfg.data, cfg.train.seed, shared_cache=shared)
-    sys.stdout.write(data_audit.to_markdown(prepared.audit))
+    prepared = task.prepare(cfg.data, cfg.train.seed, shared_cache=shared)
+    sys.stdout.write(task.audit_markdown(prepared.audit))
     if prepared.rejected_count:
         where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""
-        print(f"\n{prepared.rejected_count} bad rows were left out (--on-bad-rows skip){where}")
+        print(f"\n{prepared.rejected_count} bad {task.unit} were left out (--on-bad-rows skip){where}")
     try:
         if opts.json:
             fs.write_text(opts.json, json.dumps(prepared.audit, indent=2, ensure_ascii=False))
         if opts.report:
-            fs.write_text(opts.report, data_audit.to_markdown(prepared.audit))
+            fs.write_text(opts.report, task.audit_markdown(prepared.audit))
     except fs.StorageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

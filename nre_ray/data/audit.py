@@ -301,11 +301,12 @@ def to_markdown(audit: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_audit(audit: Mapping[str, Any], folder: Path) -> list[Path]:
-    """Write ``audit.md`` and ``audit.json`` into ``folder``; returns their paths."""
+def write_audit(audit: Mapping[str, Any], folder: Path, markdown: str | None = None) -> list[Path]:
+    """Write ``audit.md`` (``markdown``, the task's rendering; default :func:`to_markdown`'s) and ``audit.json``
+    into ``folder``; returns their paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     md, js = folder / "audit.md", folder / "audit.json"
-    md.write_text(to_markdown(audit), encoding="utf-8")
+    md.write_text(to_markdown(audit) if markdown is None else markdown, encoding="utf-8")
     js.write_text(json.dumps(audit, indent=2, ensure_ascii=False), encoding="utf-8")
     return [md, js]

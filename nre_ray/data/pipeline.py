@@ -147,6 +147,9 @@ class Prepared:
     pretrained_dir: str | None = None
     """``--model bert``: the folder (in the cache folder) with the tokenizer plus entity markers and the model's
     config.json, which every checkpoint carries (:func:`nre_ray.data.subword.build_tokenizer`)."""
+    assets: dict[str, bytes] = field(default_factory=dict)
+    """More files every checkpoint carries (``{relative path: bytes}``): what the task needs of the training data to
+    encode examples as training did (the document task's ``task/context.json``; :mod:`nre_ray.run.checkpoint`)."""
     shared_cache_dir: str | None = None
     """``prepare(shared_cache=...)``: the shared folder (URI) this result was fetched from or published to; None when
     there is none, or it could not be used (a warning was logged)."""

@@ -1,7 +1,7 @@
 """Score a checkpoint on a labelled file with the evaluation code of training (``python -m nre_ray.evaluate``).
 
 The file is read and encoded with the checkpoint's vocabulary, labels and tokenizer settings by the checkpoint's task
-(the pure functions of training: :meth:`nre_ray.tasks.base.Task.encode_rows`); a row whose label the checkpoint does
+(the pure functions of training: :meth:`nre_ray.tasks.base.Task.encode_file`); a row whose label the checkpoint does
 not know is an error that names it. A TorchTrainer then runs :func:`eval_loop_per_worker` on ``--num-workers``
 workers: each scores its exact shard (``nre_ray.run.loop.eval_loader``, every row once, no padding), the task's counts
 (the sentence task's confusion matrix) are all-reduced (``nre_ray.run.loop.evaluate``) and rank 0 computes the task's
@@ -40,9 +40,7 @@ from nre_ray.cluster.session import (
 from nre_ray.config import Config
 from nre_ray.core import console
 from nre_ray.data.batches import EncodedSplit
-from nre_ray.data.errors import DataError
 from nre_ray.data.pipeline import LAYOUT, MARKER
-from nre_ray.data.read import parse_column_map, problems_of, read_table
 from nre_ray.inference.predictor import ON_BAD_ROWS, resolve_checkpoint
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run.checkpoint import load_checkpoint
@@ -88,8 +86,12 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model.load_state_dict(payload["state"])
     model.to(ray.train.torch.get_device())  # no DDP: nothing is trained, and ranks may run different batch counts
     data = _resolve(loop_config["data"])
-    # the saved split's files, read by rows (this worker reads its shard's rows only), or arrays (flat or padded)
-    split = next(iter(open_splits(data).values())) if "cache" in data else EncodedSplit(data)
+    # the saved split's files, read by rows (this worker reads its shard's rows only), or arrays (flat or padded), or
+    # a split of a task without flat arrays, shipped as it is (_ship)
+    if not isinstance(data, dict):
+        split = data
+    else:
+        split = next(iter(open_splits(data, task).values())) if "cache" in data else EncodedSplit(data)
     labels = list(loop_config["labels"])
     loader = eval_loader(task, split, rank, world_size)
     counts, loss = evaluate(task, model, loader, labels)
@@ -125,23 +127,19 @@ def evaluate_file(model: str, data: str, num_workers: int = 1, negative_label: s
     if ahead is not None:  # and workers the local Ray can never hold, before it starts
         size_workers(ahead, num_workers, cpus_per_worker=cpus_per_worker)
     loaded = _load_model(model, tracking_uri)
-    labels = loaded.labels
     negative = _negative(loaded, negative_label)
+    task = task_of(loaded.meta)
     with console.get().phase("preprocess", f"reading, checking and encoding {data}") as step:
-        frame = read_table(data, fmt, parse_column_map(columns) if columns else None, require_relation=True)
-        problems, split = task_of(loaded.meta).encode_rows(frame, loaded.config.data, loaded.vocab, labels,
-                                                           loaded.assets)
-        bad = (problems != "").to_numpy()
-        step.done(f"{len(split)} rows" + (f", {int(bad.sum())} bad" if bad.any() else ""))
-    if bad.any() and on_bad_rows == "error":
-        raise DataError(problems_of(frame.assign(problem=problems.to_numpy())[bad]), hint=_bad_rows_hint(frame, bad,
-                                                                                                            labels))
+        # the checkpoint's task reads and encodes it as its training did; bad examples: a DataError, or skipped
+        split, skipped = task.encode_file(data, loaded.config.data, loaded.vocab, loaded.labels, loaded.assets, fmt,
+                                          columns, on_bad_rows)
+        step.done(f"{len(split)} {task.unit}" + (f", {skipped} bad" if skipped else ""))
     if len(split) == 0:
-        raise UsageError(f"{data}: no usable rows to evaluate")
+        raise UsageError(f"{data}: no usable {task.unit} to evaluate")
     with tempfile.TemporaryDirectory(prefix="nre_ray_evaluate_data_") as folder:
         result = _run_trainer(loaded, lambda info: _ship(split, Path(folder) / "data", info), len(split), negative,
                               num_workers, address, cpus_per_worker)
-    return _report(model, str(data), int(bad.sum()), negative, result)
+    return _report(model, str(data), skipped, negative, result)
 
 
 def evaluate_split(model: str, prepared: Any, split: str = "test", num_workers: int = 1,
@@ -201,16 +199,11 @@ def _negative(loaded: Any, negative_label: str | None) -> str | None:
 def _report(model: str, data: str, skipped: int, negative: str | None, result: dict[str, Any]) -> dict[str, Any]:
     labels, task = result["labels"], task_named(result["task"])
     counts = np.asarray(result["confusion_matrix"])
-    return {"model": model, "data": data, "task": task.name, "rows": result["rows"], "skipped": skipped,
+    return {"model": model, "data": data, "task": task.name, "unit": task.unit, "rows": result["rows"],
+            "skipped": skipped, "shown": list(task.report_metrics or result["metrics"]),
             "workers": result["workers"], "negative_label": negative if negative in labels else None,
             "metrics": result["metrics"], "loss": result["loss"], "per_class": task.per_label(counts, labels),
             "labels": labels, "confusion_matrix": result["confusion_matrix"]}
-
-
-def _bad_rows_hint(frame: Any, bad: np.ndarray, labels: list[str]) -> str:
-    unknown = sorted(set(frame["relation"][bad]) - set(labels) - {""})
-    named = f"Labels the checkpoint does not know: {', '.join(map(repr, unknown))}. " if unknown else ""
-    return named + "Fix these rows, or pass --on-bad-rows skip to evaluate on the other rows."
 
 
 def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: str | None, num_workers: int,
@@ -295,8 +288,8 @@ def _ship(split: EncodedSplit, folder: Path, info: Any) -> Any:
     """How the workers get the encoded rows: on one node, the split saved in ``folder`` (each worker memory-maps it
     and reads only its shard's rows); where there are several or the autoscaler may add some (``info``: the
     :class:`nre_ray.cluster.session.Cluster`), through the object store (``folder`` is not on the others)."""
-    if info.multi_node:
-        return ray.put(split.flat)
+    if info.multi_node:  # the sentence task's flat arrays; another task's split as it is
+        return ray.put(split.flat if isinstance(split, EncodedSplit) else split)
     folder.mkdir(parents=True)
     split.save(folder, "eval")
     (folder / MARKER).write_text(json.dumps({"layout": LAYOUT, "splits": ["eval"]}), encoding="utf-8")

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -45,10 +45,10 @@ from nre_ray.cluster.session import (
     start_ray,
 )
 from nre_ray.core import console
-from nre_ray.data.chunks import PREFIX, Chunk, InputPlan, canonical_part, input_part, plan_chunks
+from nre_ray.data.chunks import PREFIX, Chunk, InputPlan, canonical_part, input_part
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.pipeline import quiet_ray_data
-from nre_ray.data.read import parse_column_map, problems_of
+from nre_ray.data.read import problems_of
 from nre_ray.inference.predict_options import PredictOptions
 from nre_ray.inference.predictor import ON_BAD_ROWS, Predictor, resolve_checkpoint
 from nre_ray.run.checkpoint import load_checkpoint
@@ -75,6 +75,8 @@ class PredictSummary:
     rejected: str | None
     workers: int
     in_process: bool = False
+    unit: str = "rows"
+    """What the input's rows are (the task's :attr:`~nre_ray.tasks.base.Task.unit`: ``rows``, ``documents``)."""
 
     @property
     def rows_per_second(self) -> float:
@@ -113,12 +115,13 @@ class PredictChunks:
 
     def __call__(self, frame: pd.DataFrame) -> pd.DataFrame:
         preds = self.predictor.predict_rows(canonical_part(frame), self.top_k)
-        return _with_predictions(frame, preds)
+        return _with_predictions(frame, preds, self.predictor.task.output_columns(top_k=1))
 
 
-def _with_predictions(frame: pd.DataFrame, preds: pd.DataFrame) -> pd.DataFrame:
-    """The input columns (old prediction columns dropped), the predictions, and ``_nre_file/line/problem``."""
-    out = input_part(frame).drop(columns=[c for c in (*OUTPUT_COLUMNS, *TOP_K_COLUMNS) if c in frame.columns])
+def _with_predictions(frame: pd.DataFrame, preds: pd.DataFrame, outputs: list[str]) -> pd.DataFrame:
+    """The input columns (old prediction columns, ``outputs`` (the task's), dropped), the predictions, and
+    ``_nre_file/line/problem``."""
+    out = input_part(frame).drop(columns=[c for c in outputs if c in frame.columns])
     out = out.reset_index(drop=True).copy()
     for column in preds.columns:
         if column != "problem":
@@ -243,10 +246,16 @@ def predict_file(options: PredictOptions) -> PredictSummary:
     out_fmt = output_format(options.output)
     if not storage.is_uri(options.output) and not storage.is_dir(storage.parent(options.output)):
         raise UsageError(f"--output {options.output}: the folder {storage.parent(options.output)} does not exist")
-    column_map = parse_column_map(options.columns) if options.columns else None
     if not storage.is_uri(options.model) and Path(options.model).is_dir():  # before its input is read as rows
         check_checkpoint_folder(options.model, "predict")
-    plan = plan_chunks(options.input, options.format, column_map, options.chunk_rows, require_relation=False)
+    resolved = resolve_checkpoint(options.model, options.tracking_uri)
+    try:
+        loaded = load_checkpoint(resolved.checkpoint)
+    finally:
+        resolved.cleanup()
+    task = task_of(loaded.meta, "predict")  # a task whose models predict does not take yet: one line
+    # the task reads its input (the sentence task's rows of any format training reads; documents)
+    plan = task.plan_input(options.input, options.format, options.columns, options.chunk_rows)
     in_process = plan.total_rows <= options.local_max_rows
     if in_process and options.use_gpu and not local_node().get("GPU"):
         raise UsageError(f"--use-gpu: this machine has no GPU, and {options.input} ({plan.total_rows} rows, at most "
@@ -257,12 +266,6 @@ def predict_file(options: PredictOptions) -> PredictSummary:
     if ahead is not None:  # and actors the local Ray can never hold, before it starts and the model is loaded
         _size_actors(ahead, options.num_workers, options.use_gpu, options.cpus_per_worker)
 
-    resolved = resolve_checkpoint(options.model, options.tracking_uri)
-    try:
-        loaded = load_checkpoint(resolved.checkpoint)
-    finally:
-        resolved.cleanup()
-    task_of(loaded.meta, "predict")  # a task whose models predict does not take yet: one line
     loaded.state = {"model": loaded.state["model"]}  # the optimizer's state is not needed to predict
     device = "cuda" if options.use_gpu else "cpu"
     # fails here, clearly, if the weights do not fit
@@ -277,10 +280,12 @@ def predict_file(options: PredictOptions) -> PredictSummary:
         start = time.perf_counter()
         batches = _run_ray(plan, loaded, options.batch_size, options.num_workers, options.top_k, options.use_gpu,
                            options.cpus_per_worker)
-    summary = _write(batches, plan, options.output, out_fmt, options.on_bad_rows, not options.no_progress)
+    summary = _write(batches, plan, options.output, out_fmt, options.on_bad_rows, not options.no_progress,
+                     task.answer)
     summary.seconds = time.perf_counter() - start
     summary.workers = 0 if in_process else options.num_workers
     summary.in_process = in_process
+    summary.unit = task.unit
     return summary
 
 
@@ -288,7 +293,8 @@ def _run_here(plan: InputPlan, predictor: Predictor, top_k: int) -> Iterator[pd.
     """The chunks labelled one after another in this process (a small input: no Ray)."""
     for index in range(len(plan.chunks)):
         frame = plan.read(index)
-        yield _with_predictions(frame, predictor.predict_rows(canonical_part(frame), top_k))
+        yield _with_predictions(frame, predictor.predict_rows(canonical_part(frame), top_k),
+                                predictor.task.output_columns(top_k=1))
 
 
 def _size_actors(info: Cluster, num_workers: int, use_gpu: bool, cpus_per_worker: float | None) -> Resources:
@@ -360,10 +366,11 @@ def _rejected_path(output: storage.PathLike) -> str:
 
 
 def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.PathLike, out_fmt: str,
-           on_bad_rows: str, progress: bool) -> PredictSummary:
-    """Write the good rows (in order) to ``output`` (a local path or a URI); bad rows are collected (error) or
-    written to ``<output>.rejected.csv`` (skip). Both are written in a staging folder and put in place at the end,
-    or not at all."""
+           on_bad_rows: str, progress: bool, answer: Callable[[pd.DataFrame], pd.DataFrame] = lambda f: f
+           ) -> PredictSummary:
+    """Write the answers of the good rows (in order; ``answer``: the task's, :meth:`nre_ray.tasks.base.Task.answer`)
+    to ``output`` (a local path or a URI); bad rows are collected (error) or written to ``<output>.rejected.csv``
+    (skip). Both are written in a staging folder and put in place at the end, or not at all."""
     output = str(output)
     staging = Path(tempfile.mkdtemp(prefix=".nre_ray_predict_",
                                     dir=None if storage.is_uri(output) else storage.parent(output)))
@@ -395,7 +402,7 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.Pat
                             rejected = Writer(staging / storage.name_of(rejected_path), "csv")
                         rejected.write(_rejected_frame(flagged))
                 if on_bad_rows == "skip" or not problems:
-                    writer.write(batch.loc[~bad].drop(columns=internal))
+                    writer.write(answer(batch.loc[~bad].drop(columns=internal)))
         done = True
     finally:
         writer.close()

@@ -14,7 +14,6 @@ import json
 import shutil
 import tempfile
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import nre_ray
 from nre_ray.core import tempfiles
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
+from nre_ray.tasks.lookup import task_of
 from nre_ray.tracking import store as tracking
 
 MODEL_NAME = "model"
@@ -65,50 +65,21 @@ class RelationModel(mlflow.pyfunc.PythonModel):
         try:
             out = self.predictor.predict_frame(frame, top_k=top_k)
         except DataError as err:
-            raise rows_error(err.problems) from None
-        return out[self.predictor.task.output_columns(top_k)].reset_index(drop=True)
+            raise rows_error(err.problems, self.predictor.task.request_hint) from None
+        task = self.predictor.task  # its answer: the sentence task's one row per input row, the document task's
+        # one row per predicted fact
+        return task.answer(out[task.output_columns(top_k)].reset_index(drop=True))[task.answer_columns(top_k)]
 
 
-def rows_error(problems: list[Any]) -> Exception:
+def rows_error(problems: list[Any], hint: str) -> Exception:
     """The error a client gets for bad rows (``problems``: :class:`nre_ray.data.errors.Problem`, ``row N: field:
-    what``): an ``MlflowException`` that MLflow's scoring server (and ``python -m nre_ray.serve``) answers with HTTP
-    400 and the rows' problems in words."""
+    what``; ``hint``: the task's :attr:`~nre_ray.tasks.base.Task.request_hint`): an ``MlflowException`` that MLflow's
+    scoring server (and ``python -m nre_ray.serve``) answers with HTTP 400 and the rows' problems in words."""
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-    fixed = DataError(problems, hint="Fix these rows (head_offset / tail_offset: 0-based character offsets of head "
-                                     "and tail in sentence) and send them again.")
+    fixed = DataError(problems, hint=hint)
     return MlflowException(str(fixed), error_code=INVALID_PARAMETER_VALUE)
-
-
-def signature() -> Any:
-    """Inputs ``sentence, head, head_offset, tail, tail_offset`` and the optional ``head_type, tail_type`` (read by
-    models trained with typed entity markers); outputs ``predicted_relation, score``; param ``top_k`` (default 0)."""
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-
-    inputs = Schema([ColSpec("string", "sentence"), ColSpec("string", "head"), ColSpec("long", "head_offset"),
-                     ColSpec("string", "tail"), ColSpec("long", "tail_offset"),
-                     ColSpec("string", "head_type", required=False), ColSpec("string", "tail_type", required=False)])
-    outputs = Schema([ColSpec("string", "predicted_relation"), ColSpec("double", "score")])
-    return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
-
-
-def input_example(rows: int = 2, typed: bool = False) -> pd.DataFrame:
-    """The first rows of the bundled sample's test file, as the model takes them: with ``head_type``/``tail_type``
-    for a model trained with typed entity markers (``typed``), which reads them."""
-    path = Path(str(resources.files("nre_ray.data") / "sample" / "test.csv"))
-    frame = pd.read_csv(path, nrows=rows, keep_default_na=False)
-    columns = ["sentence", "head", "head_offset", "tail", "tail_offset", *(["head_type", "tail_type"] if typed else [])]
-    return frame[columns].astype({"head_offset": "int64", "tail_offset": "int64"})
-
-
-def _typed(checkpoint: Path) -> bool:
-    """Whether the checkpoint's model learnt typed entity markers (its vocabulary has them)."""
-    # deferred: importing it loads torch
-    from nre_ray.tasks.sentence.rows import learnt_types
-
-    return learnt_types(Vocab.from_json(json.loads((checkpoint / "vocab.json").read_text(encoding="utf-8"))))
 
 
 def pip_requirements(extra: tuple[str, ...] = ()) -> list[str]:
@@ -157,7 +128,10 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
         slim = _weights_only_copy(Path(checkpoint), Path(tmp) / "checkpoint")
         script = Path(tmp) / "relation_model.py"  # "models from code": the model is built by code, not unpickled
         script.write_text(MODEL_SCRIPT, encoding="utf-8")
-        epoch = int(json.loads((slim / "meta.json").read_text(encoding="utf-8")).get("epoch", 0))
+        meta = json.loads((slim / "meta.json").read_text(encoding="utf-8"))
+        epoch = int(meta.get("epoch", 0))
+        task = task_of(meta)  # the checkpoint's: its requests, answers and example
+        vocab = Vocab.from_json(json.loads((slim / "vocab.json").read_text(encoding="utf-8")))
         with tracking.mlflow_settings(tracking_uri):
             # The model is created first, in the run's experiment and with the run as its source (runs:/<id>/model
             # finds it), and logged without an active run: MLflow would otherwise link to it every metric the run
@@ -168,8 +142,8 @@ def log_model(checkpoint: str | Path, tracking_uri: str, run_id: str,
             try:
                 info = mlflow.pyfunc.log_model(
                     name=MODEL_NAME, python_model=str(script), artifacts={"checkpoint": str(slim)},
-                    model_id=model.model_id, code_paths=[str(code)], signature=signature(),
-                    input_example=input_example(typed=_typed(slim)),
+                    model_id=model.model_id, code_paths=[str(code)], signature=task.pyfunc_signature(),
+                    input_example=task.pyfunc_example(vocab),
                     pip_requirements=pip_requirements(BERT_REQUIREMENTS if (slim / "pretrained").is_dir() else ()),
                     registered_model_name=registered_model_name,
                 )

@@ -10,6 +10,8 @@ A checkpoint is a folder::
     labels.json   the label list (class order)
     pretrained/   only for a pretrained encoder (--model bert): its tokenizer with the entity markers and its
                   config.json, so the checkpoint predicts without the original model folder
+    task/         only for a task whose examples need more of the training data than the vocabulary and labels to be
+                  encoded as training encoded them (the document task's ``task/context.json``)
     meta.json     format version, task (:mod:`nre_ray.tasks.lookup`; absent in checkpoints written before the task
                   layer: the sentence task), model name, sizes, and the byte size and sha256 of every other file;
                   written last, so its presence marks a complete checkpoint
@@ -44,6 +46,8 @@ FORMAT_VERSION = 1
 FILES = ("state.pt", "config.json", "vocab.json", "labels.json")
 #: Subfolder with the tokenizer and config.json of a pretrained encoder (see :mod:`nre_ray.data.subword`).
 PRETRAINED_DIR = "pretrained"
+#: Subfolder with what the checkpoint's task needs of the training data to encode examples as training did.
+TASK_DIR = "task"
 
 
 class CheckpointError(ValueError):
@@ -60,8 +64,8 @@ class LoadedCheckpoint:
     state: dict[str, Any]
     meta: dict[str, Any]
     assets: dict[str, bytes] = field(default_factory=dict)
-    """The small files under :data:`PRETRAINED_DIR` (``{relative path: bytes}``), read with the checkpoint so that it
-    can be used after its folder is gone (see :func:`nre_ray.data.subword.assets_folder`)."""
+    """The small files under :data:`PRETRAINED_DIR` and :data:`TASK_DIR` (``{relative path: bytes}``), read with the
+    checkpoint so that it can be used after its folder is gone (see :func:`nre_ray.data.subword.assets_folder`)."""
 
     @property
     def pretrained_config(self) -> str | None:
@@ -161,7 +165,7 @@ def load_checkpoint(folder: Path, map_location: str | torch.device = "cpu", weig
     vocab = Vocab.load(folder / "vocab.json")
     labels = json.loads((folder / "labels.json").read_text(encoding="utf-8"))
     assets = {name: (folder / name).read_bytes() for name in meta.get("files", {})
-              if name.startswith(f"{PRETRAINED_DIR}/")}
+              if name.startswith((f"{PRETRAINED_DIR}/", f"{TASK_DIR}/"))}
     return LoadedCheckpoint(config, vocab, labels, state, meta, assets)
 
 

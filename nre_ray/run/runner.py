@@ -513,10 +513,11 @@ def open_tracking(cfg: Config, target: Target, prepared: Any, threads: int) -> t
     # deferred: importing it loads torch, pandas, numpy
     from nre_ray.tasks.lookup import task_named
 
+    task = task_named(target.task)
     # the UI's Dataset column
-    tracking.log_datasets(target.tracking_uri, run_id, prepared, task_named(target.task).record_columns)
+    tracking.log_datasets(target.tracking_uri, run_id, prepared, task.record_columns)
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("audit")) as folder:  # data/audit.md, data/audit.json
-        for path in write_audit(prepared.audit, Path(folder)):
+        for path in write_audit(prepared.audit, Path(folder), task.audit_markdown(prepared.audit)):
             tracker.log_artifact(path, "data")
     if prepared.rejected_count:
         _log_rejected(prepared, target, tracker)
@@ -554,7 +555,8 @@ def trainer_data(prepared: Any, splits: tuple[str, ...] | None = None) -> dict[s
                   "splits": [s for s in prepared.splits if splits is None or s in splits]},
         "rows": {s: len(rows) for s, rows in prepared.splits.items() if splits is None or s in splits},
         "vocab": prepared.vocab.as_json(), "labels": prepared.labels, "num_positions": prepared.num_positions,
-        "assets": pretrained_assets(prepared.pretrained_dir),  # the tokenizer and config every checkpoint carries
+        # the tokenizer and config, and the task's own files, that every checkpoint carries
+        "assets": {**(pretrained_assets(prepared.pretrained_dir) or {}), **prepared.assets} or None,
     }
 
 

@@ -167,23 +167,18 @@ class RelationServer:
     parsed at once (the most in flight)."""
 
     def __init__(self, parsers: int) -> None:
-        from mlflow.models import Model
-        from mlflow.pyfunc import PyFuncModel
-
-        # deferred: importing it loads
-        from nre_ray.inference.pyfunc import signature
-
         self.config: dict[str, Any] = {}
         self.predictor = None
         self.parsing = ThreadPoolExecutor(max_workers=max(1, parsers), thread_name_prefix="parse")
         self.labelling = ThreadPoolExecutor(max_workers=1, thread_name_prefix="label")
         self.model = _Batched(self)
-        self.pyfunc = PyFuncModel(Model(signature=signature()), self.model)  # schema checks as the logged model's
-        self.schema = self.pyfunc.metadata.get_input_schema()
+        self.pyfunc = self.schema = None  # the served task's, set with the model (reconfigure)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Load the model the config names (when it changed) and apply its batch settings."""
         import torch
+        from mlflow.models import Model
+        from mlflow.pyfunc import PyFuncModel
 
         if config["model"] != self.config.get("model") or config["device"] != self.config.get("device"):
             torch.set_num_threads(max(1, int(config["threads"])))
@@ -192,6 +187,9 @@ class RelationServer:
                 self.predictor = Predictor.from_checkpoint(resolved.checkpoint, config["device"])
             finally:
                 resolved.cleanup()
+            # schema checks as the logged model's: the requests of the checkpoint's task
+            self.pyfunc = PyFuncModel(Model(signature=self.predictor.task.pyfunc_signature()), self.model)
+            self.schema = self.pyfunc.metadata.get_input_schema()
         self.label.set_max_batch_size(int(config["max_batch_size"]))
         self.label.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
         self.config = config
@@ -209,11 +207,16 @@ class RelationServer:
         if request.method == "POST" and path == "/invocations":
             body = await request.body()
             content_type = request.headers.get("content-type") or ""
-            plain = plain_request(body, content_type)
+            task = self.predictor.task
+            own = own_request(body, content_type, task)
+            plain = own or plain_request(body, content_type)
             if plain is not None:
                 answer = await self.label(plain)
                 if not isinstance(answer, Exception):  # (bad rows: MLflow's code words the 400 below)
                     return Response(content=answer_json(*answer), status_code=200, media_type=JSON)
+                if own is not None:  # a form MLflow's code does not read: the 400 that names the bad rows, here
+                    return Response(content=answer.serialize_as_json(), status_code=answer.get_http_status_code(),
+                                    media_type=JSON)
             loop = self.model.loop = asyncio.get_running_loop()
             text, status, media = await loop.run_in_executor(self.parsing, self.invoke, body, content_type)
             return Response(content=text, status_code=status, media_type=media)
@@ -270,18 +273,22 @@ class RelationServer:
             warnings = [UNTYPED_WARNING] if lacks_types(columns, predictor.config.data, predictor.vocab) else []
             # Sliced per request as plain lists: pandas' per-slice cost (~1.5 ms a request) was most of a batch's.
             problems = predictions["problem"].tolist()
-            values = {c: predictions[c].tolist() for c in predictor.task.output_columns(top_k)}
+            task = predictor.task
+            values = {c: predictions[c].tolist() for c in task.output_columns(top_k)}
             start = 0
             for i in members:
                 rows, k = items[i]
                 end = start + (len(rows) if isinstance(rows, pd.DataFrame) else len(rows[1]))
+                cut = _cut(values, start, end, k, task.output_columns(k))
                 if any(problems[start:end]):
-                    answers[i] = rows_error(row_problems(pd.Series(problems[start:end], dtype=object)))
+                    answers[i] = rows_error(row_problems(pd.Series(problems[start:end], dtype=object)),
+                                            task.request_hint)
+                elif task.answer_columns(k) != task.output_columns(k):  # answers of their own (a document's facts)
+                    answers[i] = (task.answer(pd.DataFrame(cut))[task.answer_columns(k)], warnings)
                 elif isinstance(rows, pd.DataFrame):  # read by MLflow's code, which takes a DataFrame back
-                    answers[i] = (pd.DataFrame(_cut(values, start, end, k, predictor.task.output_columns(k))),
-                                  warnings)
+                    answers[i] = (pd.DataFrame(cut), warnings)
                 else:
-                    answers[i] = (_cut(values, start, end, k, predictor.task.output_columns(k)), warnings)
+                    answers[i] = (cut, warnings)
                 start = end
         return answers
 
@@ -306,6 +313,24 @@ def _cut(values: Columns, start: int, end: int, top_k: int, columns: list[str]) 
 Rows = pd.DataFrame | tuple[tuple[str, ...], list[list[Any]]]
 _TEXT = {"sentence", "head", "tail", "head_type", "tail_type"}
 _OFFSETS = {"head_offset", "tail_offset"}
+
+
+def own_request(body: bytes, content_type: str, task: Any) -> tuple[Rows, int] | None:
+    """The rows and top-k of a JSON request in ``task``'s own form (:meth:`nre_ray.tasks.base.Task.parse_request`: a
+    document in DocRED's JSON for the document task), with ``params`` at most ``{"top_k": K}``; None for anything
+    else (MLflow's forms, read by :func:`plain_request` or MLflow's own code)."""
+    if content_type.replace(" ", "").lower() not in ("application/json", "application/json;charset=utf-8"):
+        return None
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    params = payload.get("params") or {} if isinstance(payload, dict) else {}
+    top_k = params.get("top_k", 0) if isinstance(params, dict) and set(params) <= {"top_k"} else None
+    if type(top_k) is not int or top_k < 0:
+        return None
+    rows = task.parse_request(payload)
+    return None if rows is None else (rows, top_k)
 
 
 def plain_request(body: bytes, content_type: str) -> tuple[Rows, int] | None:

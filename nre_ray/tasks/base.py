@@ -30,15 +30,16 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   label; a batch is (B, T) ``tokens``, ``head_pos``, ``tail_pos``, ``segments``, ``mask`` and (B,) ``labels``; the
   model's output is logits (B, C); the loss cross-entropy; the counts a (C, C) int64 confusion matrix; the rows one
   per input row, the label and its probability.
-* **document** (:mod:`nre_ray.tasks.document`, wired into train; the other commands refuse its models in one line):
+* **document** (:mod:`nre_ray.tasks.document`, wired into every command but tune, which refuses it in one line):
   an example is one document, its entities' mentions and every candidate pair's labels; a batch is (B, T)
   ``input_ids`` and ``mask``, (B, E, M) ``mention_pos``, (B, P, 2) ``pairs`` and (B, P, C) multi-hot ``labels``
   (:class:`~nre_ray.tasks.document.split.DocumentDataset`), with what exact scores need (``intra`` (B, P),
   ``in_train`` (B, P, C), ``uncovered`` (B, 2, C)); the output is logits (B, P, C) with the threshold class at 0
   (:class:`~nre_ray.tasks.document.atlop.DocumentModel`); the loss the adaptive-threshold loss, each document's the
   mean over its pairs; the counts (K, C) int64 per relation: true positives, predicted and gold facts, those seen in
-  training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows (not yet) one per
-  predicted fact: document, head entity, tail entity, relation, score.
+  training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows one per document
+  (its id and its facts), answered (:meth:`Task.answer`) as one per predicted fact: document, head entity, tail
+  entity, relation, score.
 * **bag** (:mod:`nre_ray.tasks.bag`, building blocks): an example is one entity pair, the sentences that name it and
   its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
   ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
@@ -109,6 +110,21 @@ class Task(ABC):
         ``cache_dir`` :meth:`open_split` reads on the workers. The arguments are :func:`nre_ray.data.pipeline.
         prepare`'s."""
 
+    def check_inputs(self, data: DataConfig) -> None:
+        """Every check of the input files that needs no Ray (``python -m nre_ray.data inspect``, before it starts
+        Ray). Default: :meth:`check_data`."""
+        self.check_data(data)
+
+    @abstractmethod
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
+        """Whether :meth:`prepare` would reuse a cache (local, or the shared one ``shared_cache``), so needs no
+        Ray (``python -m nre_ray.data inspect``)."""
+
+    @abstractmethod
+    def audit_markdown(self, audit: Mapping[str, Any]) -> str:
+        """The data audit of :meth:`prepare` (``Prepared.audit``) for people: what ``python -m nre_ray.data
+        inspect`` prints and a run logs as ``data/audit.md``."""
+
     @abstractmethod
     def open_split(self, folder: Path, name: str) -> Any:
         """The split ``name`` of the cache folder ``folder`` (what a worker trains on)."""
@@ -125,6 +141,9 @@ class Task(ABC):
 
     # ---------------------------------------------------------------------------------------------------------------
     # model and loss
+
+    default_model: ClassVar[str | None] = None
+    """The ``--model`` a run on this task's data trains when none is given (None: ``--model``'s own default)."""
 
     def check_settings(self, config: Any) -> None:
         """Before Ray starts: ConfigError (one line) for settings this task cannot train with (``config``: the run's
@@ -211,17 +230,55 @@ class Task(ABC):
         """The columns a prediction adds to its input row (with ``top_k > 0``: the k best labels too)."""
 
     @abstractmethod
-    def encode_rows(self, frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
-                    assets: Mapping[str, bytes] | None = None) -> tuple[pd.Series, EncodedSplit]:
-        """Check and encode raw rows exactly as the training pipeline did (``data``: the checkpoint's settings).
-        With ``labels``, rows are labelled examples (evaluate) and an unknown label is a row's problem. Returns
-        ``(problems, split)``: each row's problem ("" for a good one; positional) and the good rows encoded."""
-
-    @abstractmethod
     def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
                      top_k: int = 0) -> pd.DataFrame:
         """The prediction rows of the raw rows ``frame`` (:attr:`input_columns`) by ``model`` (in eval mode):
         the :meth:`output_columns` and ``problem`` ("" for good rows), index positional."""
+
+    def answer(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """What a user gets for good prediction rows ``frame`` (:meth:`output_columns`, beside the input's columns
+        where predict keeps them): the rows predict writes, the pyfunc model returns and the server answers, with
+        :meth:`answer_columns`. Default: the rows as they are (one answer per input row)."""
+        return frame
+
+    def answer_columns(self, top_k: int = 0) -> list[str]:
+        """The prediction columns of :meth:`answer`'s rows. Default: :meth:`output_columns`."""
+        return self.output_columns(top_k)
+
+    @abstractmethod
+    def encode_file(self, path: str, data: DataConfig, vocab: Vocab, labels: list[str],
+                    assets: Mapping[str, bytes] | None, fmt: str | None = None, columns: str | None = None,
+                    on_bad_rows: str = "error") -> tuple[Any, int]:
+        """``python -m nre_ray.evaluate``'s input: the labelled file ``path`` (``--format``, ``--columns``)
+        checked and encoded as the checkpoint's training encoded its data (``data``: its settings), and how many bad
+        examples were skipped (``on_bad_rows="skip"``; with ``"error"`` a DataError lists them). The split is what
+        :meth:`dataset` takes and its ``save(folder, name)`` writes what :meth:`open_split` reads."""
+
+    @abstractmethod
+    def plan_input(self, path: str, fmt: str | None, columns: str | None, chunk_rows: int) -> Any:
+        """``python -m nre_ray.predict``'s input ``path`` as chunks of rows (:class:`nre_ray.data.chunks.InputPlan`
+        or its shape: ``path``, ``chunks``, ``total_rows``, ``read``, ``read_chunk``, ``offset_columns``): each
+        chunk's frame holds the input's own columns and the ``_nre_`` columns :meth:`predict_rows` takes."""
+
+    report_metrics: ClassVar[tuple[str, ...] | None] = None
+    """The scores ``python -m nre_ray.evaluate`` prints (None: all of :meth:`scores`)."""
+
+    @abstractmethod
+    def pyfunc_signature(self) -> Any:
+        """The MLflow ``ModelSignature`` of this task's pyfunc model (its request columns, answer columns and
+        ``top_k`` param), which MLflow's scoring code and the model server check requests against."""
+
+    @abstractmethod
+    def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
+        """An input example for the pyfunc model of a checkpoint with vocabulary ``vocab``: a few request rows."""
+
+    request_hint: ClassVar[str] = "Fix these rows and send them again."
+    """What a client is told to do about bad rows in a request (after their problems)."""
+
+    def parse_request(self, payload: Any) -> pd.DataFrame | None:
+        """A server request's JSON ``payload`` in this task's own form (not MLflow's ``dataframe_records`` ...) as
+        request rows (:attr:`input_columns`), or None when it is not one. Default: None (MLflow's forms only)."""
+        return None
 
 
 class PredictSettings(Protocol):

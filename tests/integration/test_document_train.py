@@ -1,5 +1,8 @@
 """Train on documents: the bundled document sample (a few documents, a small from-scratch encoder) through the real
-CLI on the session's local Ray, with 2 workers and a real MLflow sqlite store. The task comes from the data."""
+CLI on the session's local Ray, with 2 workers and a real MLflow sqlite store. The task comes from the data. Then the
+same checkpoint through every other command: evaluate (the checkpoint folder and the run's MLflow model: training's
+test scores exactly), predict (one row per predicted fact, as many as evaluate counts), the MLflow pyfunc model and
+the Ray Serve application (a document in DocRED's JSON in, its facts out, the same as predict's)."""
 
 from __future__ import annotations
 
@@ -7,12 +10,19 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import requests
 from mlflow.tracking import MlflowClient
 
+from nre_ray.data.__main__ import main as data_main
+from nre_ray.evaluate import main as evaluate_main
+from nre_ray.predict import main as predict_main
 from nre_ray.run.checkpoint import load_checkpoint
+from nre_ray.tasks.document.counts import PREDICTED
 from nre_ray.tasks.document.sample import write_sample
 from nre_ray.train import main
+from tests import procs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -21,7 +31,7 @@ def test_two_workers_train_the_document_sample(ray_cluster, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     write_sample(tmp_path / "docs", seed=0, sizes={"train": 24, "valid": 6, "test": 6})
     summary_path = tmp_path / "summary.json"
-    code = main(["--data-dir", str(tmp_path / "docs"), "--model", "transformer", "--hidden-size", "32",
+    code = main(["--data-dir", str(tmp_path / "docs"), "--hidden-size", "32",  # the task's model: transformer
                  "--num-layers", "1", "--min-freq", "1", "--batch-size", "4", "--num-workers", "2", "--epochs", "2",
                  "--run-name", "docs", "--experiment-name", "it-docs", "--summary-json", str(summary_path)])
     out = capsys.readouterr().out
@@ -30,7 +40,7 @@ def test_two_workers_train_the_document_sample(ray_cluster, tmp_path, monkeypatc
     assert "valid_micro_f1 selects the best checkpoint" in out
     assert len(re.findall(r"^epoch   \d/2  train_loss \d\.\d{4}  valid_loss .*  valid_micro_f1 \d\.\d{4}  "
                           r"valid_ign_f1 \d\.\d{4}  ", out, re.M)) == 2, out
-    assert "model: document models: the MLflow pyfunc model is not logged yet (issue 37)" in out
+    assert re.search(r"model: +runs:/\w+/model", out), out
 
     summary = json.loads(summary_path.read_text())
     assert summary["task"] == "document" and summary["select_metric"] == "valid_micro_f1"
@@ -53,3 +63,77 @@ def test_two_workers_train_the_document_sample(ray_cluster, tmp_path, monkeypatc
     assert run.data.metrics["test/micro_f1"] == pytest.approx(summary["test"]["micro_f1"])
     reports = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert {"reports/valid_per_relation.md", "reports/test_per_relation.csv"} <= reports
+
+    # the data as the run preprocessed it (its cache: no Ray), described for documents
+    assert data_main(["inspect", "--data-dir", str(tmp_path / "docs"), "--min-freq", "1"]) == 0
+    audit = capsys.readouterr().out
+    assert "# Data audit (documents)" in audit and re.search(r"\| test \| 6 \| 0 \| \d+ \| \d+ \| \d+ \| \d+ \|", audit)
+    check_the_other_commands(summary, tmp_path, capsys)
+
+
+FACT_COLUMNS = ["document", "head", "head_name", "tail", "tail_name", "relation", "score"]
+
+
+def check_the_other_commands(summary: dict, tmp_path: Path, capsys) -> None:
+    """evaluate, predict, the pyfunc model and serve on the run's best checkpoint (see the module docstring)."""
+    import mlflow.pyfunc
+
+    best, test = summary["best_checkpoint"], tmp_path / "docs" / "test.json"
+    scores = {}
+    for model, extra in ((best, []), (summary["model_uri"], ["--tracking-uri", summary["tracking_uri"]])):
+        output = tmp_path / f"scores{len(scores)}.json"
+        code = evaluate_main(["--model", model, "--data", str(test), "--output", str(output), *extra])
+        printed = capsys.readouterr()
+        assert code == 0, printed.err[-2000:]
+        assert f"{test}: 6 documents, 1 worker(s)" in printed.out and "ign_f1 " in printed.out
+        scores[model] = json.loads(output.read_text())
+    report = scores[best]
+    assert report["task"] == "document" and scores[summary["model_uri"]]["metrics"] == report["metrics"]
+    for name in ("micro_f1", "micro_precision", "micro_recall", "ign_f1", "intra_f1", "inter_f1"):
+        assert report["metrics"][name] == summary["test"][name], name  # exactly training's test scores
+    assert report["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-5)
+
+    out = tmp_path / "facts.csv"
+    code = predict_main(["--model", best, "--input", str(test), "--output", str(out), "--no-progress"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-2000:]
+    facts = pd.read_csv(out, keep_default_na=False, dtype={"head": str, "tail": str})
+    assert list(facts.columns) == FACT_COLUMNS and "predicted 6 documents" in printed.out
+    predicted = sum(report["confusion_matrix"][PREDICTED][1:])  # the facts evaluate counted as predicted
+    assert len(facts) == predicted and (facts["score"] > 0.5).all()
+
+    documents = json.loads(test.read_text(encoding="utf-8"))
+    requests_rows = pd.DataFrame([{c: d[c] for c in ("title", "sents", "vertexSet")} for d in documents])
+    pyfunc = mlflow.pyfunc.load_model(summary["model_uri"]).predict(requests_rows)
+    assert list(pyfunc.columns) == FACT_COLUMNS
+    pd.testing.assert_frame_equal(pyfunc.astype({"score": float}), facts, check_dtype=False, atol=1e-6)
+
+    served = serve_answers(best, documents)
+    expected = [{c: (str(v) if c in ("head", "tail") else v) for c, v in row.items()}
+                for row in facts[facts["document"] == documents[0]["title"]].to_dict(orient="records")]
+    assert [{**r, "score": pytest.approx(r["score"], abs=1e-6)} for r in expected] == served
+
+
+def serve_answers(model: str, documents: list[dict]) -> list[dict]:
+    """The Serve application of ``model`` on the session's Ray: a bare DocRED document (and the same in MLflow's
+    ``dataframe_records``) in, its facts out; a bad document is a 400 naming it. Returns the first answer."""
+    from ray import serve
+
+    from nre_ray.serve.app import build
+
+    port = procs.free_port_between(20000, 32000)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(build({"model": model}), name="nre_ray_docs", route_prefix="/")
+        url = f"http://127.0.0.1:{port}/invocations"
+        document = {c: documents[0][c] for c in ("title", "sents", "vertexSet")}
+        answer = requests.post(url, json=document, timeout=60)
+        assert answer.status_code == 200, answer.text
+        records = requests.post(url, json={"dataframe_records": [document]}, timeout=60)
+        assert records.status_code == 200 and records.json() == answer.json(), records.text
+        bad = {**document, "vertexSet": [[{**document["vertexSet"][0][0], "sent_id": 99}]]}
+        refused = requests.post(url, json=[document, bad], timeout=60)
+        assert refused.status_code == 400 and "row 2" in refused.json()["message"], refused.text
+        return answer.json()["predictions"]
+    finally:
+        serve.shutdown()

@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from nre_ray.config import Config, DataConfig
 from nre_ray.core.user_error import ConfigError
+from nre_ray.data.chunks import canonical_part
 from nre_ray.data.errors import DataError
+from nre_ray.inference.predictor import Predictor
 from nre_ray.models.registry import ModelSpec
-from nre_ray.run.checkpoint import CheckpointError
-from nre_ray.tasks.document import prepare
+from nre_ray.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nre_ray.tasks.document import fact_rows, prepare
 from nre_ray.tasks.document.atlop import pair_mask, predict_labels
 from nre_ray.tasks.document.document_task import DOCUMENT
 from nre_ray.tasks.document.encoding import THRESHOLD_LABEL, build_vocab, relation_index
@@ -167,20 +170,36 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     assert SENTENCE.why_no_metric("ign_f1", ["a", "b"], None) == "sentence models report other scores"
     assert SENTENCE.why_no_metric("pos_macro_f1", ["a", "b"], "Other") \
         == "--negative-label 'Other' is not one of the labels"
-    with pytest.raises(CheckpointError, match=r"^document models: predict is not supported yet \(issue 37\)$"):
-        task_of({"task": "document"}, "predict")
+    with pytest.raises(CheckpointError, match=r"^document models: tune is not supported yet \(issue 37\)$"):
+        task_of({"task": "document"}, "tune")
+    for command in ("evaluate", "predict", "serve", "pyfunc"):
+        assert task_of({"task": "document"}, command).name == "document"
     assert task_of({"task": "document"}).name == "document" and task_of({}, "predict").name == "sentence"
     (tmp_path / "meta.json").write_text(json.dumps({"task": "document"}), encoding="utf-8")
-    with pytest.raises(CheckpointError, match="serve is not supported yet"):
-        check_checkpoint_folder(tmp_path, "serve")
+    with pytest.raises(CheckpointError, match="tune is not supported yet"):
+        check_checkpoint_folder(tmp_path, "tune")
+    check_checkpoint_folder(tmp_path, "serve")
     check_checkpoint_folder(tmp_path / "none", "serve")  # no meta.json: the loader says what is wrong
 
 
-def test_data_inspect_refuses_a_document_folder(sample, capsys):
-    from nre_ray.data.__main__ import main
-
-    assert main(["inspect", "--data-dir", str(sample)]) == 2
-    assert capsys.readouterr().err == "error: document models: inspect is not supported yet (issue 37)\n"
+def test_the_audit_describes_documents(sample):
+    docs = {s: read_documents(sample / f"{s}.json").documents for s in ("train", "test")}
+    splits = {s: _encoded(sample, s)[3] for s in docs}
+    labels = _encoded(sample, "test")[1]
+    audit = prepare.audit_of(docs, labels, splits, 2)
+    test = audit["splits"]["test"]
+    assert test["rows"] == SIZES["test"] and audit["splits"]["train"]["rejected"] == 2
+    assert test["mentions"] == sum(len(e.mentions) for d in docs["test"] for e in d.entities) > test["entities"]
+    assert test["candidate_pairs"] == len(splits["test"].arrays["pairs"])
+    assert test["facts"] == sum(test["labels"].values()) == sum(len(d.facts) for d in docs["test"])
+    # encoded tokens: the words and two markers per mention
+    assert test["tokens"]["max"] == max(d.num_tokens + 2 * sum(len(e.mentions) for e in d.entities)
+                                        for d in docs["test"])
+    assert audit["window"] == 512 and test["longer_than_window"] == 0
+    text = DOCUMENT.audit_markdown(audit)
+    assert "| test | 5 | 0 |" in text and "longer than 512 (read in windows)" in text
+    assert "## Facts per relation" in text and f"| works_for | {audit['splits']['train']['labels']['works_for']}" \
+        in text
 
 
 def test_bad_documents_are_an_error_or_skipped_and_listed(sample, tmp_path):
@@ -211,3 +230,120 @@ def test_validation_drawn_from_train_keeps_the_training_file_relations(sample, t
 def test_document_settings_key_the_cache():
     a = prepare.settings_of(DataConfig(), 1)
     assert a["task"] == "document" and prepare.settings_of(DataConfig(min_freq=1), 1) != a
+
+
+def _checkpoint(sample, folder, bias: float = 0.0):
+    """A document checkpoint of an untrained model on the sample's training split (what training writes), its
+    relation columns' bias raised by ``bias`` so that it predicts some facts; and the test split as training
+    encoded it."""
+    docs, labels, vocab, split, context = _encoded(sample, "test")
+    cfg = Config.from_dict({"model": {"model": "transformer", "hidden_size": 32, "num_layers": 1}})
+    torch.manual_seed(0)
+    model = DOCUMENT.build_model(cfg.model, ModelSpec(len(vocab), len(labels), 0))
+    with torch.no_grad():
+        model.head.bilinear.bias[1:] += bias
+    meta = {"task": "document", "model": "transformer", "epoch": 1, "vocab_size": len(vocab),
+            "num_classes": len(labels), "num_positions": 0}
+    save_checkpoint(folder, {"model": model.state_dict(), "epoch": 1}, cfg, vocab, labels, meta,
+                    {prepare.CONTEXT_ASSET: prepare.context_asset(context)})
+    return load_checkpoint(folder), docs, split
+
+
+def test_a_checkpoint_encodes_a_file_as_training_did(sample, tmp_path):
+    loaded, _, split = _checkpoint(sample, tmp_path / "ckpt")
+    assert set(loaded.assets) == {prepare.CONTEXT_ASSET}
+    again, skipped = DOCUMENT.encode_file(str(sample / "test.json"), loaded.config.data, loaded.vocab,
+                                          loaded.labels, loaded.assets)
+    assert skipped == 0 and again.ids == split.ids
+    for k in split.arrays:  # the same candidate pairs, facts, "seen in training" and intra flags
+        np.testing.assert_array_equal(again.arrays[k], split.arrays[k])
+    with pytest.raises(ConfigError, match="--format and --columns do not apply to documents"):
+        DOCUMENT.encode_file(str(sample / "test.json"), loaded.config.data, loaded.vocab, loaded.labels,
+                             loaded.assets, fmt="csv")
+    with pytest.raises(CheckpointError, match=r"lacks task/context\.json .* train it again"):
+        DOCUMENT.encode_file(str(sample / "test.json"), loaded.config.data, loaded.vocab, loaded.labels, {})
+    # a relation the checkpoint does not know: an error naming the file and the document, or skipped
+    docs = json.loads((sample / "test.json").read_text(encoding="utf-8"))
+    docs[1]["labels"][0]["r"] = "spouse_of"
+    (tmp_path / "test.json").write_text(json.dumps(docs), encoding="utf-8")
+    with pytest.raises(DataError, match=r"test.json.*document 1 .*relation 'spouse_of' is not one of"):
+        DOCUMENT.encode_file(str(tmp_path / "test.json"), loaded.config.data, loaded.vocab, loaded.labels,
+                             loaded.assets)
+    part, skipped = DOCUMENT.encode_file(str(tmp_path / "test.json"), loaded.config.data, loaded.vocab,
+                                         loaded.labels, loaded.assets, on_bad_rows="skip")
+    assert skipped == 1 and len(part) == len(split) - 1
+
+
+def test_predicted_facts_are_the_counted_predictions(sample, tmp_path):
+    loaded, docs, split = _checkpoint(sample, tmp_path / "ckpt", bias=0.3)
+    predictor = Predictor.from_loaded(loaded, batch_size=2)
+    plan = DOCUMENT.plan_input(str(sample / "test.json"), None, None, chunk_rows=2)
+    assert plan.total_rows == len(docs) and [c.rows for c in plan.chunks] == [2, 2, 1]
+    rows = pd.concat([predictor.predict_rows(canonical_part(plan.read(i))) for i in range(len(plan.chunks))],
+                     ignore_index=True)
+    assert list(rows.columns) == ["document", "facts", "problem"] and (rows["problem"] == "").all()
+    assert rows["document"].tolist() == [d.id for d in docs]
+    facts = DOCUMENT.answer(rows)
+    assert list(facts.columns) == DOCUMENT.answer_columns() == list(fact_rows.ANSWER_COLUMNS)
+    # as many facts as the counts call predicted, each above the threshold, on entities of its document
+    batch = DOCUMENT.dataset(split).__getitems__(list(range(len(split))))
+    counts = DOCUMENT.new_counts(loaded.labels, len(split), torch.device("cpu"))
+    with torch.no_grad():
+        DOCUMENT.count(counts, predictor.model(batch), batch)
+    assert 0 < len(facts) == int(counts[1, 1:].sum())
+    assert (facts["score"] > 0.5).all() and set(facts["relation"]) <= set(loaded.labels[1:])
+    names = {d.id: {e.id: e.mentions[0].text for e in d.entities} for d in docs}
+    assert all(names[r.document][r.head] == r.head_name and names[r.document][r.tail] == r.tail_name
+               for r in facts.itertuples())
+    # the same documents as request rows (DocRED's fields, JSON values or their text) give the same facts
+    items = json.loads((sample / "test.json").read_text(encoding="utf-8"))
+    request = pd.DataFrame([{"title": d["title"], "sents": d["sents"], "vertexSet": json.dumps(d["vertexSet"])}
+                            for d in items])
+    answered = predictor.predict_frame(request)
+    pd.testing.assert_frame_equal(DOCUMENT.answer(answered), facts)
+    assert DOCUMENT.answer(predictor.predict_frame(request, top_k=1)).groupby(["document", "head", "tail"]).size() \
+        .max() == 1
+
+
+def test_bad_documents_in_requests_and_files(sample, tmp_path):
+    loaded, _, _ = _checkpoint(sample, tmp_path / "ckpt")
+    predictor = Predictor.from_loaded(loaded)
+    items = json.loads((sample / "test.json").read_text(encoding="utf-8"))[:2]
+    items[1]["vertexSet"][0][0]["sent_id"] = 99
+    request = pd.DataFrame([{c: d[c] for c in fact_rows.INPUT_COLUMNS} for d in items])
+    rows = predictor.predict_rows(request)
+    assert rows["problem"][0] == "" and "sent_id" in rows["problem"][1]
+    with pytest.raises(DataError, match="row 2"):
+        predictor.predict_frame(request)
+    assert len(predictor.predict_frame(request, on_bad_rows="skip")) == 1
+    (tmp_path / "test.json").write_text(json.dumps(items), encoding="utf-8")
+    frame = DOCUMENT.plan_input(str(tmp_path / "test.json"), None, None, 10).read(0)
+    assert frame["_nre_problem"].tolist()[0] == "" and "sent_id" in frame["_nre_problem"].tolist()[1]
+
+
+def test_requests_in_the_task_s_own_form(sample):
+    items = json.loads((sample / "test.json").read_text(encoding="utf-8"))[:2]
+    one = {c: items[0][c] for c in ("title", "sents", "vertexSet")}
+    assert DOCUMENT.parse_request(one)["title"].tolist() == [items[0]["title"]]
+    assert len(DOCUMENT.parse_request(items)) == 2 and len(DOCUMENT.parse_request({"documents": items})) == 2
+    assert DOCUMENT.parse_request({"dataframe_records": [one]}) is None and DOCUMENT.parse_request([1]) is None
+    signature = DOCUMENT.pyfunc_signature()
+    assert signature.inputs.input_names() == list(fact_rows.INPUT_COLUMNS)
+    assert signature.outputs.input_names() == list(fact_rows.ANSWER_COLUMNS)
+    assert list(DOCUMENT.pyfunc_example(None).columns) == list(fact_rows.INPUT_COLUMNS)
+
+
+def test_the_default_model_follows_the_data(sample, tmp_path):
+    from nre_ray.config import config_from_args
+    from nre_ray.train import cli_parser, task_model
+
+    def config(*argv: str) -> Config:
+        return config_from_args(cli_parser().parse_args(list(argv)), default_model=task_model)
+
+    bare = config("--data-dir", str(sample))
+    assert bare.model.model == "transformer" and bare.model.hidden_size == 256  # the transformer's own defaults
+    DOCUMENT.check_settings(bare)
+    with pytest.raises(ConfigError, match="--model cnn: document models take --model transformer"):
+        DOCUMENT.check_settings(config("--data-dir", str(sample), "--model", "cnn"))  # given: kept, and refused
+    (tmp_path / "train.csv").write_text("sentence,head,tail,relation\n", encoding="utf-8")
+    assert config("--data-dir", str(tmp_path)).model.model == config().model.model == "cnn"

@@ -8,8 +8,9 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from nre_ray.inference.predictor import Predictor
-from nre_ray.inference.pyfunc import RelationModel, _weights_only_copy, input_example, pip_requirements, signature
+from nre_ray.inference.pyfunc import RelationModel, _weights_only_copy, pip_requirements
 from nre_ray.run.checkpoint import load_checkpoint
+from nre_ray.tasks.sentence.rows import input_example, signature
 from tests.unit.test_inference import make_checkpoint, raw_rows
 
 

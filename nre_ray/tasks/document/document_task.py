@@ -13,7 +13,10 @@ its entities' mentions and every candidate pair's relations (DocRED / Re-DocRED 
   apply);
 * metrics: (K, C) int64 counts (:mod:`.counts`): micro P/R/F1 over facts, Ign F1, intra/inter-sentence F1, macro
   F1; exact on any number of workers;
-* rows: not yet (evaluate, predict, serve, tune and the MLflow pyfunc model refuse document models: issue 37).
+* rows (:mod:`.fact_rows`): evaluate encodes a labelled file with the context the checkpoint carries of its
+  training split (so its scores are training's on the same documents); predict, the MLflow pyfunc model and serve
+  answer one row per predicted fact (document, head and tail entity, relation, score); a request is a document in
+  DocRED's JSON (:meth:`DocumentTask.parse_request`). Tune refuses documents in one line (issue 37).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
 MODELS = ("transformer",)
 """The ``--model`` values the document task trains (an encoder trained from scratch)."""
 ISSUE = "issue 37"
-SUPPORTED = frozenset({"train"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect"})
 """The commands that take document data and models (:meth:`DocumentTask.unsupported`)."""
 
 
@@ -55,7 +58,7 @@ class DocumentTask(Task):
     name: ClassVar[str] = "document"
     unit: ClassVar[str] = "documents"
     eval_batch_size: ClassVar[int] = 8  # a document's attention is (heads, T, T)
-    input_columns: ClassVar[tuple[str, ...]] = ()
+    input_columns: ClassVar[tuple[str, ...]] = ("title", "sents", "vertexSet")  # .fact_rows.INPUT_COLUMNS
     summary_metrics: ClassVar[tuple[str, ...]] = ("micro_f1", "micro_precision", "micro_recall", "ign_f1",
                                                   "intra_f1", "inter_f1")
     epoch_metric: ClassVar[tuple[str, str]] = ("ign_f1", "ign_f1")
@@ -93,6 +96,19 @@ class DocumentTask(Task):
 
         return prepare_documents(data, seed)
 
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
+        """:func:`.prepare.is_cached` (the local cache: documents have no shared one yet)."""
+        from nre_ray.tasks.document.prepare import is_cached
+
+        return is_cached(data, seed)
+
+    def audit_markdown(self, audit: Mapping[str, Any]) -> str:
+        """:func:`.describe.audit_markdown`: documents, entities, mentions, candidate pairs, facts per relation,
+        lengths in words and tokens against the encoder's window."""
+        from nre_ray.tasks.document.describe import audit_markdown
+
+        return audit_markdown(audit)
+
     def open_split(self, folder: Path, name: str) -> DocumentSplit:
         """:meth:`DocumentSplit.open`."""
         return DocumentSplit.open(folder, name)
@@ -106,6 +122,8 @@ class DocumentTask(Task):
         return DocumentDataset(split)  # type: ignore[arg-type]
 
     # model and loss
+
+    default_model: ClassVar[str | None] = "transformer"
 
     def check_settings(self, config: Any) -> None:
         """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
@@ -183,26 +201,97 @@ class DocumentTask(Task):
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Only train works for documents yet (:data:`SUPPORTED`)."""
+        """Only tune does not take documents yet (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
-        what = "the MLflow pyfunc model is not logged yet" if command == "pyfunc" \
-            else f"{command} is not supported yet"
-        return f"document models: {what} ({ISSUE})"
+        return f"document models: {command} is not supported yet ({ISSUE})"
 
     def output_columns(self, top_k: int = 0) -> list[str]:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
+        """Per input document: ``document`` (its id) and ``facts`` (:mod:`.fact_rows`)."""
+        from nre_ray.tasks.document import fact_rows
 
-    def encode_rows(self, frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
-                    assets: Mapping[str, bytes] | None = None) -> tuple[pd.Series, EncodedSplit]:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("evaluate") or "")
+        return list(fact_rows.OUTPUT_COLUMNS)
+
+    def answer(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """One row per predicted fact (:func:`.fact_rows.answer`)."""
+        from nre_ray.tasks.document import fact_rows
+
+        return fact_rows.answer(frame)
+
+    def answer_columns(self, top_k: int = 0) -> list[str]:
+        """``document``, ``head``, ``head_name``, ``tail``, ``tail_name``, ``relation``, ``score``."""
+        from nre_ray.tasks.document import fact_rows
+
+        return list(fact_rows.ANSWER_COLUMNS)
+
+    def encode_file(self, path: str, data: DataConfig, vocab: Vocab, labels: list[str],
+                    assets: Mapping[str, bytes] | None, fmt: str | None = None, columns: str | None = None,
+                    on_bad_rows: str = "error") -> tuple[DocumentSplit, int]:
+        """:func:`.fact_rows.encode_file`: a DocRED JSON or PubTator file, encoded with the checkpoint's context."""
+        from nre_ray.tasks.document import fact_rows
+
+        return fact_rows.encode_file(path, data, vocab, labels, assets, fmt, columns, on_bad_rows)
+
+    def plan_input(self, path: str, fmt: str | None, columns: str | None, chunk_rows: int) -> Any:
+        """:func:`.fact_rows.plan_documents`: one row per document."""
+        from nre_ray.tasks.document import fact_rows
+
+        return fact_rows.plan_documents(path, fmt, columns, chunk_rows)
 
     def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
                      top_k: int = 0) -> pd.DataFrame:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
+        """:func:`.fact_rows.predict_rows`: per document its id and predicted facts (``top_k > 0``: at most k
+        relations a pair)."""
+        from nre_ray.tasks.document import fact_rows
+
+        return fact_rows.predict_rows(model, frame, settings, top_k)
+
+    report_metrics: ClassVar[tuple[str, ...] | None] = doc_counts.METRICS
+
+    request_hint: ClassVar[str] = ("Fix these documents (DocRED's JSON: title, sents as lists of tokens, vertexSet as "
+                                   "lists of mentions with name, sent_id, pos [start, end) and type) and send them "
+                                   "again.")
+
+    def pyfunc_signature(self) -> Any:
+        """Inputs ``title`` (string), ``sents`` and ``vertexSet`` (any JSON: DocRED's values, or their text);
+        outputs one row per fact (:data:`.fact_rows.ANSWER_COLUMNS`); param ``top_k`` (at most k relations a
+        pair; 0: every relation above the threshold)."""
+        from mlflow.models import ModelSignature
+        from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+        from mlflow.types.schema import AnyType
+
+        from nre_ray.tasks.document import fact_rows
+
+        inputs = Schema([ColSpec("string", "title"), ColSpec(AnyType(), "sents"), ColSpec(AnyType(), "vertexSet")])
+        outputs = Schema([*(ColSpec("string", c) for c in fact_rows.ANSWER_COLUMNS if c != "score"),
+                          ColSpec("double", "score")])
+        return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
+
+    def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
+        """A document of the bundled document sample (:mod:`.sample`), as request columns."""
+        import pandas as pd
+
+        from nre_ray.tasks.document import fact_rows
+        from nre_ray.tasks.document.sample import sample_documents
+
+        docs = sample_documents("test", seed=0, sizes={"test": 1})
+        return pd.DataFrame([{c: d[c] for c in fact_rows.INPUT_COLUMNS} for d in docs])
+
+    def parse_request(self, payload: Any) -> pd.DataFrame | None:
+        """A document in DocRED's JSON (an object with ``sents`` and ``vertexSet``), a list of them, or
+        ``{"documents": [...]}``, as request rows (``title``, ``sents``, ``vertexSet``); None for anything else."""
+        import pandas as pd
+
+        from nre_ray.tasks.document import fact_rows
+
+        items = payload.get("documents") if isinstance(payload, dict) and set(payload) <= {"documents", "params"} \
+            else payload
+        items = [items] if isinstance(items, dict) else items
+        if not isinstance(items, list) or not items or not all(isinstance(d, dict) and "sents" in d and
+                                                               "vertexSet" in d for d in items):
+            return None
+        return pd.DataFrame([{c: d.get(c, "") if c == "title" else d[c] for c in fact_rows.INPUT_COLUMNS}
+                             for d in items], columns=list(fact_rows.INPUT_COLUMNS))
 
 
 #: The document task (stateless: one object serves every caller).

@@ -12,9 +12,9 @@
    its candidate pairs and gold facts (:mod:`.encoding`), each pair's intra-sentence flag and each fact's "seen in
    training" flag (:mod:`.counts`).
 3. Driver: the encoded documents become one :class:`~.split.DocumentSplit` per split, saved with the vocabulary,
-   labels and audit in a private folder and published as the cache folder (:mod:`nre_ray.core.buildonce`), under a
-   key of the input files' content and the settings (:func:`nre_ray.data.pipeline.cache_key`); the next run with
-   the same inputs and settings reuses it.
+   labels, audit and the context every checkpoint carries (:data:`CONTEXT_ASSET`) in a private folder and published
+   as the cache folder (:mod:`nre_ray.core.buildonce`), under a key of the input files' content and the settings
+   (:func:`nre_ray.data.pipeline.cache_key`); the next run with the same inputs and settings reuses it.
 
 Documents are few and small next to sentence corpora (CDR: 1,500 abstracts), so the driver holds them; the cache is
 local to the driver's node (a shared ``s3://`` cache, as the sentence pipeline has, is not done yet).
@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from nre_ray import storage
-from nre_ray.config import DataConfig
+from nre_ray.config import DataConfig, ModelConfig
 from nre_ray.core import buildonce
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats.common import HINT_PATH, Source, storage_problem
@@ -56,7 +56,11 @@ from nre_ray.tasks.document.split import DocumentSplit
 from nre_ray.tasks.document.validation import check_relations
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2
+CACHE_VERSION = 3
+CONTEXT_ASSET = "task/context.json"
+"""What every checkpoint of a document run carries of its training split (:func:`context_asset`): the candidate
+pairs' entity types and the training facts' names, so that evaluate, predict and serve encode documents as the run's
+preprocessing did (:func:`checkpoint_context`)."""
 MARKER = "meta.json"
 """The file a document cache folder gets last (with ``"task": "document"``)."""
 _SPLIT_WORDS = {"train": "train", "valid": "valid", "validation": "valid", "dev": "valid", "val": "valid",
@@ -164,6 +168,29 @@ def _context(train: list[Document], vocab: Vocab, relations: dict[str, int], fmt
             "train": train_triples(train)}
 
 
+def context_asset(context: Mapping[str, Any]) -> bytes:
+    """The part of an encoding ``context`` that the vocabulary, labels and settings of a checkpoint do not hold
+    (``type_pairs``, ``train``), as the JSON of :data:`CONTEXT_ASSET`."""
+    pairs = None if context["type_pairs"] is None else sorted(map(list, context["type_pairs"]))
+    return json.dumps({"type_pairs": pairs, "train": sorted(map(list, context["train"]))},
+                      ensure_ascii=False).encode("utf-8")
+
+
+def checkpoint_context(tokens: list[str], labels: list[str], lowercase: bool, assets: Mapping[str, bytes]
+                       ) -> dict[str, Any]:
+    """The encoding context of :func:`encode_document_row` as the run's preprocessing had it, from a checkpoint's
+    vocabulary ``tokens``, ``labels`` (TH first), ``--lowercase`` and ``assets`` (:data:`CONTEXT_ASSET`); a
+    CheckpointError-worthy ValueError when the checkpoint lacks it."""
+    if CONTEXT_ASSET not in assets:
+        raise ValueError(f"the checkpoint lacks {CONTEXT_ASSET} (written by an nre_ray older than document "
+                         "evaluate/predict): train it again")
+    stored = json.loads(assets[CONTEXT_ASSET].decode("utf-8"))
+    pairs = stored["type_pairs"]
+    return {"tokens": list(tokens), "lowercase": lowercase, "relations": relation_index(labels[1:]),
+            "type_pairs": None if pairs is None else [tuple(p) for p in pairs],
+            "train": frozenset(tuple(t) for t in stored["train"])}
+
+
 def _encode_with_ray_data(documents: dict[str, list[Document]], context: dict[str, Any]) -> dict[str, list[dict]]:
     """Every split's documents encoded by Ray Data (:func:`encode_batch`), back in their order."""
     import ray.data
@@ -182,6 +209,14 @@ def _encode_with_ray_data(documents: dict[str, list[Document]], context: dict[st
 
 # --------------------------------------------------------------------------------------------------------------------
 # the run's data
+
+
+def is_cached(cfg: DataConfig, seed: int) -> bool:
+    """Whether :func:`prepare_documents` would reuse a cache (and so needs no Ray)."""
+    if cfg.no_cache:
+        return False
+    return complete(Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(find_files(cfg.data_dir),
+                                                                               settings_of(cfg, seed)))
 
 
 def settings_of(cfg: DataConfig, seed: int) -> dict[str, Any]:
@@ -255,26 +290,38 @@ def _build(cfg: DataConfig, files: dict[str, Source], seed: int) -> Prepared:
                             columns=["file", "line", "problem"])
     return Prepared(splits=splits, vocab=vocab, labels=labels, sources={}, rejected=rejected,
                     valid_from_train=valid_from_train, audit=audit_of(documents, labels, splits, len(problems)),
-                    rejected_count=len(problems))
+                    rejected_count=len(problems), assets={CONTEXT_ASSET: context_asset(context)})
 
 
 def audit_of(documents: dict[str, list[Document]], labels: list[str], splits: dict[str, DocumentSplit],
              rejected: int) -> dict[str, Any]:
-    """The data audit in :mod:`nre_ray.data.audit`'s layout: per split its documents (``rows``), skipped ones,
-    lengths in words, candidate pairs and facts per relation."""
-    out: dict[str, Any] = {"warnings": [], "labels": labels[1:], "max_length": 0, "splits": {}}
+    """The data audit (``python -m nre_ray.data inspect``, MLflow's ``data/audit.md``: :mod:`.describe`): per split
+    its documents (``rows``), skipped ones, entities, mentions, candidate pairs, facts per relation (``labels``),
+    lengths in words and in encoded tokens (markers included), and how many documents are longer than the encoder's
+    default window (``--max-positions``: read in overlapping windows)."""
+    window = ModelConfig().max_positions
+    out: dict[str, Any] = {"task": "document", "warnings": [], "labels": labels[1:], "max_length": 0,
+                           "window": window, "splits": {}}
     for s, docs in documents.items():
-        lengths = np.asarray([d.num_tokens for d in docs] or [0])
         facts = Counter(f.relation for d in docs for f in d.facts)
+        tokens = splits[s].lengths if s in splits else np.zeros(0, dtype=np.int64)
         out["splits"][s] = {
-            "rows": len(docs), "rejected": rejected if s == "train" else 0, "entities": sum(len(d.entities)
-                                                                                              for d in docs),
+            "rows": len(docs), "rejected": rejected if s == "train" else 0,
+            "entities": sum(len(d.entities) for d in docs),
+            "mentions": sum(len(e.mentions) for d in docs for e in d.entities),
             "candidate_pairs": len(splits[s].arrays["pairs"]) if s in splits else 0,
             "facts": sum(facts.values()),
-            "length": {"mean": float(lengths.mean()), "p50": float(np.percentile(lengths, 50)),
-                       "p90": float(np.percentile(lengths, 90)), "max": int(lengths.max())},
+            "length": _spread([d.num_tokens for d in docs]), "tokens": _spread(tokens.tolist()),
+            "longer_than_window": int((tokens > window).sum()),
             "distance": {}, "labels": dict(facts)}
     return out
+
+
+def _spread(values: list[int]) -> dict[str, float]:
+    """Mean, p50, p90 and max of ``values`` (0 for none)."""
+    a = np.asarray(values or [0])
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "max": int(a.max())}
 
 
 def complete(folder: Path) -> bool:
@@ -298,6 +345,7 @@ def save_documents(prepared: Prepared, folder: Path) -> None:
     (folder / "labels.json").write_text(json.dumps(prepared.labels, ensure_ascii=False), encoding="utf-8")
     (folder / "audit.json").write_text(json.dumps(prepared.audit, ensure_ascii=False), encoding="utf-8")
     prepared.rejected.to_csv(folder / "rejected.csv", index=False)
+    (folder / "context.json").write_bytes(prepared.assets[CONTEXT_ASSET])
     meta = {"task": "document", "splits": list(prepared.splits), "valid_from_train": prepared.valid_from_train,
             "rejected_count": prepared.rejected_count}
     (folder / MARKER).write_text(json.dumps(meta), encoding="utf-8")
@@ -314,4 +362,5 @@ def load_documents(folder: Path) -> Prepared:
         sources={}, rejected=pd.read_csv(rejected, keep_default_na=False) if rejected.stat().st_size > 1
         else pd.DataFrame(), cache_hit=True, valid_from_train=meta["valid_from_train"],
         audit=json.loads((folder / "audit.json").read_text(encoding="utf-8")), rejected_count=meta["rejected_count"],
-        rejected_csv=str(rejected) if meta["rejected_count"] else None, cache_dir=str(folder))
+        rejected_csv=str(rejected) if meta["rejected_count"] else None, cache_dir=str(folder),
+        assets={CONTEXT_ASSET: (folder / "context.json").read_bytes()})

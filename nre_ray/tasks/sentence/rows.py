@@ -13,6 +13,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +25,8 @@ from torch import nn
 from nre_ray.config import DataConfig
 from nre_ray.data.batches import EncodedSplit, encode_split, tokenize_batch
 from nre_ray.data.encode import EncodedDataset
-from nre_ray.data.read import check_rows
+from nre_ray.data.errors import DataError
+from nre_ray.data.read import check_rows, parse_column_map, problems_of, read_table
 from nre_ray.data.subword import assets_folder, encode_subword_batch
 from nre_ray.data.vocab import Vocab
 from nre_ray.run.checkpoint import CheckpointError
@@ -158,3 +162,47 @@ def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSetting
         out["top_k_labels"], out["top_k_scores"] = top_labels, top_scores
     out["problem"] = problems.to_numpy()
     return out
+
+
+def encode_file(path: str, data: DataConfig, vocab: Vocab, labels: list[str], assets: Mapping[str, bytes] | None,
+                fmt: str | None = None, columns: str | None = None, on_bad_rows: str = "error"
+                ) -> tuple[EncodedSplit, int]:
+    """The labelled rows of ``path`` (any format training reads; ``fmt``, ``columns``: ``--format``, ``--columns``)
+    encoded as training encoded them (:func:`encode_rows` with ``labels``), and how many bad rows were skipped. Bad
+    rows (a label the checkpoint does not know among them) are a DataError with ``on_bad_rows="error"``."""
+    frame = read_table(path, fmt, parse_column_map(columns) if columns else None, require_relation=True)
+    problems, split = encode_rows(frame, data, vocab, labels, assets)
+    bad = (problems != "").to_numpy()
+    if bad.any() and on_bad_rows == "error":
+        raise DataError(problems_of(frame.assign(problem=problems.to_numpy())[bad]),
+                        hint=_bad_rows_hint(frame, bad, labels))
+    return split, int(bad.sum())
+
+
+def _bad_rows_hint(frame: pd.DataFrame, bad: np.ndarray, labels: list[str]) -> str:
+    unknown = sorted(set(frame["relation"][bad]) - set(labels) - {""})
+    named = f"Labels the checkpoint does not know: {', '.join(map(repr, unknown))}. " if unknown else ""
+    return named + "Fix these rows, or pass --on-bad-rows skip to evaluate on the other rows."
+
+
+def signature() -> Any:
+    """The pyfunc model's signature: inputs ``sentence, head, head_offset, tail, tail_offset`` and the optional
+    ``head_type, tail_type`` (read by models trained with typed entity markers); outputs ``predicted_relation,
+    score``; param ``top_k`` (default 0)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    inputs = Schema([ColSpec("string", "sentence"), ColSpec("string", "head"), ColSpec("long", "head_offset"),
+                     ColSpec("string", "tail"), ColSpec("long", "tail_offset"),
+                     ColSpec("string", "head_type", required=False), ColSpec("string", "tail_type", required=False)])
+    outputs = Schema([ColSpec("string", "predicted_relation"), ColSpec("double", "score")])
+    return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
+
+
+def input_example(rows: int = 2, typed: bool = False) -> pd.DataFrame:
+    """The first rows of the bundled sample's test file, as the model takes them: with ``head_type``/``tail_type``
+    for a model trained with typed entity markers (``typed``), which reads them."""
+    path = Path(str(resources.files("nre_ray.data") / "sample" / "test.csv"))
+    frame = pd.read_csv(path, nrows=rows, keep_default_na=False)
+    columns = ["sentence", "head", "head_offset", "tail", "tail_offset", *(["head_type", "tail_type"] if typed else [])]
+    return frame[columns].astype({"head_offset": "int64", "tail_offset": "int64"})

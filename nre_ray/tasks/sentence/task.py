@@ -76,6 +76,25 @@ class SentenceTask(Task):
         return prepare(data, seed, pretrained, shared_cache=shared_cache, on_every_node=on_every_node,
                        multi_node=multi_node)
 
+    def check_inputs(self, data: DataConfig) -> None:
+        """:func:`nre_ray.data.pipeline.check_inputs`: the files, ``--columns``, the label file, the first chunk of
+        every local split file."""
+        from nre_ray.data.pipeline import check_inputs
+
+        check_inputs(data)
+
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
+        """:func:`nre_ray.data.pipeline.is_cached`."""
+        from nre_ray.data.pipeline import is_cached
+
+        return is_cached(data, seed, shared_cache=shared_cache)
+
+    def audit_markdown(self, audit: Mapping[str, Any]) -> str:
+        """:func:`nre_ray.data.audit.to_markdown`: rows, duplicates, lengths, distances, labels, warnings."""
+        from nre_ray.data.audit import to_markdown  # pandas: when a run starts
+
+        return to_markdown(audit)
+
     def open_split(self, folder: Path, name: str) -> EncodedSplit:
         """:meth:`EncodedSplit.open`: read by rows, on demand."""
         return EncodedSplit.open(folder, name)
@@ -156,15 +175,39 @@ class SentenceTask(Task):
         """``predicted_relation``, ``score`` (and ``top_k_labels``, ``top_k_scores``)."""
         return list(rows.OUTPUT_COLUMNS) + (list(rows.TOP_K_COLUMNS) if top_k > 0 else [])
 
-    def encode_rows(self, frame: pd.DataFrame, data: DataConfig, vocab: Vocab, labels: list[str] | None = None,
-                    assets: Mapping[str, bytes] | None = None) -> tuple[pd.Series, EncodedSplit]:
-        """:func:`nre_ray.tasks.sentence.rows.encode_rows`."""
-        return rows.encode_rows(frame, data, vocab, labels, assets)
-
     def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
                      top_k: int = 0) -> pd.DataFrame:
         """:func:`nre_ray.tasks.sentence.rows.predict_rows`: one row per input row."""
         return rows.predict_rows(model, frame, settings, top_k)
+
+    def encode_file(self, path: str, data: DataConfig, vocab: Vocab, labels: list[str],
+                    assets: Mapping[str, bytes] | None, fmt: str | None = None, columns: str | None = None,
+                    on_bad_rows: str = "error") -> tuple[EncodedSplit, int]:
+        """:func:`nre_ray.tasks.sentence.rows.encode_file`."""
+        return rows.encode_file(path, data, vocab, labels, assets, fmt, columns, on_bad_rows)
+
+    def plan_input(self, path: str, fmt: str | None, columns: str | None, chunk_rows: int) -> Any:
+        """:func:`nre_ray.data.chunks.plan_chunks` (a relation column is not needed)."""
+        from nre_ray.data.chunks import plan_chunks
+        from nre_ray.data.read import parse_column_map
+
+        return plan_chunks(path, fmt, parse_column_map(columns) if columns else None, chunk_rows,
+                           require_relation=False)
+
+    report_metrics: ClassVar[tuple[str, ...] | None] = (
+        "accuracy", "macro_precision", "macro_recall", "macro_f1", "micro_f1", "pos_micro_precision",
+        "pos_micro_recall", "pos_micro_f1", "pos_macro_f1", "semeval_macro_f1")
+
+    request_hint: ClassVar[str] = ("Fix these rows (head_offset / tail_offset: 0-based character offsets of head and "
+                                   "tail in sentence) and send them again.")
+
+    def pyfunc_signature(self) -> Any:
+        """:func:`nre_ray.tasks.sentence.rows.signature`."""
+        return rows.signature()
+
+    def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
+        """Two rows of the bundled sample, with entity types for a model that learnt typed markers."""
+        return rows.input_example(typed=rows.learnt_types(vocab))
 
 
 def _matrix(counts: Any) -> np.ndarray:
