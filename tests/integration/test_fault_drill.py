@@ -33,7 +33,7 @@ def test_the_small_fault_drill_loses_nothing(tmp_path, capsys):
                            "--timeout", "420"],
                           capture_output=True, text=True, env=env(), timeout=470, check=False)
     seconds = time.monotonic() - started
-    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:] + _command_logs(tmp_path / "work")
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["ok"] and [c["check"] for c in result["checks"] if not c["ok"]] == []
     struck = [f for f in result["faults"] if f["at_s"] is not None]
@@ -48,3 +48,10 @@ def test_the_small_fault_drill_loses_nothing(tmp_path, capsys):
     assert sum(len(run["commands"]) for run in result["runs"]) > 2
     with capsys.disabled():
         print(f"\nfault drill: {len(struck)} faults, 2 runs, {seconds:.0f} s\n{done.stdout}")
+
+
+def _command_logs(work: Path) -> str:
+    """The end of each command's console log (``work/logs/RUN.N.log``), for a failure's message: the drill's folder
+    is a temporary one, which later test sessions remove."""
+    return "".join(f"\n--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+                   for log in sorted((work / "logs").glob("*.log")))
