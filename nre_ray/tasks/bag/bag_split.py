@@ -60,7 +60,7 @@ class BagSplit:
         return rows, scope
 
     class Writer:
-        """Collects encoded bags (rows of :func:`.grouping.encode_bags`, in key order) into a :class:`BagSplit`."""
+        """Collects encoded bags (rows of :func:`.grouping.encode_bags`, in any order) into a :class:`BagSplit`."""
 
         def __init__(self, num_classes: int, window: int) -> None:
             self.num_classes = num_classes
@@ -86,7 +86,11 @@ class BagSplit:
                 self.info[key].append(str(value))
 
         def finish(self, name: str) -> BagSplit:
-            """The bags added, as a split called ``name``."""
+            """The bags added, in the order of their keys, as a split called ``name``."""
+            order = sorted(range(len(self.lengths)), key=self.info["keys"].__getitem__)
+            self.tokens, self.lengths, self.spans, self.labels, self.total = (
+                [part[i] for i in order] for part in (self.tokens, self.lengths, self.spans, self.labels, self.total))
+            self.info = {k: [v[i] for i in order] for k, v in self.info.items()}
             lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
             spans = np.concatenate(self.spans) if self.spans else np.zeros((0, 4), dtype=np.int32)
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
