@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from nre_ray.config import Config, ConfigError, DataConfig, ModelConfig
+from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
 from nre_ray.models.registry import ModelSpec
 from nre_ray.run.checkpoint import CheckpointError
@@ -179,3 +180,24 @@ def test_reports_hold_the_pr_curve_as_data_and_plot(encoded, tmp_path):
     assert curve["precision"].iloc[99] == pytest.approx(BAG.scores(counts, labels, None)["p_at_100"])
     assert (tmp_path / "valid_pr_curve.png").stat().st_size > 1000
     assert [r["label"] for r in BAG.per_label(counts, labels)] == labels[1:]
+
+
+def test_bad_rows_are_counted_and_named(tmp_path):
+    path = tmp_path / "train.tsv"
+    good = "/m/1\t/m/2\tAda\tBob\t/r/x\tAda met Bob ###END###"
+    path.write_text("\n".join([good, "/m/1\t/m/2\tAda\tCyd\t/r/x\tAda met Bob ###END###", "only\tthree\tfields"]),
+                    encoding="utf-8")
+    item = pd.DataFrame({"split": ["train"], "path": [str(path)], "format": ["nyt10"]})
+    rows = pd.concat(list(grouping.read_split_file(item, None)), ignore_index=True)
+    summary = grouping.problem_summary(rows)
+    assert int(summary["count"].sum()) == 2 and summary["line"].tolist() == [2, 3]
+    assert "tail: 'Cyd' does not occur in the sentence" in summary["problem"].iloc[0]
+    with pytest.raises(DataError, match=r"train\.tsv:2: .*Cyd") as err:
+        grouping.fail_or_skip(summary, 2, "error", False)
+    assert "--on-bad-rows skip" in str(err.value)
+    grouping.fail_or_skip(summary, 2, "skip", False)  # skipped: no error
+    keyed = grouping.keyed_good_rows(rows)
+    assert len(keyed) == 1 and keyed["bag"].iloc[0] == "id\x1f/m/1\x1f/m/2"
+    missing = pd.DataFrame({"split": ["train"], "path": [str(tmp_path / "nope.tsv")], "format": ["nyt10"]})
+    fatal = pd.concat(list(grouping.read_split_file(missing, None)), ignore_index=True)
+    assert fatal["fatal"].tolist() == [1] and "nope.tsv" in fatal["file"].iloc[0]

@@ -121,7 +121,7 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with every column of a read frame, text as str (Arrow needs one type a column)."""
     out = frame.reindex(columns=[*COLUMNS, "split", "fatal"])
     for c in (*TEXT_COLUMNS, "split"):
-        out[c] = out[c].fillna("").astype(str)
+        out[c] = out[c].astype(object).fillna("").astype(str)
     out["line"] = pd.to_numeric(out["line"], errors="coerce").fillna(0).astype(np.int64)
     out["fatal"] = out["fatal"].fillna(0).astype(np.int64)
     return out
@@ -277,7 +277,7 @@ def bag_stats(batch: pd.DataFrame, tokenizer: str, lowercase: bool, markers: boo
                                                   np.ones(len(found), dtype=np.int64)])})
 
 
-def _fail_or_skip(problems: pd.DataFrame, count: int, on_bad_rows: str, fatal: bool) -> None:
+def fail_or_skip(problems: pd.DataFrame, count: int, on_bad_rows: str, fatal: bool) -> None:
     """DataError with the first problems (a file that cannot be read always; bad rows unless skipped)."""
     if count and (fatal or on_bad_rows != "skip"):
         listed = [Problem(str(r.file), int(r.line) or None, None, str(r.problem)) for r in problems.itertuples()]
@@ -328,11 +328,11 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
         read_split_file, fn_kwargs={"columns": cfg.columns}, batch_format="pandas", batch_size=1).materialize()
     summary = pd.DataFrame(read.map_batches(problem_summary, batch_format="pandas").take_all())
     fatal = summary[summary["fatal"] == 1] if len(summary) else summary
-    _fail_or_skip(fatal, len(fatal), cfg.on_bad_rows, True)
+    fail_or_skip(fatal, len(fatal), cfg.on_bad_rows, True)
     bad_count = int(summary["count"].sum()) if len(summary) else 0
     shown = summary.head(MAX_SHOWN).drop(columns=["fatal", "count"]) if len(summary) \
         else pd.DataFrame(columns=["file", "line", "problem"])
-    _fail_or_skip(shown, bad_count, cfg.on_bad_rows, False)
+    fail_or_skip(shown, bad_count, cfg.on_bad_rows, False)
 
     bags = read.map_batches(keyed_good_rows, batch_format="pandas").groupby(
         ["split", BAG], num_partitions=_partitions(read.count())).map_groups(
@@ -365,7 +365,7 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
     rejected_frame = pd.DataFrame(rejected, columns=["file", "line", "problem", "sentence", "head", "tail",
                                                      "relation"])
     if len(rejected_frame):
-        _fail_or_skip(rejected_frame.head(MAX_SHOWN), len(rejected_frame), cfg.on_bad_rows, False)
+        fail_or_skip(rejected_frame.head(MAX_SHOWN), len(rejected_frame), cfg.on_bad_rows, False)
     splits = {s: w.finish(s) for s, w in writers.items() if s in files or (s == "valid" and valid_from_train)}
     if not len(splits["train"]) or not len(splits.get("valid", [])):
         raise DataError([Problem(str(files["train"]), None, None, "too few good bags to train and validate on")],
