@@ -33,6 +33,11 @@ METRICS = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "micro_f1"
 #: The document task's scores besides micro_* and macro_f1 (nre_ray.tasks.document.counts.METRICS; its default is
 #: micro_f1, F1 over facts). Which of all these a run may choose is said once its data is read.
 DOCUMENT_METRICS = ("ign_f1", "ign_precision", "intra_f1", "inter_f1")
+#: The bag task's held-out scores besides micro_* and macro_f1 (nre_ray.tasks.bag.bag_scores.METRICS; its default is
+#: auc, the area under the held-out precision-recall curve, as OpenNRE reports NYT10).
+BAG_METRICS = ("auc", "p_at_100", "p_at_200", "p_at_300", "max_f1", "mean_precision")
+#: --bag-aggregator: how a bag's sentence vectors become its scores (nre_ray.tasks.bag.aggregators.AGGREGATORS).
+BAG_AGGREGATORS = ("att", "avg", "one")
 
 
 #: Settings added after runs had written their configs, with the value that reproduces what those runs did: a stored
@@ -120,6 +125,8 @@ _f = option  # the short name of the many fields below
 
 #: The input formats every command that reads rows accepts (--format).
 FORMATS = ("csv", "tsv", "jsonl", "parquet", "deepke", "opennre", "semeval")
+#: The formats of bags (--bag-aggregator) alone: NYT10's TSV (nre_ray.tasks.bag.files.NYT10).
+BAG_ONLY_FORMATS = ("nyt10",)
 
 #: The options that mean the same in several commands, each with its one default, help and choices; a command's
 #: options take one with :func:`shared` (tests/unit/test_config.py checks that each command's flag says the same).
@@ -129,7 +136,8 @@ SHARED: dict[str, dict[str, Any]] = {
                                               "(default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the "
                                               "working directory)."},
     "cpus_per_worker": {"default": None, "help": CPUS_PER_WORKER_HELP},
-    "format": {"default": None, "help": "Input format; detected from the file when not given.", "choices": FORMATS},
+    "format": {"default": None, "help": "Input format; detected from the file when not given (nyt10, NYT10's TSV: "
+                                        "bags only, --bag-aggregator).", "choices": FORMATS + BAG_ONLY_FORMATS},
     "columns": {"default": None, "help": "Column mapping for files with other column names, e.g. "
                                          "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'."},
     "trained_model": {"default": REQUIRED,
@@ -180,6 +188,9 @@ class DataConfig:
                                     "uses markers).")
     typed_markers: bool = _f(True, "Entity markers carry the entity types (<e1:person> ... </e1:person>) where "
                                    "head_type/tail_type are given; else, and with --no-typed-markers, [E1] ... [/E1].")
+    max_bag_size: int = _f(100, "--bag-aggregator runs: a bag (an entity pair's sentences) keeps at most this many "
+                                "sentences, a uniform sample drawn by --seed (its label still counts every sentence), "
+                                "so that one huge bag cannot exhaust a worker.")
 
 
 @dataclass
@@ -208,6 +219,11 @@ class ModelConfig:
                                "the two entity start markers'.")
     gradient_checkpointing: bool = _f(False, "--model bert: recompute activations in the backward pass (less "
                                              "memory, about 30% slower).")
+    bag_aggregator: str | None = _f(None, "Train on bags (distant supervision): every sentence of one entity pair "
+                                          "(head_id/tail_id, else the head and tail texts) is one example, labelled "
+                                          "with all its pair's relations; 'att': selective attention, 'avg': the "
+                                          "mean, 'one': the most confident sentence. Default: sentence by sentence.",
+                                    choices=BAG_AGGREGATORS)
     embeddings: str | None = _f(None, "Pretrained word vectors in the word2vec/GloVe text format (.txt/.vec, "
                                       "optionally .gz) loaded into the word embedding for vocabulary words; their "
                                       "dimension must equal --word-dim. The file must be readable on every node.")
@@ -232,7 +248,8 @@ class TrainConfig:
                                          "pos_macro_f1 with --negative-label). The pos_* scores need "
                                          "--negative-label; semeval_macro_f1 also needs directed labels such as "
                                          "Cause-Effect(e1,e2). Document data: micro_f1 (the default), "
-                                         "ign_f1, intra_f1, inter_f1, ...", choices=METRICS + DOCUMENT_METRICS)
+                                         "ign_f1, intra_f1, inter_f1, ... Bags: auc (the default), p_at_100, ...",
+                                         choices=METRICS + DOCUMENT_METRICS + BAG_METRICS)
     seed: int = _f(1, "Random seed for initialisation, shuffling and the validation split.")
     num_workers: int = _f(2, "Training workers (processes); one per GPU with --use-gpu. MIN-MAX (e.g. 1-3): an "
                              "elastic run, which starts once MIN workers can be placed, grows towards MAX as room "
@@ -353,6 +370,9 @@ class Config:
             (self.data.position_window >= 1, "--position-window must be >= 1"),
             (0 < self.data.valid_fraction < 1, "--valid-fraction must be between 0 and 1"),
             (self.data.min_freq >= 1, "--min-freq must be >= 1"),
+            (self.data.max_bag_size >= 1, "--max-bag-size must be >= 1"),
+            (self.data.format not in BAG_ONLY_FORMATS or self.model.bag_aggregator is not None,
+             f"--format {self.data.format} is for bags: add --bag-aggregator att, avg or one"),
             (0 <= self.model.dropout < 1, "--dropout must be in [0, 1)"),
             (0 <= self.model.embedding_dropout < 1, "--embedding-dropout must be in [0, 1)"),
             (0 <= self.train.label_smoothing < 1, "--label-smoothing must be in [0, 1)"),

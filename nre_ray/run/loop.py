@@ -59,10 +59,16 @@ INTS_AT_ONCE = 65536
 
 
 class ShardSampler(Sampler[int]):
-    """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: every example exactly once, no padding."""
+    """Rank ``r`` of ``w`` gets indices ``r, r + w, r + 2w, ...``: every example exactly once, no padding. With
+    ``block`` > 1, whole blocks of ``block`` indices in turn (blocks ``r, r + w, ...``): a loader with that batch size
+    then makes the same batches on any number of workers."""
 
-    def __init__(self, n: int, rank: int, world_size: int) -> None:
-        self.indices = range(rank, n, world_size)
+    def __init__(self, n: int, rank: int, world_size: int, block: int = 1) -> None:
+        if block == 1:
+            self.indices: Any = range(rank, n, world_size)
+        else:
+            starts = range(rank * block, n, world_size * block)
+            self.indices = [i for s in starts for i in range(s, min(s + block, n))]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
@@ -140,8 +146,9 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
 def eval_loader(task: Task, split: EncodedSplit, rank: int, world_size: int) -> DataLoader:
     """A loader over this rank's exact shard of ``split`` (no DistributedSampler padding; ``task``'s batches), moved
     to the device."""
+    block = task.eval_batch_size if task.eval_blocks else 1
     loader = DataLoader(task.dataset(split), batch_size=task.eval_batch_size,
-                        sampler=ShardSampler(len(split), rank, world_size), collate_fn=identity_collate)
+                        sampler=ShardSampler(len(split), rank, world_size, block), collate_fn=identity_collate)
     return ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)
 
 
@@ -670,8 +677,9 @@ def _final(run: WorkerRun) -> None:
                for name in ("valid", "test") if name in run.splits}  # name -> (the task's counts, mean loss)
     if run.rank != 0:
         return
-    results = {name: (counts, {**task.scores(counts, labels, cfg.data.negative_label), "loss": loss})
-               for name, (counts, loss) in counted.items()}
+    scored = task.split_scores({name: counts for name, (counts, _) in counted.items()}, labels,
+                               cfg.data.negative_label)
+    results = {name: (counts, {**scored[name], "loss": loss}) for name, (counts, loss) in counted.items()}
     final = {f"{name}_{k}": _finite(v) for name, (_, s) in results.items() for k, v in s.items()}
     run.tracker.log_metrics({"best_epoch": state.best_epoch, **{k: v for k, v in final.items()
                                                                 if k.startswith("test_")}}, step=state.best_epoch)

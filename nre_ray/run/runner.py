@@ -117,7 +117,7 @@ def check_inputs(cfg: Config, task: Any = None) -> None:
     from nre_ray.tasks.lookup import task_for
 
     if cfg.data.data_dir:
-        (task or task_for(cfg.data.data_dir)).check_data(cfg.data)
+        (task or task_for(cfg.data.data_dir, bags=cfg.model.bag_aggregator is not None)).check_data(cfg.data)
     missing = [Problem(value, None, None, f"--{key}: file not found")
                for key in ("train", "valid", "test", "labels")
                if (value := getattr(cfg.data, key)) and not fs.is_uri(value) and not Path(value).is_file()]
@@ -298,7 +298,7 @@ def resolve_target(cfg: Config) -> Target:
     from nre_ray.tasks.lookup import task_for
 
     check_address(cfg.run.address)  # before anything is created: the run's log, its folder, the MLflow run
-    task = task_for(cfg.data.data_dir)  # what the data is: the spine asks it from here on
+    task = task_for(cfg.data.data_dir, bags=cfg.model.bag_aggregator is not None)  # the spine asks it from here on
     task.check_settings(cfg)
     check_inputs(cfg, task)
     default = task.default_metric(cfg.data.negative_label)

@@ -40,11 +40,12 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows one per document
   (its id and its facts), answered (:meth:`Task.answer`) as one per predicted fact: document, head entity, tail
   entity, relation, score.
-* **bag** (:mod:`nre_ray.tasks.bag`, building blocks): an example is one entity pair, the sentences that name it and
+* **bag** (:mod:`nre_ray.tasks.bag`, wired into train with ``--bag-aggregator``; the other commands refuse its
+  models in one line): an example is one entity pair, the sentences that name it and
   its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
   ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
-  instances' logits (K, C), whose cross-entropy is the loss, and the bags' probabilities (B, C); the counts each
-  bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
+  instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the
+  counts each bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
   :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve; the rows one per bag and relation.
 """
 
@@ -80,6 +81,10 @@ class Task(ABC):
     """What the console calls its examples (``rows``, ``documents``)."""
     eval_batch_size: ClassVar[int] = 256
     """Examples per batch when scoring a split."""
+    eval_blocks: ClassVar[bool] = False
+    """Whether a split is scored in fixed batches (examples ``k * eval_batch_size`` on, whatever the number of
+    workers: each rank takes whole batches in turn), for a task whose counts hold float scores that must not depend
+    on which examples shared a batch (the bag task's); else each rank takes every ``world_size``-th example."""
 
     # ---------------------------------------------------------------------------------------------------------------
     # data
@@ -202,6 +207,13 @@ class Task(ABC):
     def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
         """The scores (name -> finite float) of the summed ``counts`` (a tensor or the numpy array of one):
         the keys are the task's metric names, what ``--select-metric`` chooses among."""
+
+    def split_scores(self, counted: Mapping[str, Any], labels: list[str], negative_label: str | None
+                     ) -> dict[str, dict[str, float]]:
+        """The scores of each split's summed counts at the end of a run (``counted``: split name -> counts), for a
+        task whose test scores depend on validation (a threshold chosen there). Default: each split's
+        :meth:`scores` on its own."""
+        return {name: self.scores(c, labels, negative_label) for name, c in counted.items()}
 
     @abstractmethod
     def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from nre_ray.run.checkpoint import CheckpointError
+from nre_ray.tasks.bag.bag_task import BAG
 from nre_ray.tasks.base import Task
 from nre_ray.tasks.document.document_task import DOCUMENT
 from nre_ray.tasks.sentence.task import SENTENCE
 
 #: The tasks the commands know, by name, in the order :func:`task_for` asks them (the sentence task, which takes any
 #: folder its readers take, last).
-TASKS: dict[str, Task] = {DOCUMENT.name: DOCUMENT, SENTENCE.name: SENTENCE}
+TASKS: dict[str, Task] = {DOCUMENT.name: DOCUMENT, BAG.name: BAG, SENTENCE.name: SENTENCE}
 #: The task of a checkpoint whose meta.json names none (written before the task layer).
 DEFAULT_TASK = SENTENCE.name
 
@@ -33,9 +34,12 @@ def task_named(name: str) -> Task:
         raise ValueError(f"unknown task {name!r}: this nre_ray knows {', '.join(TASKS)}") from None
 
 
-def task_for(data_dir: str | None) -> Task:
+def task_for(data_dir: str | None, bags: bool = False) -> Task:
     """The task whose format the data folder ``data_dir`` is in (None: the bundled sample, sentences): the first of
-    :data:`TASKS` that recognises it."""
+    :data:`TASKS` that recognises it. ``bags`` (``--bag-aggregator`` given): the bag task, whatever the folder (its
+    sentence files are grouped into bags; None: the bundled bag sample)."""
+    if bags:
+        return BAG
     if data_dir is None:
         return SENTENCE
     return next(task for task in TASKS.values() if task.recognises(data_dir))

@@ -176,7 +176,8 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.trial import trial_trainable
 
-        refused = task_for(cfg.data.data_dir).unsupported("tune")  # a task whose data tune does not take yet
+        # a task whose data tune does not take yet
+        refused = task_for(cfg.data.data_dir, bags=cfg.model.bag_aggregator is not None).unsupported("tune")
         if refused:
             raise UsageError(refused)
         cfg.run.run_name = cfg.run.run_name or default_run_name(f"tune-{cfg.model.model}")

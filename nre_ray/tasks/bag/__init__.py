@@ -16,9 +16,11 @@ What is here (pure building blocks, unit-tested in ``tests/unit/test_bag_*.py``)
 * :mod:`.synthetic`: an NYT10-shaped synthetic corpus (``scripts/make_bag_corpus.py``) and the bundled bag sample
   in ``sample/`` (NA + 4 relations, 640 sentences).
 
-What is not wired yet: ``--bag-aggregator`` and ``--format nyt10`` in the commands (train, tune, evaluate, predict,
-serve), the Ray Data pipeline (read -> :func:`~.bags.with_bag_keys` -> ``groupby("bag").map_groups(build_bags)``),
-tokenizing a bag's sentences into the encoder's tensors plus ``scope``, the per-worker loop, checkpoints, MLflow
-logging of the PR curve, and the registration of ``nyt10`` in :mod:`nre_ray.data.formats` and of the id columns in
-:mod:`nre_ray.data.schema`. The task layer of issue 36 is to take these.
+The task (:mod:`.bag_task`, ``BAG``: what train runs with ``--bag-aggregator att|avg|one``): its preprocessing
+(:mod:`.grouping`: the files, Ray Data grouping into bags and encoding, the cache), its encoded splits and batches
+(:mod:`.bag_split`), its exact per-bag counts, scores and PR-curve reports (:mod:`.bag_scores`).
+
+What is not wired yet: tune, evaluate, predict, serve and the MLflow pyfunc model (they refuse bag models and data in
+one line), ``--model bert`` on bags, elastic runs on bags, a shared ``s3://`` cache for bags, and shards balanced by
+sentences (:func:`~.bags.balance_shards` is not used by the loop yet: the loop's samplers shard bags).
 """

@@ -42,16 +42,21 @@ class BagClassifier(nn.Module):
 
     def sentences(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The sentence vectors (N, H) of the batch (``scope`` and ``labels`` are not the encoder's)."""
-        return self.encoder({k: v for k, v in batch.items() if k not in ("scope", "labels")})  # (N, H)
+        return self.encoder({k: v for k, v in batch.items() if k not in ("scope", "labels", "index")})  # (N, H)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training: ``(logits (K, C), query (K,))`` of the batch's (bag, label) instances."""
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``(logits (K, C), query (K,))`` of the batch's (bag, label) instances; in eval mode also the bags'
+        probabilities (B, C) (:meth:`scores`'), from the same sentence vectors."""
         bag_of, query = instances(batch["labels"])
-        return self.aggregator.train_logits(self.sentences(batch), batch["scope"], bag_of, query), query
+        reps = self.sentences(batch)  # (N, H)
+        logits = self.aggregator.train_logits(reps, batch["scope"], bag_of, query)  # (K, C)
+        if self.training:
+            return logits, query
+        return logits, query, self.aggregator.scores(reps, batch["scope"])
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean softmax cross-entropy over the batch's instances (a scalar)."""
-        logits, query = self(batch)
+        logits, query = self(batch)[:2]
         return F.cross_entropy(logits, query)
 
     @torch.no_grad()

@@ -1,0 +1,219 @@
+"""The bag task through the task interface (:class:`nre_ray.tasks.base.Task`): one example is one entity pair's bag
+of sentences with the pair's label set (distant supervision, OpenNRE's NYT10 setup). Opt-in: ``--bag-aggregator
+att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files train either way.
+
+* data: NYT10's TSV (detected from the file; ``--format nyt10`` forces it), OpenNRE JSON Lines (``h.id``/``t.id``),
+  CSV/TSV/JSON Lines/Parquet with ``head_id``/``tail_id`` (without ids, a bag is a (head, tail) text pair); grouped
+  into bags, capped at ``--max-bag-size`` sentences by seeded sampling, and encoded by Ray Data (:mod:`.grouping`)
+  into :class:`~.bag_split.BagSplit` files; batches are :class:`~.bag_split.BagDataset`'s: the bags' N sentences as
+  the sentence task's (N, T) tensors, ``scope`` (B + 1,), ``labels`` (B, C) bool, ``index`` (B,);
+* model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer) under the aggregator
+  (:class:`~.network.BagClassifier`); its output is ``(logits (K, C), query (K,))`` over the (bag, label) instances,
+  with the bags' probabilities (B, C) in eval mode; the loss is softmax cross-entropy per instance (OpenNRE's), each
+  bag's the mean over its labels, the mean (or sum) over the B bags;
+* metrics: each bag's probabilities and gold labels at its index (:mod:`.bag_scores`): OpenNRE's held-out AUC,
+  P@100/200/300, and micro/macro F1 at the threshold chosen on validation; exact on any number of workers;
+* rows: not yet (evaluate, predict, serve, tune and the MLflow pyfunc model refuse bag models in one line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from nre_ray.core.user_error import ConfigError
+from nre_ray.models.registry import ModelSpec
+from nre_ray.tasks.bag import bag_scores
+from nre_ray.tasks.bag.bag_split import BagDataset, BagSplit
+from nre_ray.tasks.bag.network import build_bag_model, instances
+from nre_ray.tasks.base import PredictSettings, Task
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nre_ray.config import DataConfig
+    from nre_ray.data.batches import EncodedSplit
+    from nre_ray.data.pipeline import Prepared
+    from nre_ray.data.vocab import Vocab
+
+ISSUE = "issue 38"
+SUPPORTED = frozenset({"train"})
+"""The commands that take bag data and models (:meth:`BagTask.unsupported`)."""
+
+
+class BagTask(Task):
+    """Relation extraction over entity-pair bags (module docstring)."""
+
+    name: ClassVar[str] = "bag"
+    unit: ClassVar[str] = "bags"
+    eval_batch_size: ClassVar[int] = 32
+    eval_blocks: ClassVar[bool] = True  # a bag's probabilities come from the same batch on any number of workers
+    input_columns: ClassVar[tuple[str, ...]] = ()
+    summary_metrics: ClassVar[tuple[str, ...]] = ("auc", "p_at_100", "p_at_200", "p_at_300", "micro_f1", "macro_f1")
+    epoch_metric: ClassVar[tuple[str, str]] = ("p_at_100", "p_at_100")
+    record_columns: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("string", "head_id"), ("string", "tail_id"), ("string", "head"), ("string", "tail"), ("string", "relation"),
+        ("string", "sentence"))
+
+    # data
+
+    def recognises(self, data_dir: str) -> bool:
+        """Bags are chosen by ``--bag-aggregator``, never from the data alone (:func:`nre_ray.tasks.lookup.
+        task_for`)."""
+        return False
+
+    def format_of(self, data: DataConfig) -> str | None:
+        """``--format``, else the training file's (:func:`.files.detect_bag_format`)."""
+        from nre_ray.tasks.bag.files import detect_bag_format
+        from nre_ray.tasks.bag.grouping import find_bag_files
+
+        return data.format or detect_bag_format(find_bag_files(data)["train"])
+
+    def check_data(self, data: DataConfig) -> None:
+        """The split files (:func:`.grouping.find_bag_files`: a training file at least) and their formats."""
+        from nre_ray.tasks.bag.grouping import find_bag_files, formats_of
+
+        formats_of(find_bag_files(data), data.format)
+
+    def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
+                on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
+        """:func:`.grouping.prepare_bags` (a cache local to the driver's node: ``shared_cache`` and the placement
+        arguments are not used yet)."""
+        from nre_ray.tasks.bag.grouping import prepare_bags
+
+        return prepare_bags(data, seed)
+
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
+        """Not yet (``python -m nre_ray.data inspect``): :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("inspect") or "")
+
+    def audit_markdown(self, audit: Mapping[str, Any]) -> str:
+        """:func:`nre_ray.data.audit.to_markdown`: the bag audit has the sentence audit's layout (bags as rows)."""
+        from nre_ray.data.audit import to_markdown  # pandas: when a run starts
+
+        return to_markdown(audit)
+
+    def open_split(self, folder: Path, name: str) -> BagSplit:
+        """:meth:`BagSplit.open`."""
+        return BagSplit.open(folder, name)
+
+    def splits_complete(self, folder: Path, names: list[str]) -> bool:
+        """Every split's files (:meth:`BagSplit.files`)."""
+        return all((Path(folder) / f).is_file() for n in names for f in BagSplit.files(n))
+
+    def dataset(self, split: EncodedSplit) -> BagDataset:
+        """Batches of bags (:class:`BagDataset`)."""
+        return BagDataset(split)  # type: ignore[arg-type]
+
+    # model and loss
+
+    def check_settings(self, config: Any) -> None:
+        """Not ``--model bert`` yet (its subword tokenizer is not run on bags), and a fixed number of workers."""
+        if config.model.model == "bert":
+            raise ConfigError(f"--model bert with --bag-aggregator is not supported yet ({ISSUE}); choose cnn, pcnn, "
+                              "bilstm or transformer")
+        if config.elastic:
+            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
+                              f"on bags are not supported yet ({ISSUE}); give a number of workers")
+
+    def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
+        """``--model``'s encoder under ``--bag-aggregator`` (:func:`.network.build_bag_model`)."""
+        return build_bag_model(model_config, spec, model_config.bag_aggregator)
+
+    def loss(self, output: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor], label_smoothing: float = 0.0,
+             reduction: str = "mean") -> torch.Tensor:
+        """Softmax cross-entropy of each (bag, label) instance's logits (K, C) against its label; a bag's loss is
+        the mean over its instances (one for a bag with one label); the mean or the sum over the B bags."""
+        logits, query = output[0], output[1]
+        bag_of, _ = instances(batch["labels"])  # (K,)
+        per_instance = nn.functional.cross_entropy(logits.float(), query, label_smoothing=label_smoothing,
+                                                   reduction="none")  # (K,)
+        num_bags = batch["labels"].shape[0]
+        sums = torch.zeros(num_bags, dtype=torch.float32, device=logits.device).index_add(0, bag_of, per_instance)
+        per_bag = sums / torch.bincount(bag_of, minlength=num_bags).clamp(min=1)  # (B,)
+        return per_bag.sum() if reduction == "sum" else per_bag.mean()
+
+    def examples(self, batch: Mapping[str, torch.Tensor]) -> int:
+        """The batch's bags."""
+        return batch["labels"].shape[0]
+
+    # metrics
+
+    def new_counts(self, labels: list[str], num_examples: int, device: torch.device) -> torch.Tensor:
+        """(N, 2, C) float32 zeros (:mod:`.bag_scores`)."""
+        return bag_scores.new_counts(num_examples, len(labels), device)
+
+    def count(self, counts: torch.Tensor, output: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor]
+              ) -> None:
+        """:func:`.bag_scores.count` of the bags' probabilities (the eval-mode output's third part)."""
+        bag_scores.count(counts, output[2], batch)
+
+    def metric_names(self, labels: list[str], negative_label: str | None) -> list[str]:
+        """:data:`.bag_scores.METRICS`."""
+        return list(bag_scores.METRICS)
+
+    def default_metric(self, negative_label: str | None) -> str:
+        """``auc``: the area under the held-out PR curve, as OpenNRE selects NYT10 models."""
+        return "auc"
+
+    def scores(self, counts: Any, labels: list[str], negative_label: str | None) -> dict[str, float]:
+        """:func:`.bag_scores.scores` (F1 at the split's own best threshold)."""
+        return bag_scores.scores(counts, labels, negative_label)
+
+    def split_scores(self, counted: Mapping[str, Any], labels: list[str], negative_label: str | None
+                     ) -> dict[str, dict[str, float]]:
+        """:func:`.bag_scores.split_scores`: the test split's F1 at the threshold chosen on validation."""
+        return bag_scores.split_scores(counted, labels, negative_label)
+
+    def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:
+        """The held-out PR curve as data and plot, and the per-relation table (:func:`.bag_scores.write_reports`)."""
+        bag_scores.write_reports(counts, labels, None, folder, name, title)
+
+    def per_label(self, counts: Any, labels: list[str]) -> list[dict[str, Any]]:
+        """:func:`.bag_scores.per_label`."""
+        return bag_scores.per_label(counts, labels, None)
+
+    # rows
+
+    def unsupported(self, command: str) -> str | None:
+        """Only train works for bags yet (:data:`SUPPORTED`)."""
+        if command in SUPPORTED:
+            return None
+        what = "the MLflow pyfunc model is not logged yet" if command == "pyfunc" \
+            else f"{command} is not supported yet"
+        return f"bag models: {what} ({ISSUE})"
+
+    def output_columns(self, top_k: int = 0) -> list[str]:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("predict") or "")
+
+    def encode_file(self, path: str, data: DataConfig, vocab: Vocab, labels: list[str],
+                    assets: Mapping[str, bytes] | None, fmt: str | None = None, columns: str | None = None,
+                    on_bad_rows: str = "error") -> tuple[Any, int]:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("evaluate") or "")
+
+    def plan_input(self, path: str, fmt: str | None, columns: str | None, chunk_rows: int) -> Any:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("predict") or "")
+
+    def pyfunc_signature(self) -> Any:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("pyfunc") or "")
+
+    def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("pyfunc") or "")
+
+    def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
+                     top_k: int = 0) -> pd.DataFrame:
+        """Not yet: :meth:`unsupported`."""
+        raise ConfigError(self.unsupported("predict") or "")
+
+
+#: The bag task (stateless: one object serves every caller).
+BAG = BagTask()
