@@ -104,7 +104,13 @@ def check_the_other_commands(summary: dict, tmp_path: Path, capsys) -> None:
 
     documents = json.loads(test.read_text(encoding="utf-8"))
     requests_rows = pd.DataFrame([{c: d[c] for c in ("title", "sents", "vertexSet")} for d in documents])
-    pyfunc = mlflow.pyfunc.load_model(summary["model_uri"]).predict(requests_rows)
+    # runs:/ resolves against the process's tracking URI, which an earlier test in this process may have set
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(summary["tracking_uri"])
+    try:
+        pyfunc = mlflow.pyfunc.load_model(summary["model_uri"]).predict(requests_rows)
+    finally:
+        mlflow.set_tracking_uri(before)
     assert list(pyfunc.columns) == FACT_COLUMNS
     pd.testing.assert_frame_equal(pyfunc.astype({"score": float}), facts, check_dtype=False, atol=1e-6)
 

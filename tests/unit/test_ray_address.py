@@ -22,6 +22,7 @@ from nre_ray.cluster.session import (
     start_ray,
 )
 from tests.procs import env, free_port
+from tests.unit.test_inference import make_checkpoint
 
 SAMPLE = Path(__file__).resolve().parents[2] / "nre_ray" / "data" / "sample"
 
@@ -146,11 +147,13 @@ def test_the_commands_refuse_a_dashboard_address_in_one_line(tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text("".join((SAMPLE / "test.csv").read_text(encoding="utf-8").splitlines(keepends=True)[:4]),
                     encoding="utf-8")
-    evaluate = _run("nre_ray.evaluate", "--model", str(tmp_path / "model"), "--data", str(rows), cwd=tmp_path,
+    # a real checkpoint: predict reads it first (its task says how the input is read), then asks for Ray
+    model = make_checkpoint(tmp_path / "model")
+    evaluate = _run("nre_ray.evaluate", "--model", str(model), "--data", str(rows), cwd=tmp_path,
                     RAY_ADDRESS=dashboard)
     assert _one_error_line(evaluate) == expected
     # predict needs Ray only for an input of more than --local-max-rows rows
-    predict = _run("nre_ray.predict", "--model", str(tmp_path / "model"), "--input", str(rows), "--output",
+    predict = _run("nre_ray.predict", "--model", str(model), "--input", str(rows), "--output",
                    str(tmp_path / "out.csv"), "--local-max-rows", "0", cwd=tmp_path, RAY_ADDRESS=dashboard)
     assert _one_error_line(predict) == expected
     train = _run("nre_ray.train", "--address", dashboard, "--epochs", "1", cwd=tmp_path)
