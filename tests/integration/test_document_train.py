@@ -76,6 +76,7 @@ FACT_COLUMNS = ["document", "head", "head_name", "tail", "tail_name", "relation"
 
 def check_the_other_commands(summary: dict, tmp_path: Path, capsys) -> None:
     """evaluate, predict, the pyfunc model and serve on the run's best checkpoint (see the module docstring)."""
+    import mlflow.artifacts
     import mlflow.pyfunc
 
     best, test = summary["best_checkpoint"], tmp_path / "docs" / "test.json"
@@ -104,13 +105,10 @@ def check_the_other_commands(summary: dict, tmp_path: Path, capsys) -> None:
 
     documents = json.loads(test.read_text(encoding="utf-8"))
     requests_rows = pd.DataFrame([{c: d[c] for c in ("title", "sents", "vertexSet")} for d in documents])
-    # runs:/ resolves against the process's tracking URI, which an earlier test in this process may have set
-    before = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(summary["tracking_uri"])
-    try:
-        pyfunc = mlflow.pyfunc.load_model(summary["model_uri"]).predict(requests_rows)
-    finally:
-        mlflow.set_tracking_uri(before)
+    # runs:/ resolved with the run's store, not the process's tracking URI (an earlier test may have set that)
+    local = mlflow.artifacts.download_artifacts(artifact_uri=summary["model_uri"], dst_path=str(tmp_path / "model"),
+                                                tracking_uri=summary["tracking_uri"])
+    pyfunc = mlflow.pyfunc.load_model(local).predict(requests_rows)
     assert list(pyfunc.columns) == FACT_COLUMNS
     pd.testing.assert_frame_equal(pyfunc.astype({"score": float}), facts, check_dtype=False, atol=1e-6)
 
