@@ -453,13 +453,19 @@ class Drill:
                                  f"run {attempt.status_after or 'not created'} (expected {expected})")
 
     def status(self, run_id: str) -> str | None:
-        """The MLflow run's status (None when the store cannot tell)."""
+        """The MLflow run's status (None when the store cannot tell). Read up to 5 times, 2 s apart: the other runs
+        write to the same sqlite store, and a read under a load of 30 once failed (MlflowException) where the next
+        would not have."""
         from nre_ray.tracking.store import run_status
 
-        try:
-            return run_status(self.tracking_uri, run_id)
-        except Exception as err:  # the store itself is checked at the end
-            return f"unreadable ({type(err).__name__})"
+        for attempt in range(5):
+            try:
+                return run_status(self.tracking_uri, run_id)
+            except Exception as err:  # the store itself is checked at the end
+                if attempt == 4:
+                    return f"unreadable ({type(err).__name__}: {str(err)[:200]})"
+                time.sleep(2)
+        return None
 
     # the checks
 
