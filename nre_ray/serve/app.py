@@ -315,15 +315,26 @@ _TEXT = {"sentence", "head", "tail", "head_type", "tail_type"}
 _OFFSETS = {"head_offset", "tail_offset"}
 
 
+#: What :func:`_json_body` returns for a body that is not JSON (``None`` is a JSON value: ``null``).
+_NOT_JSON = object()
+
+
+def _json_body(body: bytes, content_type: str) -> Any:
+    """The parsed JSON of a request's ``body`` sent as ``application/json``; :data:`_NOT_JSON` for anything else."""
+    if content_type.replace(" ", "").lower() not in ("application/json", "application/json;charset=utf-8"):
+        return _NOT_JSON
+    try:
+        return json.loads(body)
+    except ValueError:
+        return _NOT_JSON
+
+
 def own_request(body: bytes, content_type: str, task: Any) -> tuple[Rows, int] | None:
     """The rows and top-k of a JSON request in ``task``'s own form (:meth:`nre_ray.tasks.base.Task.parse_request`: a
     document in DocRED's JSON for the document task), with ``params`` at most ``{"top_k": K}``; None for anything
     else (MLflow's forms, read by :func:`plain_request` or MLflow's own code)."""
-    if content_type.replace(" ", "").lower() not in ("application/json", "application/json;charset=utf-8"):
-        return None
-    try:
-        payload = json.loads(body)
-    except ValueError:
+    payload = _json_body(body, content_type)
+    if payload is _NOT_JSON:
         return None
     params = payload.get("params") or {} if isinstance(payload, dict) else {}
     top_k = params.get("top_k", 0) if isinstance(params, dict) and set(params) <= {"top_k"} else None
@@ -340,11 +351,8 @@ def plain_request(body: bytes, content_type: str) -> tuple[Rows, int] | None:
     anything else, which MLflow's own scoring code then reads (and answers, an error included): a request is
     answered as ``mlflow models serve`` answers it either way, and the common one without MLflow's per-request
     DataFrame work."""
-    if content_type.replace(" ", "").lower() not in ("application/json", "application/json;charset=utf-8"):
-        return None
-    try:
-        payload = json.loads(body)
-    except ValueError:
+    payload = _json_body(body, content_type)
+    if payload is _NOT_JSON:
         return None
     if not isinstance(payload, dict) or len(set(payload) - {"params"}) != 1:
         return None
