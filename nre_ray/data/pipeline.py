@@ -165,6 +165,24 @@ class Prepared:
         return 2 * self.position_window + 2
 
 
+
+def load_task_cache(folder: Path, marker: str, open_split: Any, **extra: Any) -> Prepared:
+    """A task's cache folder (its ``marker`` JSON with ``splits``, ``valid_from_train`` and ``rejected_count``;
+    ``vocab.json``, ``labels.json``, ``audit.json``, ``rejected.csv``) as :class:`Prepared`, each split opened with
+    ``open_split(folder, name)``; ``extra``: the task's own fields (``position_window``, ``assets``)."""
+    import pandas as pd
+
+    meta = json.loads((folder / marker).read_text(encoding="utf-8"))
+    rejected = folder / "rejected.csv"
+    return Prepared(
+        splits={name: open_split(folder, name) for name in meta["splits"]},
+        vocab=Vocab.load(folder / "vocab.json"),
+        labels=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
+        sources={}, rejected=pd.read_csv(rejected, keep_default_na=False) if rejected.stat().st_size > 1
+        else pd.DataFrame(), cache_hit=True, valid_from_train=meta["valid_from_train"],
+        audit=json.loads((folder / "audit.json").read_text(encoding="utf-8")), rejected_count=meta["rejected_count"],
+        rejected_csv=str(rejected) if meta["rejected_count"] else None, cache_dir=str(folder), **extra)
+
 def resolve_files(cfg: DataConfig) -> dict[str, Source]:
     """Split name -> file, from ``--data-dir`` (default: the bundled sample) and the explicit ``--train/...``: local
     files as :class:`Path`, URIs (``s3://...``) as str."""

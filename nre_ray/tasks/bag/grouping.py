@@ -48,7 +48,7 @@ from nre_ray.data.datadir import find_data_files
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
 from nre_ray.data.formats.common import Source
 from nre_ray.data.labels import read_labels
-from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, quiet_ray_data, sources_of
+from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, load_task_cache, quiet_ray_data, sources_of
 from nre_ray.data.schema import parse_column_map
 from nre_ray.data.vocab import Vocab
 from nre_ray.tasks.bag.bag_split import BagSplit
@@ -422,14 +422,5 @@ def complete(folder: Path) -> bool:
 
 def load_bags(folder: Path) -> Prepared:
     """What :func:`build` wrote into ``folder``."""
-    meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    rejected = folder / "rejected.csv"
-    return Prepared(
-        splits={name: BagSplit.open(folder, name) for name in meta["splits"]},
-        vocab=Vocab.load(folder / "vocab.json"),
-        labels=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
-        sources={}, rejected=pd.read_csv(rejected, keep_default_na=False) if rejected.stat().st_size > 1
-        else pd.DataFrame(), cache_hit=True, valid_from_train=meta["valid_from_train"],
-        audit=json.loads((folder / "audit.json").read_text(encoding="utf-8")), rejected_count=meta["rejected_count"],
-        rejected_csv=str(rejected) if meta["rejected_count"] else None, cache_dir=str(folder),
-        position_window=int(meta["window"]))
+    return load_task_cache(folder, MARKER, BagSplit.open,
+                           position_window=int(json.loads((folder / MARKER).read_text(encoding="utf-8"))["window"]))

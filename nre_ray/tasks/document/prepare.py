@@ -39,7 +39,7 @@ from nre_ray.config import DataConfig, ModelConfig
 from nre_ray.core import buildonce
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats.common import HINT_PATH, Source, storage_problem
-from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, quiet_ray_data, sources_of
+from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, load_task_cache, quiet_ray_data, sources_of
 from nre_ray.data.vocab import UNK_ID, Vocab
 from nre_ray.tasks.document.encoding import THRESHOLD_LABEL, build_vocab, encode_document, relation_index
 from nre_ray.tasks.document.pairs import candidate_pairs, type_pairs
@@ -353,14 +353,5 @@ def save_documents(prepared: Prepared, folder: Path) -> None:
 
 def load_documents(folder: Path) -> Prepared:
     """What :func:`save_documents` wrote."""
-    meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    rejected = folder / "rejected.csv"
-    return Prepared(
-        splits={name: DocumentSplit.open(folder, name) for name in meta["splits"]},
-        vocab=Vocab.load(folder / "vocab.json"),
-        labels=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
-        sources={}, rejected=pd.read_csv(rejected, keep_default_na=False) if rejected.stat().st_size > 1
-        else pd.DataFrame(), cache_hit=True, valid_from_train=meta["valid_from_train"],
-        audit=json.loads((folder / "audit.json").read_text(encoding="utf-8")), rejected_count=meta["rejected_count"],
-        rejected_csv=str(rejected) if meta["rejected_count"] else None, cache_dir=str(folder),
-        assets={CONTEXT_ASSET: (folder / "context.json").read_bytes()})
+    return load_task_cache(folder, MARKER, DocumentSplit.open,
+                           assets={CONTEXT_ASSET: (folder / "context.json").read_bytes()})
