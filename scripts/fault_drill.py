@@ -8,7 +8,8 @@ preprocessing cache, each command with its own local Ray. Each run trains ``--ep
 bundled sample. Meanwhile it strikes ``--faults`` faults, drawn from ``--seed``: a SIGKILL or a SIGINT (what Ctrl-C
 sends) to a run's driver or to one of its Ray Train workers, at a moment of the run (a phase of its output: Ray's
 start, preprocessing, the MLflow run's creation, the workers' start, an epoch, the model's logging) plus a fraction
-of a second. A run whose command ended by a fault is continued as docs/faults.md tells a user to: the same command
+of a second; one fault to a driver per command (a run's next fault waits for the command that continues it). A run
+whose command ended by a fault is continued as docs/faults.md tells a user to: the same command
 with ``--resume`` (or without it when the run had not reached MLflow yet); a killed worker is restarted by the run
 itself (``--max-failures``).
 
@@ -371,6 +372,8 @@ class Drill:
         fault = run.pending()
         if fault is None or fault.moment not in run.seen or time.monotonic() < run.seen[fault.moment] + fault.delay_s:
             return
+        if any(f.target == "driver" for f in self.faults if f.number in run.attempts[-1].faults):
+            return  # one fault to a driver per command (its end is checked against it): the next strikes the resume
         if fault.target == "driver":
             target = run.driver
         else:
@@ -439,11 +442,14 @@ class Drill:
     def check_driver_fault(self, run: Run, attempt: Attempt, fault: Fault) -> None:
         """A command whose driver got a fault must have ended as docs/faults.md says: a SIGINT (Ctrl-C) stops it with
         exit 130 and the MLflow run KILLED (FINISHED if it had closed the run; exit 0 too if the summary was printed
-        already); a SIGKILL leaves the run RUNNING for --resume (FINISHED if it had closed it)."""
+        already); a SIGKILL leaves the run RUNNING for --resume (FINISHED if it had closed it). A fault before the
+        command reached its MLflow run leaves the run as the command before it had (a resume's early fault: the run
+        the last fault stopped, KILLED or RUNNING)."""
+        before = {run.attempts[-2].status_after} if len(run.attempts) > 1 else set()
         if fault.signal == "SIGINT":
-            allowed = [(130, {"KILLED", "FINISHED", None})] + ([(0, {"FINISHED"})] if fault.late else [])
+            allowed = [(130, {"KILLED", "FINISHED", None} | before)] + ([(0, {"FINISHED"})] if fault.late else [])
         else:
-            allowed = [(-signal.SIGKILL, {"RUNNING", "FINISHED", None})]
+            allowed = [(-signal.SIGKILL, {"RUNNING", "FINISHED", None} | before)]
         fault.result = f"exit {attempt.exit}, MLflow {attempt.status_after or 'no run yet'}"
         if not any(attempt.exit == code and attempt.status_after in statuses for code, statuses in allowed):
             expected = " or ".join(f"exit {code} with {'/'.join(sorted(s or 'no run' for s in statuses))}"

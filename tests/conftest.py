@@ -66,6 +66,25 @@ def ray_address_file_kept():
             path.write_text(before)
 
 
+@pytest.fixture(autouse=True)
+def tracking_uri_kept():
+    """No test leaves MLFLOW_TRACKING_URI (or the registry's) other than it found it. ``mlflow.set_tracking_uri``
+    writes the variable too, and every later test of the same process would then resolve ``runs:/`` and ``models:/``
+    URIs against that test's store (a clean-clone run failed so): set it only inside
+    ``nre_ray.tracking.store.mlflow_settings`` or with monkeypatch."""
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    after = {name: os.environ.get(name) for name in names}
+    if after != before:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        pytest.fail(f"the test left the process's MLflow URIs changed: {before} before, {after} after")
+
+
 @pytest.fixture
 def shared_datasets() -> Path:
     """``../shared/datasets`` beside the checkout (read in place, never copied into the repo)."""

@@ -21,6 +21,7 @@ from nre_ray.predict import main as predict_main
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.tasks.document.counts import PREDICTED
 from nre_ray.tasks.document.sample import write_sample
+from nre_ray.tracking.store import mlflow_settings
 from nre_ray.train import main
 from tests import procs
 
@@ -105,9 +106,10 @@ def check_the_other_commands(summary: dict, tmp_path: Path, capsys) -> None:
 
     documents = json.loads(test.read_text(encoding="utf-8"))
     requests_rows = pd.DataFrame([{c: d[c] for c in ("title", "sents", "vertexSet")} for d in documents])
-    # runs:/ resolved with the run's store, not the process's tracking URI (an earlier test may have set that)
-    local = mlflow.artifacts.download_artifacts(artifact_uri=summary["model_uri"], dst_path=str(tmp_path / "model"),
-                                                tracking_uri=summary["tracking_uri"])
+    # runs:/ resolved with the run's store: the logged model's models:/ URI is looked up in the registry URI, which
+    # follows the process's global tracking URI, not the tracking_uri argument
+    with mlflow_settings(summary["tracking_uri"]):
+        local = mlflow.artifacts.download_artifacts(artifact_uri=summary["model_uri"], dst_path=str(tmp_path / "model"))
     pyfunc = mlflow.pyfunc.load_model(local).predict(requests_rows)
     assert list(pyfunc.columns) == FACT_COLUMNS
     pd.testing.assert_frame_equal(pyfunc.astype({"score": float}), facts, check_dtype=False, atol=1e-6)

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from nre_ray.core import console
 from nre_ray.data.pipeline import sample_dir
-from nre_ray.tracking.store import mlflow_name
+from nre_ray.tracking.store import mlflow_name, mlflow_settings
 from nre_ray.tune import results as tune_results
 from nre_ray.tune.__main__ import main
 
@@ -104,9 +104,9 @@ def test_four_trial_sweep_with_asha_on_the_sample(ray_cluster, tmp_path, monkeyp
 
     # The best model is registered and labels raw rows.
     assert summary["registered_model_uri"] == "models:/tuned/1"
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     rows = pd.read_csv(sample_dir() / "test.csv").head(100)
-    predicted = mlflow.pyfunc.load_model("models:/tuned/1").predict(rows.drop(columns=["relation"]))
+    with mlflow_settings(f"sqlite:///{tmp_path / 'mlflow.db'}"):  # models:/ resolves against the global URI
+        predicted = mlflow.pyfunc.load_model("models:/tuned/1").predict(rows.drop(columns=["relation"]))
     assert (predicted["predicted_relation"] == rows["relation"]).mean() > 0.5
 
     # The same sweep name again is refused (nothing overwritten); a finished sweep has nothing to resume.
