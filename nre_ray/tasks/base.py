@@ -215,6 +215,19 @@ class Task(ABC):
         :meth:`scores` on its own."""
         return {name: self.scores(c, labels, negative_label) for name, c in counted.items()}
 
+    def checkpoint_scores(self, counts: Any, labels: list[str], negative_label: str | None,
+                          trained: Mapping[str, float]) -> dict[str, float]:
+        """The scores ``python -m nre_ray.evaluate`` reports for a checkpoint's summed ``counts``; ``trained``: the
+        metrics training recorded with the checkpoint (its state's ``metrics``: ``valid_<score>`` ...), for a task
+        whose scores use a choice made on validation (the bag task's threshold). Default: :meth:`scores`."""
+        return self.scores(counts, labels, negative_label)
+
+    def checkpoint_per_label(self, counts: Any, labels: list[str], trained: Mapping[str, float]
+                             ) -> list[dict[str, Any]]:
+        """:meth:`per_label` as evaluate reports it for a checkpoint (``trained``: as :meth:`checkpoint_scores`).
+        Default: :meth:`per_label`."""
+        return self.per_label(counts, labels)
+
     @abstractmethod
     def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:
         """Write the split ``name``'s reports of the summed ``counts`` into ``folder`` (tables and plots that MLflow
@@ -303,5 +316,7 @@ class PredictSettings(Protocol):
     labels: list[str]
     num_positions: int
     assets: dict[str, bytes]
+    metrics: dict[str, float]
+    """What training recorded with the checkpoint (its state's ``metrics``: ``valid_<score>`` ...)."""
     device: torch.device
     batch_size: int

@@ -13,7 +13,10 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   bag's the mean over its labels, the mean (or sum) over the B bags;
 * metrics: each bag's probabilities and gold labels at its index (:mod:`.bag_scores`): OpenNRE's held-out AUC,
   P@100/200/300, and micro/macro F1 at the threshold chosen on validation; exact on any number of workers;
-* rows: not yet (evaluate, predict, serve, tune and the MLflow pyfunc model refuse bag models in one line).
+* rows (:mod:`.bag_rows`): evaluate builds a labelled file's bags as training built them (the checkpoint's
+  ``--max-bag-size`` and seed) and scores them at the checkpoint's validation threshold (so a split file gets
+  training's scores); predict answers one row per (bag, relation) above that threshold: head id, tail id, head,
+  tail, relation, score. Serve, tune and the MLflow pyfunc model refuse bag models in one line (issue 38).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from nre_ray.data.vocab import Vocab
 
 ISSUE = "issue 38"
-SUPPORTED = frozenset({"train"})
+SUPPORTED = frozenset({"train", "evaluate", "predict"})
 """The commands that take bag data and models (:meth:`BagTask.unsupported`)."""
 
 
@@ -177,10 +180,27 @@ class BagTask(Task):
         """:func:`.bag_scores.per_label`."""
         return bag_scores.per_label(counts, labels, None)
 
+    def checkpoint_scores(self, counts: Any, labels: list[str], negative_label: str | None,
+                          trained: Mapping[str, float]) -> dict[str, float]:
+        """:func:`.bag_scores.scores` with the F1 scores at the checkpoint's validation threshold (what training
+        scored its test split at: :func:`.bag_scores.split_scores`)."""
+        from nre_ray.tasks.bag.bag_rows import threshold_of
+
+        return bag_scores.scores(counts, labels, negative_label, threshold_of(trained))
+
+    def checkpoint_per_label(self, counts: Any, labels: list[str], trained: Mapping[str, float]
+                             ) -> list[dict[str, Any]]:
+        """:func:`.bag_scores.per_label` at the checkpoint's validation threshold."""
+        from nre_ray.tasks.bag.bag_rows import threshold_of
+
+        return bag_scores.per_label(counts, labels, None, threshold_of(trained))
+
+    report_metrics: ClassVar[tuple[str, ...] | None] = (*summary_metrics, "threshold")
+
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Only train works for bags yet (:data:`SUPPORTED`)."""
+        """Train, evaluate and predict take bags (:data:`SUPPORTED`); the others say they do not yet."""
         if command in SUPPORTED:
             return None
         what = "the MLflow pyfunc model is not logged yet" if command == "pyfunc" \
@@ -188,18 +208,45 @@ class BagTask(Task):
         return f"bag models: {what} ({ISSUE})"
 
     def output_columns(self, top_k: int = 0) -> list[str]:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
+        """Per bag: its pair and its predicted relations (:data:`.bag_rows.OUTPUT_COLUMNS`)."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return list(bag_rows.OUTPUT_COLUMNS)
+
+    def answer(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """One row per predicted (bag, relation) (:func:`.bag_rows.answer`)."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return bag_rows.answer(frame)
+
+    def answer_columns(self, top_k: int = 0) -> list[str]:
+        """``head_id``, ``tail_id``, ``head``, ``tail``, ``relation``, ``score``."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return list(bag_rows.ANSWER_COLUMNS)
 
     def encode_file(self, path: str, data: DataConfig, vocab: Vocab, labels: list[str],
                     assets: Mapping[str, bytes] | None, fmt: str | None = None, columns: str | None = None,
-                    on_bad_rows: str = "error") -> tuple[Any, int]:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("evaluate") or "")
+                    on_bad_rows: str = "error") -> tuple[BagSplit, int]:
+        """:func:`.bag_rows.encode_file`: a labelled file's bags, built and encoded as the checkpoint's training built
+        them."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return bag_rows.encode_file(path, data, vocab, labels, assets, fmt, columns, on_bad_rows)
 
     def plan_input(self, path: str, fmt: str | None, columns: str | None, chunk_rows: int) -> Any:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
+        """:func:`.bag_rows.plan_bags`: one row per bag."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return bag_rows.plan_bags(path, fmt, columns, chunk_rows)
+
+    def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
+                     top_k: int = 0) -> pd.DataFrame:
+        """:func:`.bag_rows.predict_rows`: per bag its pair and the relations above the checkpoint's validation
+        threshold (``top_k > 0``: at most k a bag)."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return bag_rows.predict_rows(model, frame, settings, top_k)
 
     def pyfunc_signature(self) -> Any:
         """Not yet: :meth:`unsupported`."""
@@ -208,11 +255,6 @@ class BagTask(Task):
     def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
         """Not yet: :meth:`unsupported`."""
         raise ConfigError(self.unsupported("pyfunc") or "")
-
-    def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
-                     top_k: int = 0) -> pd.DataFrame:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
 
 
 #: The bag task (stateless: one object serves every caller).
