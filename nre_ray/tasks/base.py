@@ -40,8 +40,8 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows one per document
   (its id and its facts), answered (:meth:`Task.answer`) as one per predicted fact: document, head entity, tail
   entity, relation, score.
-* **bag** (:mod:`nre_ray.tasks.bag`, wired into train with ``--bag-aggregator``, evaluate and predict; serve, tune
-  and the pyfunc model refuse its models in one line): an example is one entity pair, the sentences that name it and
+* **bag** (:mod:`nre_ray.tasks.bag`, wired into train with ``--bag-aggregator`` and every command but tune and
+  inspect, which refuse it in one line): an example is one entity pair, the sentences that name it and
   its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
   ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
   instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the

@@ -151,3 +151,47 @@ def test_chosen_relations_are_best_first_above_the_threshold():
         [{"relation": "/a", "score": pytest.approx(0.45)}, {"relation": "/b", "score": pytest.approx(0.45)}], []]
     assert [len(r) for r in bag_rows.chosen_relations(probs, labels, 0, 0.0, top_k=1)] == [1, 1, 1]
     assert [r["relation"] for r in bag_rows.chosen_relations(probs, labels, None, 0.5)[0]] == [NA]
+
+
+def test_a_bag_a_request_row_answers_as_predict_does(checkpoint):
+    from nre_ray.inference.pyfunc import RelationModel
+
+    cfg, vocab, labels, model, spec = checkpoint
+    predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 32, ASSETS, BAG,
+                          {"valid_threshold": 0.0})
+    plan = BAG.plan_input(str(TEST), None, None, 100)
+    predicted = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0))))
+    example = BAG.pyfunc_example(vocab)
+    assert list(example.columns) == list(BAG.input_columns) == list(bag_rows.REQUEST_COLUMNS)
+    requests = []
+    for bag in json.loads(plan.frame["_nre_bag"].to_json(orient="values"))[:5]:
+        bag = json.loads(bag)
+        requests.append({**{c: bag[c] for c in bag_rows.PAIR_COLUMNS},
+                         "sentences": [s["sentence"] for s in json.loads(bag["sentences"])]})
+    rows = BAG.parse_request({"bags": requests})
+    assert rows.equals(BAG.parse_request(requests)) and BAG.parse_request({"sentences": []}) is None
+    assert rows.iloc[:1].equals(example)  # the sample's first test bag
+    pyfunc = RelationModel()
+    pyfunc.predictor = predictor
+    answered = pyfunc.predict(None, rows)
+    assert list(answered.columns) == list(bag_rows.ANSWER_COLUMNS)
+    first = predicted[predicted["head_id"].isin(rows["head_id"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(answered, first, atol=1e-6)  # the file's bags and the requests': the same bags
+    assert len(BAG.pyfunc_signature().inputs.input_names()) == 5
+
+
+def test_a_bad_request_bag_is_a_problem_of_its_row(checkpoint):
+    from mlflow.exceptions import MlflowException
+
+    from nre_ray.inference.pyfunc import RelationModel
+
+    cfg, vocab, labels, model, spec = checkpoint
+    pyfunc = RelationModel()
+    pyfunc.predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 8, ASSETS, BAG,
+                                 {"valid_threshold": 0.0})
+    good = {"head_id": "", "tail_id": "", "head": "Ann_Lee", "tail": "Oslo", "sentences": ["Ann_Lee lives in Oslo ."]}
+    rows = BAG.parse_request([good, {**good, "sentences": ["Ann_Lee lives here .", "Oslo"]}, {**good, "sentences": 3}])
+    with pytest.raises(MlflowException, match=r"(?s)row 2: sentences: sentence 1: tail: .*row 3: sentences: a non-"):
+        pyfunc.predict(None, rows)
+    answered = pyfunc.predict(None, rows.iloc[:1])
+    assert set(answered["head"]) == {"Ann_Lee"} and len(answered) == len(labels) - 1

@@ -13,7 +13,9 @@ its file's name).
   a bad sentence is a row with its problem);
 * :func:`predict_rows`: per bag row, its ``head_id``, ``tail_id``, ``head``, ``tail`` and ``relations`` (a list of
   ``{"relation", "score"}``), and ``problem``;
-* :func:`answer`: those rows as one row per (bag, relation) (:data:`ANSWER_COLUMNS`), what predict writes.
+* :func:`answer`: those rows as one row per (bag, relation) (:data:`ANSWER_COLUMNS`), what predict writes, the
+  pyfunc model returns and serve answers;
+* :func:`request_bags`: request rows (:data:`REQUEST_COLUMNS`, one bag each) as :func:`predict_rows`' bag rows.
 
 What a prediction is: every (bag, relation other than NA) whose probability is at least the checkpoint's validation
 threshold (``valid_threshold``, the micro-F1 threshold training chose on validation and scored the test split at),
@@ -35,13 +37,14 @@ import pandas as pd
 import torch
 from torch import nn
 
+from nre_ray.data.checks import check_rows
 from nre_ray.data.chunks import PREFIX, FramePlan, frame_plan
 from nre_ray.data.errors import MAX_SHOWN
 from nre_ray.data.vocab import Vocab
 from nre_ray.run.checkpoint import CheckpointError
 from nre_ray.tasks.bag.bag_split import BagDataset, BagSplit
-from nre_ray.tasks.bag.bags import BAG, NA, build_bags, merge_bags
-from nre_ray.tasks.bag.files import detect_bag_format
+from nre_ray.tasks.bag.bags import BAG, NA, build_bags, merge_bags, with_bag_keys
+from nre_ray.tasks.bag.files import COLUMNS, detect_bag_format, nyt10_record
 from nre_ray.tasks.bag.grouping import (
     SEED_ASSET,
     encode_bags,
@@ -55,6 +58,10 @@ from nre_ray.tasks.base import PredictSettings
 
 PAIR_COLUMNS = ("head_id", "tail_id", "head", "tail")
 """A bag's entity pair: the ids (empty where the file has none) and the entities' texts."""
+REQUEST_COLUMNS = (*PAIR_COLUMNS, "sentences")
+"""A bag as a request's row (the pyfunc model's and the server's): its pair (ids "" when there are none) and
+``sentences``, a list of texts that each name the head and the tail as written (found as NYT10's reader finds
+them), or its JSON text."""
 OUTPUT_COLUMNS = (*PAIR_COLUMNS, "relations")
 """Per bag: its pair and its predicted relations (a list of ``{"relation", "score"}``, best first)."""
 ANSWER_COLUMNS = (*PAIR_COLUMNS, "relation", "score")
@@ -159,6 +166,51 @@ def plan_bags(path: str, fmt: str | None, columns: str | None, chunk_rows: int) 
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# requests: one bag a row
+
+
+def _texts(value: Any) -> list[str] | None:
+    """A request's ``sentences`` as a list of texts (a list, an array, or its JSON text), or None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, list) or not value or not all(isinstance(t, str) for t in value):
+        return None
+    return value
+
+
+def request_bag(k: int, row: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The request row ``row`` (the ``k``-th, 0-based) as :func:`bag_frame`'s bag JSON, and "" or its problem: one
+    bag whatever its pair's rows elsewhere; each sentence's entity offsets found as NYT10's reader finds them
+    (:func:`.files.nyt10_record`) and checked as training checks rows."""
+    texts = _texts(row.get("sentences"))
+    if texts is None:
+        return None, "sentences: a non-empty list of texts, each naming the head and the tail"
+    pair = [str(row.get(c) if row.get(c) is not None else "") for c in PAIR_COLUMNS]
+    records = []
+    for i, text in enumerate(texts):
+        values, problem = nyt10_record([*pair, NA, text])  # a relation the rows' checks accept, never asked
+        records.append({**values, "file": f"row {k + 1}", "line": i + 1, "problem": problem})
+    checked = check_rows(pd.DataFrame(records).reindex(columns=list(COLUMNS), fill_value=""))
+    found = [f"sentence {i + 1}: {p}" for i, p in enumerate(checked["problem"]) if p]
+    if found:
+        return None, "sentences: " + "; ".join(found)
+    bag = stored_bags(build_bags(with_bag_keys(checked.drop(columns=["problem"]))), "request").iloc[0].to_dict()
+    return json.dumps(bag, ensure_ascii=False), ""
+
+
+def request_bags(frame: pd.DataFrame) -> pd.DataFrame:
+    """Request rows (:data:`REQUEST_COLUMNS`) as the canonical bag rows :func:`predict_rows` takes (``bag``,
+    ``problem``, positional)."""
+    made = [request_bag(k, row) for k, row in enumerate(frame.to_dict(orient="records"))]
+    return pd.DataFrame({"bag": [b for b, _ in made], "problem": [p for _, p in made]})
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # predicting
 
 
@@ -186,11 +238,14 @@ def chosen_relations(probs: np.ndarray, labels: list[str], na: int | None, thres
 
 
 def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSettings, top_k: int = 0) -> pd.DataFrame:
-    """Per canonical bag row (``bag``: :func:`bag_frame`'s JSON, ``problem``): the pair (:data:`PAIR_COLUMNS`),
-    ``relations`` (:func:`chosen_relations` at the checkpoint's validation threshold) and ``problem`` ("" for good
-    rows; a bag none of whose sentences encodes gets one), positional. The checkpoint's ``--max-bag-size`` sample is
-    drawn here, with its seed."""
+    """Per canonical bag row (``bag``: :func:`bag_frame`'s JSON, ``problem``; or a request row,
+    :data:`REQUEST_COLUMNS`): the pair (:data:`PAIR_COLUMNS`), ``relations`` (:func:`chosen_relations` at the
+    checkpoint's validation threshold) and ``problem`` ("" for good rows; a bag none of whose sentences encodes gets
+    one), positional. Rows of one entity pair are one bag (their sentences together). The checkpoint's
+    ``--max-bag-size`` sample is drawn here, with its seed."""
     data = settings.config.data
+    if "bag" not in frame.columns:
+        frame = request_bags(frame)
     frame = frame.reset_index(drop=True)
     problems = frame["problem"].fillna("").astype(str).to_numpy(dtype=object)
     good = np.flatnonzero(problems == "")
@@ -202,19 +257,21 @@ def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSetting
         capped = merge_bags(bags.drop(columns=["split"], errors="ignore"), data.max_bag_size, seed_of(settings.assets))
         encoded = encode_bags(stored_bags(capped, "predict"), list(settings.vocab.tokens), settings.labels,
                               encode_settings(data))
-        position = {key: k for key, k in zip(bags[BAG], good, strict=True)}
+        rows_of: dict[str, list[int]] = {}
+        for key, k in zip(bags[BAG], good, strict=True):
+            rows_of.setdefault(key, []).append(k)
         for key, problem in zip(encoded[BAG], encoded["problem"], strict=True):
-            problems[position[key]] = problem
+            problems[rows_of[key]] = problem
         split = _split_of(encoded, len(settings.labels), data.position_window)
         probs = bag_probabilities(model, split, settings.device, settings.batch_size)
         na = settings.labels.index(data.negative_label or NA) if (data.negative_label or NA) in settings.labels \
             else None
         found = chosen_relations(probs, settings.labels, na, threshold_of(settings.metrics), top_k)
         for b, key in enumerate(split.info["keys"]):
-            k = position[key]
-            for column in PAIR_COLUMNS:
-                out[column][k] = split.info[column][b]
-            out["relations"][k] = found[b]
+            for k in rows_of[key]:
+                for column in PAIR_COLUMNS:
+                    out[column][k] = split.info[column][b]
+                out["relations"][k] = found[b]
     return pd.DataFrame({**out, "problem": problems})
 
 

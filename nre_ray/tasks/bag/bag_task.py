@@ -16,7 +16,8 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
 * rows (:mod:`.bag_rows`): evaluate builds a labelled file's bags as training built them (the checkpoint's
   ``--max-bag-size`` and seed) and scores them at the checkpoint's validation threshold (so a split file gets
   training's scores); predict answers one row per (bag, relation) above that threshold: head id, tail id, head,
-  tail, relation, score. Serve, tune and the MLflow pyfunc model refuse bag models in one line (issue 38).
+  tail, relation, score; the MLflow pyfunc model and serve take a bag a row (its pair and its sentences' texts,
+  :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows. Tune refuses bag models in one line (issue 38).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from nre_ray.data.vocab import Vocab
 
 ISSUE = "issue 38"
-SUPPORTED = frozenset({"train", "evaluate", "predict"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc"})
 """The commands that take bag data and models (:meth:`BagTask.unsupported`)."""
 
 
@@ -55,7 +56,7 @@ class BagTask(Task):
     unit: ClassVar[str] = "bags"
     eval_batch_size: ClassVar[int] = 32
     eval_blocks: ClassVar[bool] = True  # a bag's probabilities come from the same batch on any number of workers
-    input_columns: ClassVar[tuple[str, ...]] = ()
+    input_columns: ClassVar[tuple[str, ...]] = ("head_id", "tail_id", "head", "tail", "sentences")  # REQUEST_COLUMNS
     summary_metrics: ClassVar[tuple[str, ...]] = ("auc", "p_at_100", "p_at_200", "p_at_300", "micro_f1", "macro_f1")
     epoch_metric: ClassVar[tuple[str, str]] = ("p_at_100", "p_at_100")
     record_columns: ClassVar[tuple[tuple[str, str], ...]] = (
@@ -200,12 +201,10 @@ class BagTask(Task):
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Train, evaluate and predict take bags (:data:`SUPPORTED`); the others say they do not yet."""
+        """Tune and ``python -m nre_ray.data inspect`` do not take bags yet (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
-        what = "the MLflow pyfunc model is not logged yet" if command == "pyfunc" \
-            else f"{command} is not supported yet"
-        return f"bag models: {what} ({ISSUE})"
+        return f"bag models: {command} is not supported yet ({ISSUE})"
 
     def output_columns(self, top_k: int = 0) -> list[str]:
         """Per bag: its pair and its predicted relations (:data:`.bag_rows.OUTPUT_COLUMNS`)."""
@@ -248,13 +247,53 @@ class BagTask(Task):
 
         return bag_rows.predict_rows(model, frame, settings, top_k)
 
+    request_hint: ClassVar[str] = ("Fix these bags (head_id, tail_id: the pair's ids, \"\" when there are none; head, "
+                                   "tail; sentences: a list of texts, each naming the head and the tail as written) "
+                                   "and send them again.")
+
     def pyfunc_signature(self) -> Any:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("pyfunc") or "")
+        """Inputs ``head_id``, ``tail_id``, ``head``, ``tail`` (string) and ``sentences`` (any JSON: a list of
+        texts); outputs one row per (bag, relation) (:data:`.bag_rows.ANSWER_COLUMNS`); param ``top_k`` (at most k
+        relations a bag; 0: every relation at or above the validation threshold)."""
+        from mlflow.models import ModelSignature
+        from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+        from mlflow.types.schema import AnyType
+
+        from nre_ray.tasks.bag import bag_rows
+
+        inputs = Schema([*(ColSpec("string", c) for c in bag_rows.PAIR_COLUMNS), ColSpec(AnyType(), "sentences")])
+        outputs = Schema([*(ColSpec("string", c) for c in bag_rows.ANSWER_COLUMNS if c != "score"),
+                          ColSpec("double", "score")])
+        return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
 
     def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("pyfunc") or "")
+        """The first bag of the bundled bag sample's test file, as a request row."""
+        import json
+
+        import pandas as pd
+
+        from nre_ray.tasks.bag import bag_rows
+        from nre_ray.tasks.bag.grouping import sample_dir
+
+        bags, _ = bag_rows.read_bags(str(sample_dir() / "test.tsv"), None, None, None, 0, "NA")
+        first = bags.iloc[0]
+        return pd.DataFrame([{**{c: first[c] for c in bag_rows.PAIR_COLUMNS},
+                              "sentences": [x["sentence"] for x in json.loads(first["sentences"])]}])
+
+    def parse_request(self, payload: Any) -> pd.DataFrame | None:
+        """A bag (an object with ``head``, ``tail`` and ``sentences``; ``head_id``/``tail_id`` optional), a list of
+        them, or ``{"bags": [...]}``, as request rows (:data:`.bag_rows.REQUEST_COLUMNS`); None for anything else."""
+        import pandas as pd
+
+        from nre_ray.tasks.bag import bag_rows
+
+        items = payload.get("bags") if isinstance(payload, dict) and set(payload) <= {"bags", "params"} else payload
+        items = [items] if isinstance(items, dict) else items
+        if not isinstance(items, list) or not items or not all(
+                isinstance(b, dict) and {"head", "tail", "sentences"} <= set(b) for b in items):
+            return None
+        return pd.DataFrame([{c: b.get(c, "") for c in bag_rows.REQUEST_COLUMNS} for b in items],
+                            columns=list(bag_rows.REQUEST_COLUMNS))
 
 
 #: The bag task (stateless: one object serves every caller).
