@@ -44,9 +44,11 @@ def checkpoint():
     return cfg, vocab, labels, BAG.build_model(cfg.model, spec).eval(), spec
 
 
-def test_evaluate_builds_a_file_s_bags_as_the_preprocessing_does(checkpoint):
+def test_evaluate_builds_a_file_s_bags_as_the_preprocessing_does(checkpoint, tmp_path):
     cfg, vocab, labels, _, _ = checkpoint
-    split, skipped = BAG.encode_file(str(TEST), cfg.data, vocab, labels, ASSETS)
+    moved = tmp_path / "elsewhere.txt"  # the same file in another folder, under another name: the same bags
+    moved.write_bytes(TEST.read_bytes())
+    split, skipped = BAG.encode_file(str(moved), cfg.data, vocab, labels, ASSETS)
     # the Ray Data stages' functions, group by group as map_groups runs them
     item = pd.DataFrame({"split": ["test"], "path": [str(TEST)], "format": ["nyt10"]})
     keyed = grouping.keyed_good_rows(pd.concat(list(grouping.read_split_file(item, None)), ignore_index=True))
