@@ -24,7 +24,7 @@ from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.tasks.bag.grouping import sample_dir
 from nre_ray.tracking.store import mlflow_settings
 from nre_ray.train import main
-from tests import procs
+from tests.helpers import served
 
 # train, then 2 evaluates, 2 predicts, the pyfunc model and serve: 233 s in all at a load of 54 without the last two
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -85,7 +85,7 @@ def check_evaluate_and_predict(summary: dict, tmp_path: Path, capsys) -> None:
     import mlflow.artifacts
     import mlflow.pyfunc
 
-    best, test = summary["best_checkpoint"], sample_dir() / "test.tsv"  # the test file as training named it
+    best, test = summary["best_checkpoint"], sample_dir() / "test.tsv"  # the run's test file
     logged = summary["model_uri"]
     reports = {}
     for model, extra in ((best, []), (logged, ["--tracking-uri", summary["tracking_uri"]])):
@@ -128,24 +128,16 @@ def check_evaluate_and_predict(summary: dict, tmp_path: Path, capsys) -> None:
     answered = mlflow.pyfunc.load_model(local).predict(pd.DataFrame(asked))
     pd.testing.assert_frame_equal(answered.astype({"score": float}), pairs, check_dtype=False, atol=1e-6)
 
-    served = serve_answers(best, asked[:2])
+    answers = serve_answers(best, asked[:2])
     first_two = {(b["head_id"], b["tail_id"]) for b in asked[:2]}
     expected = [r for r in pairs.to_dict(orient="records") if (r["head_id"], r["tail_id"]) in first_two]
-    assert [{**r, "score": pytest.approx(r["score"], abs=1e-6)} for r in expected] == served
+    assert [{**r, "score": pytest.approx(r["score"], abs=1e-6)} for r in expected] == answers
 
 
 def serve_answers(model: str, bags: list[dict]) -> list[dict]:
     """The Serve application of ``model`` on the session's Ray: bags in (the task's own JSON and MLflow's
     ``dataframe_records``: the same answer), their (bag, relation) rows out; a bad bag is a 400 naming its row."""
-    from ray import serve
-
-    from nre_ray.serve.app import build
-
-    port = procs.free_port_between(20000, 32000)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(build({"model": model}), name="nre_ray_bags", route_prefix="/")
-        url = f"http://127.0.0.1:{port}/invocations"
+    with served(model, "nre_ray_bags") as url:
         answer = requests.post(url, json={"bags": bags}, timeout=60)
         assert answer.status_code == 200, answer.text
         records = requests.post(url, json={"dataframe_records": bags}, timeout=60)
@@ -153,5 +145,3 @@ def serve_answers(model: str, bags: list[dict]) -> list[dict]:
         refused = requests.post(url, json=[bags[0], {**bags[0], "sentences": ["names neither"]}], timeout=60)
         assert refused.status_code == 400 and "row 2: sentences" in refused.json()["message"], refused.text
         return answer.json()["predictions"]
-    finally:
-        serve.shutdown()
