@@ -22,6 +22,7 @@ from nre_ray.tasks.bag import bag_rows, bag_scores, grouping
 from nre_ray.tasks.bag.bag_split import BagSplit
 from nre_ray.tasks.bag.bag_task import BAG
 from nre_ray.tasks.bag.bags import NA
+from nre_ray.tasks.bag.files import read_bag_table
 
 SEED = 3
 ASSETS = {grouping.SEED_ASSET: json.dumps({"seed": SEED}).encode()}
@@ -113,6 +114,19 @@ def test_predict_scores_bags_as_evaluate_and_answers_pairs_above_the_threshold(c
     first = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0))))
     pd.testing.assert_frame_equal(top1, first.groupby(["head_id", "tail_id"], sort=False).head(1)
                                   .reset_index(drop=True))
+
+
+def test_predict_without_labels_answers_as_with_them(checkpoint, tmp_path):
+    cfg, vocab, labels, model, spec = checkpoint
+    predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 32, ASSETS, BAG,
+                          {"valid_threshold": 0.25})
+    unlabelled = tmp_path / "new.jsonl"  # the test file's records, one a line as in the TSV, without relations
+    records = read_bag_table(TEST)[["sentence", "head", "head_offset", "tail", "tail_offset", "head_id", "tail_id"]]
+    records.to_json(unlabelled, orient="records", lines=True)
+    answers = [BAG.answer(predictor.predict_rows(canonical_part(BAG.plan_input(str(path), None, None, 100).read(0))))
+               for path in (TEST, unlabelled)]
+    assert len(answers[0]) > 0
+    pd.testing.assert_frame_equal(answers[1], answers[0], check_exact=True)
 
 
 def test_a_bad_row_of_predict_input_is_a_row_with_its_problem(checkpoint, tmp_path):

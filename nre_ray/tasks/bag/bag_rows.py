@@ -5,8 +5,8 @@ A file is read by the readers of training (:func:`.grouping.read_split_file`) an
 functions (:func:`~.bags.build_bags`, :func:`~.bags.merge_bags`: the checkpoint's ``--max-bag-size`` and the seed it
 carries, :data:`.grouping.SEED_ASSET`, so each bag keeps the same sentences in the same order), then encoded by
 :func:`.grouping.encode_bags` with the checkpoint's vocabulary and labels. Evaluate therefore scores a split file
-exactly as training scored it, wherever the file lies now (a sentence's sampling priority leaves out its file's
-name).
+exactly as training scored it, wherever the file lies now, and predict scores the same file without its labels
+the same way (a sentence's sampling priority leaves out its file's name and its label).
 
 * :func:`encode_file` (evaluate): a labelled file -> a :class:`~.bag_split.BagSplit`;
 * :func:`plan_bags` (predict): the file as chunks of rows, one row per bag (its sentences as JSON in ``_nre_bag``;

@@ -64,7 +64,7 @@ from nre_ray.tasks.bag.files import (
 )
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # 2: a sentence's sampling priority leaves out its file's name
+CACHE_VERSION = 2  # 2: a sentence's sampling priority leaves out its file's name and its label
 MARKER = "meta.json"
 """The file a bag cache folder gets last (with ``"task": "bag"``)."""
 SPLITS = ("train", "valid", "test")
