@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pandas as pd
 import ray.train
 
@@ -58,3 +61,21 @@ def fit_tiny_cnn(tmp_path, name: str, epochs: int, lr: float, num_workers: int, 
         scaling_config=ray.train.ScalingConfig(num_workers=num_workers),
         run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path), **run),
     ).fit()
+
+
+@contextlib.contextmanager
+def served(model: str, name: str, **config: str) -> Iterator[str]:
+    """The Serve application of ``model`` (``config``: more of the builder's settings) on the session's Ray, under
+    ``name`` at ``/`` on a free port; yields its ``/invocations`` URL and shuts Serve down after."""
+    from ray import serve
+
+    from nre_ray.serve.app import build
+    from tests import procs
+
+    port = procs.free_port_between(20000, 32000)  # outside the ranges Ray takes ports from
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(build({"model": model, **config}), name=name, route_prefix="/")
+        yield f"http://127.0.0.1:{port}/invocations"
+    finally:
+        serve.shutdown()

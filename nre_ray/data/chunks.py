@@ -126,6 +126,46 @@ class InputPlan:
         return _combine(raw, canonical)
 
 
+@dataclass
+class FramePlan:
+    """An input already read whole into ``frame``, one row per example (a task's own rows: a document, a bag), as
+    chunks of rows: the shape of :class:`InputPlan` that predict reads (``path``, ``chunks``, ``total_rows``,
+    ``read``, ``read_chunk``, ``offset_columns``). For inputs small enough to read at once; a plan shipped to Ray
+    tasks carries the frame along."""
+
+    path: str
+    chunks: list[Chunk]
+    frame: pd.DataFrame
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of the frame, bad ones included."""
+        return sum(c.rows for c in self.chunks)
+
+    @property
+    def offset_columns(self) -> list[str]:
+        """No character offsets to keep as integers."""
+        return []
+
+    def read(self, index: int) -> pd.DataFrame:
+        """The rows of chunk ``index``."""
+        return self.read_chunk(self.chunks[index])
+
+    def read_chunk(self, chunk: Chunk) -> pd.DataFrame:
+        """The rows ``[chunk.start, chunk.end)`` of the frame (its input columns and ``_nre_`` columns)."""
+        return self.frame[chunk.start:chunk.end].reset_index(drop=True)
+
+
+def frame_plan(path: str, frame: pd.DataFrame, chunk_rows: int) -> FramePlan:
+    """``frame`` (the rows of ``path``) as a :class:`FramePlan` of ``chunk_rows`` rows a chunk (the last: the
+    rest)."""
+    total = len(frame)
+    step = max(1, chunk_rows)
+    chunks = [Chunk(start, min(total, start + step), 0, min(total, start + step) - start)
+              for start in range(0, total, step)]
+    return FramePlan(path, chunks, frame)
+
+
 def _combine(raw: pd.DataFrame, canonical: pd.DataFrame) -> pd.DataFrame:
     out = raw.reset_index(drop=True).copy()
     for column in CANONICAL:

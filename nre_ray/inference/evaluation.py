@@ -70,8 +70,9 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     ``loop_config``: ``model`` (dict or ObjectRef: ``task`` (its name), ``config`` as Config.to_dict(), ``state``
     weights, ``spec`` (vocab_size, num_classes, num_positions, pretrained_config)), ``data`` (``{"cache": ...}``
     naming the folder of one saved split, as :func:`nre_ray.run.loop.open_splits` reads it; or a dict or ObjectRef of
-    the encoded arrays, flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``threads``, ``sink``
-    (a :class:`ResultSink` handle, or an absolute path for a JSON file).
+    the encoded arrays, flat or padded: :class:`EncodedSplit`), ``labels``, ``negative_label``, ``trained`` (the
+    metrics training recorded with the checkpoint: :meth:`~nre_ray.tasks.base.Task.checkpoint_scores`), ``threads``,
+    ``sink`` (a :class:`ResultSink` handle, or an absolute path for a JSON file).
     """
     import ray.train
     import ray.train.torch
@@ -97,7 +98,9 @@ def eval_loop_per_worker(loop_config: dict[str, Any]) -> None:
     counts, loss = evaluate(task, model, loader, labels)
     if rank != 0:
         return
-    result = {"metrics": task.scores(counts, labels, loop_config.get("negative_label")), "loss": loss,
+    trained = loop_config.get("trained") or {}
+    result = {"metrics": task.checkpoint_scores(counts, labels, loop_config.get("negative_label"), trained),
+              "loss": loss,
               "confusion_matrix": counts.tolist(), "labels": labels, "rows": len(loader.dataset),
               "workers": world_size}
     sink = loop_config["sink"]
@@ -196,13 +199,19 @@ def _negative(loaded: Any, negative_label: str | None) -> str | None:
     return negative_label or loaded.config.data.negative_label
 
 
+def trained_metrics(loaded: Any) -> dict[str, float]:
+    """The metrics training recorded with the checkpoint ``loaded`` (its state's ``metrics``; {} when none)."""
+    return {str(k): float(v) for k, v in (loaded.state.get("metrics") or {}).items()}
+
+
 def _report(model: str, data: str, skipped: int, negative: str | None, result: dict[str, Any]) -> dict[str, Any]:
     labels, task = result["labels"], task_named(result["task"])
     counts = np.asarray(result["confusion_matrix"])
     return {"model": model, "data": data, "task": task.name, "unit": task.unit, "rows": result["rows"],
             "skipped": skipped, "shown": list(task.report_metrics or result["metrics"]),
             "workers": result["workers"], "negative_label": negative if negative in labels else None,
-            "metrics": result["metrics"], "loss": result["loss"], "per_class": task.per_label(counts, labels),
+            "metrics": result["metrics"], "loss": result["loss"],
+            "per_class": task.checkpoint_per_label(counts, labels, result["trained"]),
             "labels": labels, "confusion_matrix": result["confusion_matrix"]}
 
 
@@ -235,7 +244,8 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
             eval_loop_per_worker,
             torch_config=torch_config(),  # on a local Ray, PyTorch's rendezvous listens on 127.0.0.1 alone
             train_loop_config={"model": ray.put(payload), "data": ship(info), "labels": loaded.labels,
-                               "negative_label": negative, "threads": resources.threads, "sink": sink},
+                               "negative_label": negative, "trained": trained_metrics(loaded),
+                               "threads": resources.threads, "sink": sink},
             scaling_config=ray.train.ScalingConfig(num_workers=num_workers, resources_per_worker=resources.per_worker),
             run_config=ray.train.RunConfig(
                 name=f"evaluate-{uuid.uuid4().hex[:8]}", storage_path=storage,
@@ -259,7 +269,7 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
     ray.kill(sink)
     if result is None:
         raise UsageError("evaluation failed: rank 0 reported no result")
-    return {**result, "task": task.name}
+    return {**result, "task": task.name, "trained": trained_metrics(loaded)}
 
 
 #: Ray Train's switch of its preemption watcher, an actor per worker group that polls the GCS for drained nodes

@@ -266,7 +266,8 @@ def predict_file(options: PredictOptions) -> PredictSummary:
     if ahead is not None:  # and actors the local Ray can never hold, before it starts and the model is loaded
         _size_actors(ahead, options.num_workers, options.use_gpu, options.cpus_per_worker)
 
-    loaded.state = {"model": loaded.state["model"]}  # the optimizer's state is not needed to predict
+    # the optimizer's state is not needed to predict; training's metrics may be (the bag task's threshold)
+    loaded.state = {"model": loaded.state["model"], "metrics": loaded.state.get("metrics") or {}}
     device = "cuda" if options.use_gpu else "cpu"
     # fails here, clearly, if the weights do not fit
     predictor = Predictor.from_loaded(loaded, device, options.batch_size)

@@ -47,8 +47,9 @@ class Predictor:
 
     def __init__(self, model: nn.Module, config: Config, vocab: Vocab, labels: list[str], num_positions: int,
                  device: torch.device, batch_size: int = 256, assets: Mapping[str, bytes] | None = None,
-                 task: Task = SENTENCE) -> None:
+                 task: Task = SENTENCE, metrics: Mapping[str, float] | None = None) -> None:
         self.task = task
+        self.metrics = dict(metrics or {})  # training's, recorded with the checkpoint (the bag task's threshold)
         self.model = model.eval().to(device)
         self.assets = dict(assets or {})  # a pretrained encoder's tokenizer and config (see encode_rows)
         self.config = config
@@ -80,7 +81,7 @@ class Predictor:
         model = task.build_model(loaded.config.model, spec)
         model.load_state_dict(loaded.state["model"])
         return cls(model, loaded.config, loaded.vocab, loaded.labels, spec.num_positions,
-                   torch.device(device or "cpu"), batch_size, loaded.assets, task)
+                   torch.device(device or "cpu"), batch_size, loaded.assets, task, loaded.state.get("metrics"))
 
     def predict_rows(self, frame: pd.DataFrame, top_k: int = 0) -> pd.DataFrame:
         """The task's prediction rows of canonical rows (:attr:`nre_ray.tasks.base.Task.input_columns`; the sentence

@@ -9,6 +9,7 @@ data, or from a checkpoint's meta.json).
   task every command runs today.
 * :mod:`nre_ray.tasks.document` (documents: DocRED, CDR): train, evaluate, predict and serve (and the MLflow pyfunc
   model) run it through the interface; tune refuses its data in one line for now (issue 37).
-* :mod:`nre_ray.tasks.bag` (distant supervision: bags of sentences, ``--bag-aggregator``): train runs it through the
-  interface; evaluate, predict, serve and tune refuse its models and data in one line for now (issue 38).
+* :mod:`nre_ray.tasks.bag` (distant supervision: bags of sentences, ``--bag-aggregator``): train, evaluate, predict
+  and serve (and the MLflow pyfunc model) run it through the interface; tune and ``python -m nre_ray.data inspect``
+  refuse its models and data in one line for now (issue 38).
 """

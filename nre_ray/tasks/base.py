@@ -40,13 +40,15 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows one per document
   (its id and its facts), answered (:meth:`Task.answer`) as one per predicted fact: document, head entity, tail
   entity, relation, score.
-* **bag** (:mod:`nre_ray.tasks.bag`, wired into train with ``--bag-aggregator``; the other commands refuse its
-  models in one line): an example is one entity pair, the sentences that name it and
+* **bag** (:mod:`nre_ray.tasks.bag`, wired into train with ``--bag-aggregator`` and every command but tune and
+  inspect, which refuse it in one line): an example is one entity pair, the sentences that name it and
   its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
   ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
   instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the
   counts each bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
-  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve; the rows one per bag and relation.
+  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve, evaluate's F1 at the checkpoint's
+  validation threshold (:meth:`Task.checkpoint_scores`); the rows one per bag (its pair and relations), answered
+  as one per (bag, relation) above that threshold.
 """
 
 from __future__ import annotations
@@ -215,6 +217,19 @@ class Task(ABC):
         :meth:`scores` on its own."""
         return {name: self.scores(c, labels, negative_label) for name, c in counted.items()}
 
+    def checkpoint_scores(self, counts: Any, labels: list[str], negative_label: str | None,
+                          trained: Mapping[str, float]) -> dict[str, float]:
+        """The scores ``python -m nre_ray.evaluate`` reports for a checkpoint's summed ``counts``; ``trained``: the
+        metrics training recorded with the checkpoint (its state's ``metrics``: ``valid_<score>`` ...), for a task
+        whose scores use a choice made on validation (the bag task's threshold). Default: :meth:`scores`."""
+        return self.scores(counts, labels, negative_label)
+
+    def checkpoint_per_label(self, counts: Any, labels: list[str], trained: Mapping[str, float]
+                             ) -> list[dict[str, Any]]:
+        """:meth:`per_label` as evaluate reports it for a checkpoint (``trained``: as :meth:`checkpoint_scores`).
+        Default: :meth:`per_label`."""
+        return self.per_label(counts, labels)
+
     @abstractmethod
     def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:
         """Write the split ``name``'s reports of the summed ``counts`` into ``folder`` (tables and plots that MLflow
@@ -303,5 +318,7 @@ class PredictSettings(Protocol):
     labels: list[str]
     num_positions: int
     assets: dict[str, bytes]
+    metrics: dict[str, float]
+    """What training recorded with the checkpoint (its state's ``metrics``: ``valid_<score>`` ...)."""
     device: torch.device
     batch_size: int

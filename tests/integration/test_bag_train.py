@@ -1,21 +1,33 @@
 """Train on bags: the bundled bag sample (NYT10 TSV, NA + 4 relations) through the real CLI on the session's local Ray,
 with 2 workers, a tiny CNN under selective attention and a real MLflow sqlite store. Bags are chosen by
---bag-aggregator; the held-out metrics, the PR curve's reports and the checkpoint's task are checked."""
+--bag-aggregator; the held-out metrics, the PR curve's reports and the checkpoint's task are checked. Then the same
+checkpoint through evaluate (the checkpoint folder and the run's MLflow model: training's test scores exactly),
+predict (one row per (bag, relation) above the validation threshold, as many as evaluate counts as predicted; the
+same rows in this process and on 2 Ray workers), the MLflow pyfunc model and the Ray Serve application (a bag a row:
+its pair and its sentences' texts in, the same rows as predict's out)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import requests
 from mlflow.tracking import MlflowClient
 
+from nre_ray.evaluate import main as evaluate_main
+from nre_ray.predict import main as predict_main
 from nre_ray.run.checkpoint import load_checkpoint
+from nre_ray.tasks.bag.grouping import sample_dir
+from nre_ray.tracking.store import mlflow_settings
 from nre_ray.train import main
+from tests.helpers import served
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# train, then 2 evaluates, 2 predicts, the pyfunc model and serve: 233 s in all at a load of 54 without the last two
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 HELD_OUT = {"auc", "p_at_100", "p_at_200", "p_at_300", "micro_f1", "macro_f1", "threshold", "loss"}
 
@@ -32,7 +44,9 @@ def test_two_workers_train_the_bag_sample(ray_cluster, tmp_path, monkeypatch, ca
     assert "valid_auc selects the best checkpoint" in out
     assert len(re.findall(r"^epoch   \d/2  train_loss \d\.\d{4}  valid_loss .*  valid_auc \d\.\d{4}  "
                           r"valid_p_at_100 \d\.\d{4}  ", out, re.M)) == 2, out
-    assert "model: bag models: the MLflow pyfunc model is not logged yet (issue 38)" in out
+    assert re.search(r"model: +runs:/\w+/model", out), out
+    assert "task/bags.json" in load_checkpoint(Path(json.loads(summary_path.read_text())["best_checkpoint"]),
+                                               weights=False).meta["files"]
 
     summary = json.loads(summary_path.read_text())
     assert summary["task"] == "bag" and summary["select_metric"] == "valid_auc"
@@ -60,3 +74,74 @@ def test_two_workers_train_the_bag_sample(ray_cluster, tmp_path, monkeypatch, ca
             "reports/test_per_relation.csv"} <= reports
     curve = pd.read_csv(client.download_artifacts(run.info.run_id, "reports/test_pr_curve.csv", str(tmp_path)))
     assert len(curve) == 66 * 4 and curve["precision"].iloc[99] == pytest.approx(summary["test"]["p_at_100"])
+    check_evaluate_and_predict(summary, tmp_path, capsys)
+
+
+PAIR_ROWS = ["head_id", "tail_id", "head", "tail", "relation", "score"]
+
+
+def check_evaluate_and_predict(summary: dict, tmp_path: Path, capsys) -> None:
+    """evaluate, predict, the pyfunc model and serve on the run's best checkpoint (see the module docstring)."""
+    import mlflow.artifacts
+    import mlflow.pyfunc
+
+    best, test = summary["best_checkpoint"], sample_dir() / "test.tsv"  # the run's test file
+    logged = summary["model_uri"]
+    reports = {}
+    for model, extra in ((best, []), (logged, ["--tracking-uri", summary["tracking_uri"]])):
+        output = tmp_path / f"scores{len(reports)}.json"
+        code = evaluate_main(["--model", model, "--data", str(test), "--output", str(output), *extra])
+        printed = capsys.readouterr()
+        assert code == 0, printed.err[-2000:]
+        assert f"{test}: 66 bags, 1 worker(s)" in printed.out and "p_at_100 " in printed.out, printed.out
+        reports[model] = json.loads(output.read_text())
+    report = reports[best]
+    assert report["task"] == "bag" and reports[logged]["metrics"] == report["metrics"]
+    for name in ("auc", "p_at_100", "p_at_200", "p_at_300", "micro_f1", "micro_precision", "micro_recall",
+                 "macro_f1", "threshold"):
+        assert report["metrics"][name] == summary["test"][name], name  # exactly training's test scores
+    assert report["metrics"]["threshold"] == summary["valid"]["threshold"]
+    assert report["loss"] == pytest.approx(summary["test"]["loss"], rel=1e-5)
+
+    written = {}
+    for where, extra in (("here", []), ("ray", ["--local-max-rows", "0", "--num-workers", "2"])):
+        out = tmp_path / f"pairs_{where}.csv"
+        code = predict_main(["--model", best, "--input", str(test), "--output", str(out), "--no-progress",
+                             "--batch-size", "32", "--chunk-rows", "32", *extra])
+        printed = capsys.readouterr()
+        assert code == 0, printed.err[-2000:]
+        assert "predicted 66 bags" in printed.out, printed.out
+        written[where] = pd.read_csv(out, keep_default_na=False, dtype={"head_id": str, "tail_id": str})
+    pairs = written["here"]
+    assert list(pairs.columns) == PAIR_ROWS
+    assert len(pairs) == sum(r["predicted"] for r in report["per_class"])  # the pairs evaluate counts as predicted
+    assert (pairs["score"] >= report["metrics"]["threshold"]).all() and (pairs["relation"] != "NA").all()
+    pd.testing.assert_frame_equal(written["ray"], pairs)
+
+    bags = pd.read_csv(test, sep="\t", header=None, names=["head_id", "tail_id", "head", "tail", "relation", "text"],
+                       quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+    asked = [{"head_id": h, "tail_id": t, "head": group["head"].iloc[0], "tail": group["tail"].iloc[0],
+              "sentences": [x.removesuffix("###END###").rstrip() for x in group["text"]]}
+             for (h, t), group in bags.groupby(["head_id", "tail_id"], sort=True)]
+    with mlflow_settings(summary["tracking_uri"]):  # runs:/ resolved with the run's store (test_document_train)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=logged, dst_path=str(tmp_path / "model"))
+    answered = mlflow.pyfunc.load_model(local).predict(pd.DataFrame(asked))
+    pd.testing.assert_frame_equal(answered.astype({"score": float}), pairs, check_dtype=False, atol=1e-6)
+
+    answers = serve_answers(best, asked[:2])
+    first_two = {(b["head_id"], b["tail_id"]) for b in asked[:2]}
+    expected = [r for r in pairs.to_dict(orient="records") if (r["head_id"], r["tail_id"]) in first_two]
+    assert [{**r, "score": pytest.approx(r["score"], abs=1e-6)} for r in expected] == answers
+
+
+def serve_answers(model: str, bags: list[dict]) -> list[dict]:
+    """The Serve application of ``model`` on the session's Ray: bags in (the task's own JSON and MLflow's
+    ``dataframe_records``: the same answer), their (bag, relation) rows out; a bad bag is a 400 naming its row."""
+    with served(model, "nre_ray_bags") as url:
+        answer = requests.post(url, json={"bags": bags}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        records = requests.post(url, json={"dataframe_records": bags}, timeout=60)
+        assert records.status_code == 200 and records.json() == answer.json(), records.text
+        refused = requests.post(url, json=[bags[0], {**bags[0], "sentences": ["names neither"]}], timeout=60)
+        assert refused.status_code == 400 and "row 2: sentences" in refused.json()["message"], refused.text
+        return answer.json()["predictions"]

@@ -23,7 +23,7 @@ from nre_ray.tasks.document.counts import PREDICTED
 from nre_ray.tasks.document.sample import write_sample
 from nre_ray.tracking.store import mlflow_settings
 from nre_ray.train import main
-from tests import procs
+from tests.helpers import served
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -114,24 +114,16 @@ def check_the_other_commands(summary: dict, tmp_path: Path, capsys) -> None:
     assert list(pyfunc.columns) == FACT_COLUMNS
     pd.testing.assert_frame_equal(pyfunc.astype({"score": float}), facts, check_dtype=False, atol=1e-6)
 
-    served = serve_answers(best, documents)
+    answers = serve_answers(best, documents)
     expected = [{c: (str(v) if c in ("head", "tail") else v) for c, v in row.items()}
                 for row in facts[facts["document"] == documents[0]["title"]].to_dict(orient="records")]
-    assert [{**r, "score": pytest.approx(r["score"], abs=1e-6)} for r in expected] == served
+    assert [{**r, "score": pytest.approx(r["score"], abs=1e-6)} for r in expected] == answers
 
 
 def serve_answers(model: str, documents: list[dict]) -> list[dict]:
     """The Serve application of ``model`` on the session's Ray: a bare DocRED document (and the same in MLflow's
     ``dataframe_records``) in, its facts out; a bad document is a 400 naming it. Returns the first answer."""
-    from ray import serve
-
-    from nre_ray.serve.app import build
-
-    port = procs.free_port_between(20000, 32000)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(build({"model": model}), name="nre_ray_docs", route_prefix="/")
-        url = f"http://127.0.0.1:{port}/invocations"
+    with served(model, "nre_ray_docs") as url:
         document = {c: documents[0][c] for c in ("title", "sents", "vertexSet")}
         answer = requests.post(url, json=document, timeout=60)
         assert answer.status_code == 200, answer.text
@@ -141,5 +133,3 @@ def serve_answers(model: str, documents: list[dict]) -> list[dict]:
         refused = requests.post(url, json=[document, bad], timeout=60)
         assert refused.status_code == 400 and "row 2" in refused.json()["message"], refused.text
         return answer.json()["predictions"]
-    finally:
-        serve.shutdown()

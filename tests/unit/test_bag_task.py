@@ -73,9 +73,9 @@ def test_bags_are_chosen_by_the_aggregator_not_by_the_folder(tmp_path):
                                                         "pretrained": "x"}}))
     with pytest.raises(ConfigError, match="elastic runs on bags are not supported yet"):
         BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "avg"}, "train": {"num_workers": "1-2"}}))
-    with pytest.raises(CheckpointError, match=r"^bag models: predict is not supported yet \(issue 38\)$"):
-        task_of({"task": "bag"}, "predict")
-    assert task_of({"task": "bag"}, "train") is BAG and BAG.unsupported("pyfunc").startswith("bag models: the MLflow")
+    with pytest.raises(CheckpointError, match=r"^bag models: tune is not supported yet \(issue 38\)$"):
+        task_of({"task": "bag"}, "tune")
+    assert all(task_of({"task": "bag"}, c) is BAG for c in ("train", "evaluate", "predict", "serve", "pyfunc"))
 
 
 def test_bags_keep_a_seeded_sample_and_every_label():

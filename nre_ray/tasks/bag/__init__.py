@@ -20,7 +20,11 @@ The task (:mod:`.bag_task`, ``BAG``: what train runs with ``--bag-aggregator att
 (:mod:`.grouping`: the files, Ray Data grouping into bags and encoding, the cache), its encoded splits and batches
 (:mod:`.bag_split`), its exact per-bag counts, scores and PR-curve reports (:mod:`.bag_scores`).
 
-What is not wired yet: tune, evaluate, predict, serve and the MLflow pyfunc model (they refuse bag models and data in
-one line), ``--model bert`` on bags, elastic runs on bags, a shared ``s3://`` cache for bags, and shards balanced by
-sentences (:func:`~.bags.balance_shards` is not used by the loop yet: the loop's samplers shard bags).
+Evaluate, predict, the MLflow pyfunc model and serve (:mod:`.bag_rows`): a file's bags built and encoded as training
+built them, scored at the checkpoint's validation threshold; one prediction row per (bag, relation) above it; a
+request's row is one bag.
+
+What is not wired yet: tune and ``python -m nre_ray.data inspect`` (they refuse bag models and data in one line),
+``--model bert`` on bags, elastic runs on bags, a shared ``s3://`` cache for bags, and shards balanced by sentences
+(:func:`~.bags.balance_shards` is not used by the loop yet: the loop's samplers shard bags).
 """

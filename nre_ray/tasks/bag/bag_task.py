@@ -13,7 +13,11 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   bag's the mean over its labels, the mean (or sum) over the B bags;
 * metrics: each bag's probabilities and gold labels at its index (:mod:`.bag_scores`): OpenNRE's held-out AUC,
   P@100/200/300, and micro/macro F1 at the threshold chosen on validation; exact on any number of workers;
-* rows: not yet (evaluate, predict, serve, tune and the MLflow pyfunc model refuse bag models in one line).
+* rows (:mod:`.bag_rows`): evaluate builds a labelled file's bags as training built them (the checkpoint's
+  ``--max-bag-size`` and seed) and scores them at the checkpoint's validation threshold (so a split file gets
+  training's scores); predict answers one row per (bag, relation) above that threshold: head id, tail id, head,
+  tail, relation, score; the MLflow pyfunc model and serve take a bag a row (its pair and its sentences' texts,
+  :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows. Tune refuses bag models in one line (issue 38).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ if TYPE_CHECKING:
     from nre_ray.data.vocab import Vocab
 
 ISSUE = "issue 38"
-SUPPORTED = frozenset({"train"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc"})
 """The commands that take bag data and models (:meth:`BagTask.unsupported`)."""
 
 
@@ -52,7 +56,7 @@ class BagTask(Task):
     unit: ClassVar[str] = "bags"
     eval_batch_size: ClassVar[int] = 32
     eval_blocks: ClassVar[bool] = True  # a bag's probabilities come from the same batch on any number of workers
-    input_columns: ClassVar[tuple[str, ...]] = ()
+    input_columns: ClassVar[tuple[str, ...]] = ("head_id", "tail_id", "head", "tail", "sentences")  # REQUEST_COLUMNS
     summary_metrics: ClassVar[tuple[str, ...]] = ("auc", "p_at_100", "p_at_200", "p_at_300", "micro_f1", "macro_f1")
     epoch_metric: ClassVar[tuple[str, str]] = ("p_at_100", "p_at_100")
     record_columns: ClassVar[tuple[tuple[str, str], ...]] = (
@@ -177,42 +181,119 @@ class BagTask(Task):
         """:func:`.bag_scores.per_label`."""
         return bag_scores.per_label(counts, labels, None)
 
+    def checkpoint_scores(self, counts: Any, labels: list[str], negative_label: str | None,
+                          trained: Mapping[str, float]) -> dict[str, float]:
+        """:func:`.bag_scores.scores` with the F1 scores at the checkpoint's validation threshold (what training
+        scored its test split at: :func:`.bag_scores.split_scores`)."""
+        from nre_ray.tasks.bag.bag_rows import threshold_of
+
+        return bag_scores.scores(counts, labels, negative_label, threshold_of(trained))
+
+    def checkpoint_per_label(self, counts: Any, labels: list[str], trained: Mapping[str, float]
+                             ) -> list[dict[str, Any]]:
+        """:func:`.bag_scores.per_label` at the checkpoint's validation threshold."""
+        from nre_ray.tasks.bag.bag_rows import threshold_of
+
+        return bag_scores.per_label(counts, labels, None, threshold_of(trained))
+
+    report_metrics: ClassVar[tuple[str, ...] | None] = (*summary_metrics, "threshold")
+
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Only train works for bags yet (:data:`SUPPORTED`)."""
+        """Tune and ``python -m nre_ray.data inspect`` do not take bags yet (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
-        what = "the MLflow pyfunc model is not logged yet" if command == "pyfunc" \
-            else f"{command} is not supported yet"
-        return f"bag models: {what} ({ISSUE})"
+        return f"bag models: {command} is not supported yet ({ISSUE})"
 
     def output_columns(self, top_k: int = 0) -> list[str]:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
+        """Per bag: its pair and its predicted relations (:data:`.bag_rows.OUTPUT_COLUMNS`)."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return list(bag_rows.OUTPUT_COLUMNS)
+
+    def answer(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """One row per predicted (bag, relation) (:func:`.bag_rows.answer`)."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return bag_rows.answer(frame)
+
+    def answer_columns(self, top_k: int = 0) -> list[str]:
+        """``head_id``, ``tail_id``, ``head``, ``tail``, ``relation``, ``score``."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return list(bag_rows.ANSWER_COLUMNS)
 
     def encode_file(self, path: str, data: DataConfig, vocab: Vocab, labels: list[str],
                     assets: Mapping[str, bytes] | None, fmt: str | None = None, columns: str | None = None,
-                    on_bad_rows: str = "error") -> tuple[Any, int]:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("evaluate") or "")
+                    on_bad_rows: str = "error") -> tuple[BagSplit, int]:
+        """:func:`.bag_rows.encode_file`: a labelled file's bags, built and encoded as the checkpoint's training built
+        them."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return bag_rows.encode_file(path, data, vocab, labels, assets, fmt, columns, on_bad_rows)
 
     def plan_input(self, path: str, fmt: str | None, columns: str | None, chunk_rows: int) -> Any:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
+        """:func:`.bag_rows.plan_bags`: one row per bag."""
+        from nre_ray.tasks.bag import bag_rows
 
-    def pyfunc_signature(self) -> Any:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("pyfunc") or "")
-
-    def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("pyfunc") or "")
+        return bag_rows.plan_bags(path, fmt, columns, chunk_rows)
 
     def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
                      top_k: int = 0) -> pd.DataFrame:
-        """Not yet: :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("predict") or "")
+        """:func:`.bag_rows.predict_rows`: per bag its pair and the relations above the checkpoint's validation
+        threshold (``top_k > 0``: at most k a bag)."""
+        from nre_ray.tasks.bag import bag_rows
+
+        return bag_rows.predict_rows(model, frame, settings, top_k)
+
+    request_hint: ClassVar[str] = ("Fix these bags (head_id, tail_id: the pair's ids, \"\" when there are none; head, "
+                                   "tail; sentences: a list of texts, each naming the head and the tail as written) "
+                                   "and send them again.")
+
+    def pyfunc_signature(self) -> Any:
+        """Inputs ``head_id``, ``tail_id``, ``head``, ``tail`` (string) and ``sentences`` (any JSON: a list of
+        texts); outputs one row per (bag, relation) (:data:`.bag_rows.ANSWER_COLUMNS`); param ``top_k`` (at most k
+        relations a bag; 0: every relation at or above the validation threshold)."""
+        from mlflow.models import ModelSignature
+        from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+        from mlflow.types.schema import AnyType
+
+        from nre_ray.tasks.bag import bag_rows
+
+        inputs = Schema([*(ColSpec("string", c) for c in bag_rows.PAIR_COLUMNS), ColSpec(AnyType(), "sentences")])
+        outputs = Schema([*(ColSpec("string", c) for c in bag_rows.ANSWER_COLUMNS if c != "score"),
+                          ColSpec("double", "score")])
+        return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
+
+    def pyfunc_example(self, vocab: Vocab) -> pd.DataFrame:
+        """The first bag of the bundled bag sample's test file, as a request row."""
+        import json
+
+        import pandas as pd
+
+        from nre_ray.tasks.bag import bag_rows
+        from nre_ray.tasks.bag.grouping import sample_dir
+
+        bags, _ = bag_rows.read_bags(str(sample_dir() / "test.tsv"), None, None, None, 0, "NA")
+        first = bags.iloc[0]
+        return pd.DataFrame([{**{c: first[c] for c in bag_rows.PAIR_COLUMNS},
+                              "sentences": [x["sentence"] for x in json.loads(first["sentences"])]}])
+
+    def parse_request(self, payload: Any) -> pd.DataFrame | None:
+        """A bag (an object with ``head``, ``tail`` and ``sentences``; ``head_id``/``tail_id`` optional), a list of
+        them, or ``{"bags": [...]}``, as request rows (:data:`.bag_rows.REQUEST_COLUMNS`); None for anything else."""
+        import pandas as pd
+
+        from nre_ray.tasks.bag import bag_rows
+
+        items = payload.get("bags") if isinstance(payload, dict) and set(payload) <= {"bags", "params"} else payload
+        items = [items] if isinstance(items, dict) else items
+        if not isinstance(items, list) or not items or not all(
+                isinstance(b, dict) and {"head", "tail", "sentences"} <= set(b) for b in items):
+            return None
+        return pd.DataFrame([{c: b.get(c, "") for c in bag_rows.REQUEST_COLUMNS} for b in items],
+                            columns=list(bag_rows.REQUEST_COLUMNS))
 
 
 #: The bag task (stateless: one object serves every caller).

@@ -5,11 +5,13 @@ A *bag* is every sentence of one entity pair: of one (head id, tail id) pair whe
 relation is there (OpenNRE: NA is a label; a pair labelled NA and a relation holds the relation) (:func:`bag_labels`).
 
 Bags are capped by **bottom-k sampling**: each sentence gets a priority, a 64-bit hash of (seed, bag key, the
-sentence's text, offsets, relation, file, line); a bag keeps its ``max_bag_size`` sentences of lowest priority. That
-is a uniform sample without replacement, deterministic by seed, independent of the order of the rows and of how the
-input is split: the bottom-k of a union is the bottom-k of the parts' bottom-k, so a bag split across input files (or
-Ray blocks) and capped in each part merges (:func:`merge_bags`) into exactly the bag capped as a whole. The label and
-``total`` always count every sentence, kept or not.
+sentence's text, offsets, line: not its file's name nor its label, so the same file read from another folder, or
+without its labels, as evaluate and predict may read it, gives the same bags in the same order); a bag keeps its
+``max_bag_size`` sentences of lowest priority. That is a uniform sample without replacement, deterministic by seed,
+independent of the order of the rows and of how the input is split: the bottom-k of a union is the bottom-k of the
+parts' bottom-k, so a bag split across input files (or Ray blocks) and capped in each part merges
+(:func:`merge_bags`) into exactly the bag capped as a whole. The label and ``total`` always count every sentence,
+kept or not.
 
 A bag frame (:data:`BAG_COLUMNS`) has one row per bag: ``bag`` (the key), ``head_id``, ``tail_id``, ``head``,
 ``tail`` (of the bag's first kept sentence), ``labels`` (tuple of str, sorted), ``total`` (sentences before the cap),
@@ -30,6 +32,9 @@ NA = "NA"
 """OpenNRE's and NYT10's name of the no-relation label."""
 BAG = "bag"
 SENTENCE_FIELDS = ("sentence", "head", "head_offset", "tail", "tail_offset", "relation", "file", "line")
+PRIORITY_FIELDS = tuple(f for f in SENTENCE_FIELDS if f not in ("file", "relation"))
+"""What a sentence's sampling priority hashes (:func:`priority`): not where its file lies, nor its label (a file
+without labels, to predict on, gives the bags of the same file with them)."""
 BAG_COLUMNS = ("bag", "head_id", "tail_id", "head", "tail", "labels", "total", "size", "sentences")
 _SEP = "\x1f"  # the unit separator: in no entity name or id
 
@@ -65,7 +70,7 @@ def bag_labels(relations: Iterable[str], na: str = NA) -> tuple[str, ...]:
 
 def priority(seed: int, bag: str, sentence: dict[str, object]) -> int:
     """The 64-bit sampling priority of one sentence of ``bag`` (lower is kept first); see the module docstring."""
-    text = _SEP.join([str(seed), bag, *(str(sentence.get(f, "")) for f in SENTENCE_FIELDS)])
+    text = _SEP.join([str(seed), bag, *(str(sentence.get(f, "")) for f in PRIORITY_FIELDS)])
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 

@@ -64,12 +64,16 @@ from nre_ray.tasks.bag.files import (
 )
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a sentence's sampling priority leaves out its file's name and its label
 MARKER = "meta.json"
 """The file a bag cache folder gets last (with ``"task": "bag"``)."""
 SPLITS = ("train", "valid", "test")
 ROWS_HINT = "Fix these rows, or pass --on-bad-rows skip to train on the good rows only."
 TEXT_COLUMNS = [c for c in COLUMNS if c != "line"]
+SEED_ASSET = "task/bags.json"
+"""What a bag checkpoint carries of its preprocessing (under ``task/``): ``{"seed": N}``, the seed that sampled and
+ordered each bag's sentences (:func:`~.bags.priority`), so evaluate and predict build a file's bags as training
+built them."""
 
 
 def sample_dir() -> Path:
@@ -100,15 +104,17 @@ def formats_of(files: dict[str, Source], forced: str | None) -> dict[str, str]:
 # Ray Data batch functions (pure: a frame in, a frame out)
 
 
-def read_split_file(batch: pd.DataFrame, columns: str | None) -> Iterator[pd.DataFrame]:
+def read_split_file(batch: pd.DataFrame, columns: str | None, require_relation: bool = True
+                    ) -> Iterator[pd.DataFrame]:
     """Ray Data ``map_batches`` over rows ``split``, ``path``, ``format``: each file's records as frames of
     :data:`~.files.COLUMNS` plus ``split`` and ``fatal`` (a file that cannot be read at all is one row with its
-    problem and ``fatal`` 1)."""
+    problem and ``fatal`` 1). ``require_relation``: False for prediction input (NYT10's lines always have one)."""
     column_map = parse_column_map(columns) if columns else None
     for split, path, fmt in zip(batch["split"], batch["path"], batch["format"], strict=True):
         source: Source = path if storage.is_uri(path) else Path(path)
         try:
-            frames = read_nyt10_chunks(source) if fmt == NYT10 else iter([read_bag_table(source, fmt, column_map)])
+            frames = read_nyt10_chunks(source) if fmt == NYT10 \
+                else iter([read_bag_table(source, fmt, column_map, require_relation)])
             for frame in frames:
                 yield _typed(check_rows(frame).assign(split=split, fatal=0))
         except DataError as err:
@@ -137,7 +143,12 @@ def bags_of_group(group: pd.DataFrame, max_bag_size: int, seed: int, na: str) ->
     """Ray Data ``map_groups`` on the rows of one (split, bag): the bag (:func:`~.bags.build_bags`), its split, its
     sentences as JSON (Arrow keeps no tuples of dicts) and its labels joined by a newline."""
     split = str(group["split"].iloc[0])
-    bags = build_bags(group.drop(columns=["split"]), max_bag_size, seed, na)
+    return stored_bags(build_bags(group.drop(columns=["split"]), max_bag_size, seed, na), split)
+
+
+def stored_bags(bags: pd.DataFrame, split: str) -> pd.DataFrame:
+    """A bag frame (:data:`~.bags.BAG_COLUMNS`) as Ray Data and :func:`encode_bags` keep it: with its ``split``,
+    its sentences as JSON and its labels joined by a newline."""
     return pd.DataFrame({
         "split": [split] * len(bags), BAG: bags[BAG], "head_id": bags["head_id"], "tail_id": bags["tail_id"],
         "head": bags["head"], "tail": bags["tail"], "labels": ["\n".join(x) for x in bags["labels"]],
@@ -226,6 +237,13 @@ def encode_bags(batch: pd.DataFrame, vocab: list[str], labels: list[str], settin
 # the run's data
 
 
+def encode_settings(cfg: DataConfig) -> dict[str, Any]:
+    """What :func:`encode_bags` encodes with (``settings``), from the data settings ``cfg`` (a run's, or the ones a
+    checkpoint carries)."""
+    return {"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "markers": cfg.entity_markers,
+            "typed": cfg.typed_markers, "max_length": cfg.max_length, "window": cfg.position_window}
+
+
 def settings_of(cfg: DataConfig, seed: int) -> dict[str, Any]:
     """The settings that change the encoded bags (the cache key uses them)."""
     keep = ("format", "columns", "tokenizer", "lowercase", "min_freq", "max_length", "position_window",
@@ -250,6 +268,7 @@ def prepare_bags(cfg: DataConfig, seed: int) -> Prepared:
             prepared.cache_hit = False
             prepared.rejected = rejected
     prepared.sources = sources_of(files)
+    prepared.assets = {SEED_ASSET: json.dumps({"seed": seed}).encode("utf-8")}
     return prepared
 
 
@@ -277,12 +296,14 @@ def bag_stats(batch: pd.DataFrame, tokenizer: str, lowercase: bool, markers: boo
                                                   np.ones(len(found), dtype=np.int64)])})
 
 
-def fail_or_skip(problems: pd.DataFrame, count: int, on_bad_rows: str, fatal: bool) -> None:
-    """DataError with the first problems (a file that cannot be read always; bad rows unless skipped)."""
+def fail_or_skip(problems: pd.DataFrame, count: int, on_bad_rows: str, fatal: bool, hint: str = ROWS_HINT
+                 ) -> None:
+    """DataError with the first problems (a file that cannot be read always; bad rows unless skipped; ``hint``:
+    what to do about bad rows)."""
     if count and (fatal or on_bad_rows != "skip"):
         listed = [Problem(str(r.file), int(r.line) or None, None, str(r.problem)) for r in problems.itertuples()]
         raise DataError(listed, hint="Check the file and its format (--format forces one)." if fatal
-                        else ROWS_HINT, total=count)
+                        else hint, total=count)
 
 
 def _partitions(rows: int) -> int:
@@ -342,15 +363,14 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
         bags = bags.map_batches(draw_valid, fn_kwargs={"seed": seed, "fraction": cfg.valid_fraction},
                                 batch_format="pandas")
     bags = bags.materialize()
-    markers = cfg.entity_markers
     stats = pd.DataFrame(bags.map_batches(bag_stats, fn_kwargs={
-        "tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "markers": markers, "typed": cfg.typed_markers},
+        "tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "markers": cfg.entity_markers,
+        "typed": cfg.typed_markers},
         batch_format="pandas").take_all(), columns=["kind", "name", "count"])
     counts = stats[stats["kind"] == "token"].groupby("name")["count"].sum()
     vocab = Vocab.build({str(t): int(c) for t, c in counts.items()}, cfg.min_freq)
     labels = labels_of(sorted(set(stats.loc[stats["kind"] == "label", "name"])), files, na)
-    settings = {"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "markers": markers,
-                "typed": cfg.typed_markers, "max_length": cfg.max_length, "window": cfg.position_window}
+    settings = encode_settings(cfg)
     encoded = bags.map_batches(encode_bags, fn_kwargs={"vocab": vocab.tokens, "labels": labels, "settings": settings},
                                batch_format="pandas")
     writers = {s: BagSplit.Writer(len(labels), cfg.position_window) for s in SPLITS}

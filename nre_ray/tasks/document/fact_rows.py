@@ -17,7 +17,6 @@ same candidate pairs.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,7 +27,7 @@ import torch
 from torch import nn
 
 from nre_ray.core.user_error import ConfigError
-from nre_ray.data.chunks import PREFIX, Chunk
+from nre_ray.data.chunks import PREFIX, FramePlan, frame_plan
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats.common import Source
 from nre_ray.data.vocab import Vocab
@@ -90,40 +89,10 @@ def encode_file(path: Source, data: Any, vocab: Vocab, labels: list[str], assets
 # predict: the input file as chunks of document rows
 
 
-@dataclasses.dataclass
-class DocumentPlan:
-    """A document file as chunks of rows, one row per document (the shape of :class:`nre_ray.data.chunks.InputPlan`
-    that predict reads: ``path``, ``chunks``, ``total_rows``, ``read``, ``read_chunk``, ``offset_columns``).
-    Document files are small: the file is read once, into ``frame`` (:func:`document_frame`), which a plan shipped
-    to Ray tasks carries along."""
-
-    path: str
-    chunks: list[Chunk]
-    frame: pd.DataFrame
-
-    @property
-    def total_rows(self) -> int:
-        """Documents in the file, bad ones included."""
-        return sum(c.rows for c in self.chunks)
-
-    @property
-    def offset_columns(self) -> list[str]:
-        """No character offsets to keep as integers."""
-        return []
-
-    def read(self, index: int) -> pd.DataFrame:
-        """The rows of chunk ``index``."""
-        return self.read_chunk(self.chunks[index])
-
-    def read_chunk(self, chunk: Chunk) -> pd.DataFrame:
-        """The document rows ``[chunk.start, chunk.end)``: ``id`` (the input's one column), and ``_nre_document``
-        (:meth:`~.records.Document.to_dict` as JSON), ``_nre_file``, ``_nre_line``, ``_nre_problem``."""
-        return self.frame[chunk.start:chunk.end].reset_index(drop=True)
-
-
 def document_frame(path: Source) -> pd.DataFrame:
-    """Every document of ``path`` as a row (see :meth:`DocumentPlan.read_chunk`): the good ones in file order, then
-    one row per bad one with its problem."""
+    """Every document of ``path`` as a row: ``id`` (the input's one column), and ``_nre_document``
+    (:meth:`~.records.Document.to_dict` as JSON), ``_nre_file``, ``_nre_line``, ``_nre_problem``; the good ones in
+    file order, then one row per bad one with its problem."""
     read = read_documents(path, on_bad="skip")
     name = str(path)
     good = [{"id": d.id, PREFIX + "document": json.dumps(d.to_dict(), ensure_ascii=False), PREFIX + "file": name,
@@ -134,15 +103,11 @@ def document_frame(path: Source) -> pd.DataFrame:
     return pd.DataFrame(good + bad, columns=columns)
 
 
-def plan_documents(path: Source, fmt: str | None, columns: str | None, chunk_rows: int) -> DocumentPlan:
-    """``path`` (DocRED JSON or PubTator) as a :class:`DocumentPlan` of about ``chunk_rows`` documents a chunk; a file
-    that cannot be read at all is a :class:`DataError` now."""
+def plan_documents(path: Source, fmt: str | None, columns: str | None, chunk_rows: int) -> FramePlan:
+    """``path`` (DocRED JSON or PubTator) as a :class:`~nre_ray.data.chunks.FramePlan` of :func:`document_frame`'s
+    rows, ``chunk_rows`` documents a chunk; a file that cannot be read at all is a :class:`DataError` now."""
     _no_columns(fmt, columns)
-    frame = document_frame(path)
-    total = len(frame)
-    chunks = [Chunk(start, min(total, start + chunk_rows), 0, min(total, start + chunk_rows) - start)
-              for start in range(0, total, max(1, chunk_rows))]
-    return DocumentPlan(str(path), chunks, frame)
+    return frame_plan(str(path), document_frame(path), chunk_rows)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,213 @@
+"""The bag task's rows without Ray: evaluate's file -> bags exactly as the preprocessing's batch functions build them,
+its bad input named by file and line, predict's bags (the checkpoint's size cap and seed applied at predict time)
+scored as evaluate scores them, one answer row per (bag, relation) above the checkpoint's validation threshold."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from nre_ray.config import Config
+from nre_ray.data.chunks import canonical_part
+from nre_ray.data.errors import DataError
+from nre_ray.data.vocab import Vocab
+from nre_ray.inference.predictor import Predictor
+from nre_ray.models.registry import ModelSpec
+from nre_ray.run.checkpoint import CheckpointError
+from nre_ray.tasks.bag import bag_rows, bag_scores, grouping
+from nre_ray.tasks.bag.bag_split import BagSplit
+from nre_ray.tasks.bag.bag_task import BAG
+from nre_ray.tasks.bag.bags import NA
+from nre_ray.tasks.bag.files import read_bag_table
+
+SEED = 3
+ASSETS = {grouping.SEED_ASSET: json.dumps({"seed": SEED}).encode()}
+TEST = grouping.sample_dir() / "test.tsv"
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    """A bag checkpoint's settings (bags capped at 2 sentences), vocabulary and labels from the sample's training
+    file, and an untrained tiny CNN under attention."""
+    cfg = Config.from_dict({"data": {"max_bag_size": 2}, "model": {
+        "bag_aggregator": "att", "model": "cnn", "hidden_size": 16, "word_dim": 8, "pos_dim": 2}})
+    train, _ = bag_rows.read_bags(str(grouping.sample_dir() / "train.tsv"), None, None, None, 0, NA)
+    stats = grouping.bag_stats(train.assign(split="train"), "regex", True, True, True)
+    tokens = stats[stats["kind"] == "token"]
+    vocab = Vocab.build(dict(zip(tokens["name"], tokens["count"], strict=True)), 1)
+    labels = grouping.labels_of(sorted(stats.loc[stats["kind"] == "label", "name"]), {}, NA)
+    torch.manual_seed(0)
+    spec = ModelSpec(len(vocab), len(labels), 2 * cfg.data.position_window + 2)
+    return cfg, vocab, labels, BAG.build_model(cfg.model, spec).eval(), spec
+
+
+def test_evaluate_builds_a_file_s_bags_as_the_preprocessing_does(checkpoint, tmp_path):
+    cfg, vocab, labels, _, _ = checkpoint
+    moved = tmp_path / "elsewhere.txt"  # the same file in another folder, under another name: the same bags
+    moved.write_bytes(TEST.read_bytes())
+    split, skipped = BAG.encode_file(str(moved), cfg.data, vocab, labels, ASSETS)
+    # the Ray Data stages' functions, group by group as map_groups runs them
+    item = pd.DataFrame({"split": ["test"], "path": [str(TEST)], "format": ["nyt10"]})
+    keyed = grouping.keyed_good_rows(pd.concat(list(grouping.read_split_file(item, None)), ignore_index=True))
+    bags = pd.concat([grouping.bags_of_group(g, 2, SEED, NA) for _, g in keyed.groupby("bag", sort=False)])
+    writer = BagSplit.Writer(len(labels), cfg.data.position_window)
+    for row in grouping.encode_bags(bags, vocab.tokens, labels, grouping.encode_settings(cfg.data)).itertuples():
+        writer.add(row)
+    expected = writer.finish("test")
+    assert skipped == 0 and len(split) == len(expected) == 66 and split.sizes.max() == 2
+    assert split.info == expected.info
+    for name in ("scope", "labels", "total"):
+        np.testing.assert_array_equal(getattr(split, name), getattr(expected, name), err_msg=name)
+    for name, values in expected.sentences.flat.items():
+        np.testing.assert_array_equal(split.sentences.flat[name], values, err_msg=name)
+    with pytest.raises(CheckpointError, match=r"lacks task/bags\.json"):
+        BAG.encode_file(str(TEST), cfg.data, vocab, labels, {})
+
+
+def test_bad_rows_and_bags_are_named_by_file_and_line(checkpoint, tmp_path):
+    cfg, vocab, labels, _, _ = checkpoint
+    lines = TEST.read_text(encoding="utf-8").splitlines()[:6]
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("\n".join([lines[0], "/m/1\t/m/2\tonly five\tfields\tNA", *lines[1:]]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"(?s){bad}:2: .*--on-bad-rows skip to evaluate"):
+        BAG.encode_file(str(bad), cfg.data, vocab, labels, ASSETS)
+    split, skipped = BAG.encode_file(str(bad), cfg.data, vocab, labels, ASSETS, on_bad_rows="skip")
+    good = tmp_path / "good.tsv"
+    good.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert skipped == 1 and split.info["keys"] == BAG.encode_file(str(good), cfg.data, vocab, labels, ASSETS)[0].info[
+        "keys"]
+    unknown = tmp_path / "unknown.tsv"
+    unknown.write_text(lines[0].replace("\tNA\t", "\t/new/relation\t") + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"{unknown}:1: relation: '/new/relation' is not a relation of the training"):
+        BAG.encode_file(str(unknown), cfg.data, vocab, labels, ASSETS)
+    with pytest.raises(DataError, match=r"missing\.tsv: file not found"):
+        BAG.encode_file(str(tmp_path / "missing.tsv"), cfg.data, vocab, labels, ASSETS)
+
+
+def test_predict_scores_bags_as_evaluate_and_answers_pairs_above_the_threshold(checkpoint, tmp_path):
+    cfg, vocab, labels, model, spec = checkpoint
+    split, _ = BAG.encode_file(str(TEST), cfg.data, vocab, labels, ASSETS)
+    probs = bag_rows.bag_probabilities(model, split, torch.device("cpu"), 32)  # (66, C), evaluate's bags
+    threshold = float(np.quantile(probs[:, 1:], 0.7))
+    predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 32, ASSETS, BAG,
+                          {"valid_threshold": threshold})
+    plan = BAG.plan_input(str(TEST), None, None, 32)
+    assert plan.total_rows == 66 and [c.rows for c in plan.chunks] == [32, 32, 2]
+    rows = pd.concat([predictor.predict_rows(canonical_part(plan.read(i))) for i in range(3)], ignore_index=True)
+    assert (rows["problem"] == "").all() and rows["head_id"].tolist() == split.info["head_id"]
+    answers = BAG.answer(rows)
+    assert list(answers.columns) == BAG.answer_columns() == ["head_id", "tail_id", "head", "tail", "relation",
+                                                            "score"]
+    assert len(answers) == int((probs[:, 1:] >= threshold).sum()) > 0 and "NA" not in set(answers["relation"])
+    column = {label: c for c, label in enumerate(labels)}
+    bag = {pair: b for b, pair in enumerate(zip(split.info["head_id"], split.info["tail_id"], strict=True))}
+    pairs = list(zip(answers["head_id"], answers["tail_id"], strict=True))
+    np.testing.assert_array_equal(answers["score"].to_numpy(),  # predict's bags are evaluate's: the same scores
+                                  [probs[bag[p], column[r]] for p, r in zip(pairs, answers["relation"], strict=True)])
+    by_bag = answers.groupby(["head_id", "tail_id"], sort=False)
+    assert by_bag["score"].apply(lambda s: s.is_monotonic_decreasing).all()  # best first
+    top1 = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0)), top_k=1))
+    first = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0))))
+    pd.testing.assert_frame_equal(top1, first.groupby(["head_id", "tail_id"], sort=False).head(1)
+                                  .reset_index(drop=True))
+
+
+def test_predict_without_labels_answers_as_with_them(checkpoint, tmp_path):
+    cfg, vocab, labels, model, spec = checkpoint
+    predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 32, ASSETS, BAG,
+                          {"valid_threshold": 0.25})
+    unlabelled = tmp_path / "new.jsonl"  # the test file's records, one a line as in the TSV, without relations
+    records = read_bag_table(TEST)[["sentence", "head", "head_offset", "tail", "tail_offset", "head_id", "tail_id"]]
+    records.to_json(unlabelled, orient="records", lines=True)
+    answers = [BAG.answer(predictor.predict_rows(canonical_part(BAG.plan_input(str(path), None, None, 100).read(0))))
+               for path in (TEST, unlabelled)]
+    assert len(answers[0]) > 0
+    pd.testing.assert_frame_equal(answers[1], answers[0], check_exact=True)
+
+
+def test_a_bad_row_of_predict_input_is_a_row_with_its_problem(checkpoint, tmp_path):
+    cfg, vocab, labels, model, spec = checkpoint
+    lines = TEST.read_text(encoding="utf-8").splitlines()[:3]
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("\n".join([*lines, "/m/1\t/m/2\tfive\tfields\tNA"]) + "\n", encoding="utf-8")
+    plan = BAG.plan_input(str(bad), None, None, 10)
+    frame = canonical_part(plan.read(0))
+    assert frame["problem"].tolist()[-1] != "" and frame["file"].tolist()[-1] == str(bad)
+    assert frame["line"].tolist() == [1, 2, 4]  # two bags (lines 1 and 2-3), then the bad line
+    predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 8, ASSETS, BAG,
+                          {"valid_threshold": 0.0})
+    rows = predictor.predict_rows(frame)
+    assert rows["problem"].tolist()[:2] == ["", ""] and rows["problem"].tolist()[2] != ""
+    assert [len(r) for r in rows["relations"][:2]] == [len(labels) - 1] * 2 and rows["relations"][2] is None
+
+
+def test_evaluate_scores_at_the_checkpoint_s_validation_threshold():
+    rng = np.random.default_rng(0)
+    counts = np.zeros((40, 2, 3), dtype=np.float32)
+    counts[:, 0] = rng.random((40, 3))
+    counts[np.arange(40), 1, rng.integers(0, 3, 40)] = 1
+    labels = [NA, "/a", "/b"]
+    trained = {"valid_threshold": 0.8, "valid_auc": 0.5}
+    assert BAG.checkpoint_scores(counts, labels, None, trained) == bag_scores.scores(counts, labels, None, 0.8)
+    assert BAG.checkpoint_scores(counts, labels, None, trained)["threshold"] == 0.8
+    assert {r["threshold"] for r in BAG.checkpoint_per_label(counts, labels, trained)} == {0.8}
+    with pytest.raises(CheckpointError, match="records no valid_threshold"):
+        BAG.checkpoint_scores(counts, labels, None, {})
+
+
+def test_chosen_relations_are_best_first_above_the_threshold():
+    probs = np.array([[0.5, 0.2, 0.3], [0.1, 0.45, 0.45], [0.9, 0.05, 0.05]], dtype=np.float32)
+    labels = [NA, "/a", "/b"]
+    assert bag_rows.chosen_relations(probs, labels, 0, 0.25) == [
+        [{"relation": "/b", "score": pytest.approx(0.3)}],
+        [{"relation": "/a", "score": pytest.approx(0.45)}, {"relation": "/b", "score": pytest.approx(0.45)}], []]
+    assert [len(r) for r in bag_rows.chosen_relations(probs, labels, 0, 0.0, top_k=1)] == [1, 1, 1]
+    assert [r["relation"] for r in bag_rows.chosen_relations(probs, labels, None, 0.5)[0]] == [NA]
+
+
+def test_a_bag_a_request_row_answers_as_predict_does(checkpoint):
+    from nre_ray.inference.pyfunc import RelationModel
+
+    cfg, vocab, labels, model, spec = checkpoint
+    predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 32, ASSETS, BAG,
+                          {"valid_threshold": 0.0})
+    plan = BAG.plan_input(str(TEST), None, None, 100)
+    predicted = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0))))
+    example = BAG.pyfunc_example(vocab)
+    assert list(example.columns) == list(BAG.input_columns) == list(bag_rows.REQUEST_COLUMNS)
+    requests = []
+    for bag in json.loads(plan.frame["_nre_bag"].to_json(orient="values"))[:5]:
+        bag = json.loads(bag)
+        requests.append({**{c: bag[c] for c in bag_rows.PAIR_COLUMNS},
+                         "sentences": [s["sentence"] for s in json.loads(bag["sentences"])]})
+    rows = BAG.parse_request({"bags": requests})
+    assert rows.equals(BAG.parse_request(requests)) and BAG.parse_request({"sentences": []}) is None
+    assert rows.iloc[:1].equals(example)  # the sample's first test bag
+    pyfunc = RelationModel()
+    pyfunc.predictor = predictor
+    answered = pyfunc.predict(None, rows)
+    assert list(answered.columns) == list(bag_rows.ANSWER_COLUMNS)
+    first = predicted[predicted["head_id"].isin(rows["head_id"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(answered, first, atol=1e-6)  # the file's bags and the requests': the same bags
+    assert len(BAG.pyfunc_signature().inputs.input_names()) == 5
+
+
+def test_a_bad_request_bag_is_a_problem_of_its_row(checkpoint):
+    from mlflow.exceptions import MlflowException
+
+    from nre_ray.inference.pyfunc import RelationModel
+
+    cfg, vocab, labels, model, spec = checkpoint
+    pyfunc = RelationModel()
+    pyfunc.predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 8, ASSETS, BAG,
+                                 {"valid_threshold": 0.0})
+    good = {"head_id": "", "tail_id": "", "head": "Ann_Lee", "tail": "Oslo", "sentences": ["Ann_Lee lives in Oslo ."]}
+    rows = BAG.parse_request([good, {**good, "sentences": ["Ann_Lee lives here .", "Oslo"]}, {**good, "sentences": 3}])
+    with pytest.raises(MlflowException, match=r"(?s)row 2: sentences: sentence 1: tail: .*row 3: sentences: a non-"):
+        pyfunc.predict(None, rows)
+    answered = pyfunc.predict(None, rows.iloc[:1])
+    assert set(answered["head"]) == {"Ann_Lee"} and len(answered) == len(labels) - 1
