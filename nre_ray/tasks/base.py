@@ -47,8 +47,8 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the
   counts each bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
   :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve, evaluate's F1 at the checkpoint's
-  validation threshold (:meth:`Task.checkpoint_scores`); the rows one per bag (its pair and relations), answered
-  as one per (bag, relation) above that threshold.
+  validation threshold (:meth:`Task.checkpoint_scores`); the rows and answers one per bag (its pair, its relation:
+  NA below that threshold, its score, and the top k).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 with 2 workers, a tiny CNN under selective attention and a real MLflow sqlite store. Bags are chosen by
 --bag-aggregator; the held-out metrics, the PR curve's reports and the checkpoint's task are checked. Then the same
 checkpoint through evaluate (the checkpoint folder and the run's MLflow model: training's test scores exactly),
-predict (one row per (bag, relation) above the validation threshold, as many as evaluate counts as predicted; the
-same rows in this process and on 2 Ray workers), the MLflow pyfunc model and the Ray Serve application (a bag a row:
+predict (one row per bag: its relation, NA below the validation threshold, and its top k, whose entries at or above
+the threshold are the (bag, relation) pairs evaluate counts as predicted; the same rows in this process and on 2 Ray
+workers), the MLflow pyfunc model and the Ray Serve application (a bag a row:
 its pair and its sentences' texts in, the same rows as predict's out)."""
 
 from __future__ import annotations
@@ -107,16 +108,22 @@ def check_evaluate_and_predict(summary: dict, tmp_path: Path, capsys) -> None:
     for where, extra in (("here", []), ("ray", ["--local-max-rows", "0", "--num-workers", "2"])):
         out = tmp_path / f"pairs_{where}.csv"
         code = predict_main(["--model", best, "--input", str(test), "--output", str(out), "--no-progress",
-                             "--batch-size", "32", "--chunk-rows", "32", *extra])
+                             "--batch-size", "32", "--chunk-rows", "32", "--top-k", "5", *extra])
         printed = capsys.readouterr()
         assert code == 0, printed.err[-2000:]
         assert "predicted 66 bags" in printed.out, printed.out
         written[where] = pd.read_csv(out, keep_default_na=False, dtype={"head_id": str, "tail_id": str})
-    pairs = written["here"]
-    assert list(pairs.columns) == PAIR_ROWS
-    assert len(pairs) == sum(r["predicted"] for r in report["per_class"])  # the pairs evaluate counts as predicted
-    assert (pairs["score"] >= report["metrics"]["threshold"]).all() and (pairs["relation"] != "NA").all()
-    pd.testing.assert_frame_equal(written["ray"], pairs)
+    rows = written["here"]
+    assert list(rows.columns) == [*PAIR_ROWS, "top_k_labels", "top_k_scores"] and len(rows) == 66  # one per bag
+    pd.testing.assert_frame_equal(written["ray"], rows)
+    threshold = report["metrics"]["threshold"]
+    above = [[(label, score) for label, score in zip(json.loads(labels), json.loads(scores), strict=True)
+              if label != "NA" and score >= threshold]
+             for labels, scores in zip(rows["top_k_labels"], rows["top_k_scores"], strict=True)]
+    assert sum(map(len, above)) == sum(r["predicted"] for r in report["per_class"])  # evaluate's predicted pairs
+    assert [found[0][0] if found else "NA" for found in above] == rows["relation"].tolist()
+    assert sum(map(bool, above)) > 0
+    pairs = rows[PAIR_ROWS]
 
     bags = pd.read_csv(test, sep="\t", header=None, names=["head_id", "tail_id", "head", "tail", "relation", "text"],
                        quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)

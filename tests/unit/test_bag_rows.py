@@ -1,6 +1,7 @@
 """The bag task's rows without Ray: evaluate's file -> bags exactly as the preprocessing's batch functions build them,
 its bad input named by file and line, predict's bags (the checkpoint's size cap and seed applied at predict time)
-scored as evaluate scores them, one answer row per (bag, relation) above the checkpoint's validation threshold."""
+scored as evaluate scores them, one answer row per bag (its relation: NA below the checkpoint's validation
+threshold)."""
 
 from __future__ import annotations
 
@@ -88,32 +89,34 @@ def test_bad_rows_and_bags_are_named_by_file_and_line(checkpoint, tmp_path):
         BAG.encode_file(str(tmp_path / "missing.tsv"), cfg.data, vocab, labels, ASSETS)
 
 
-def test_predict_scores_bags_as_evaluate_and_answers_pairs_above_the_threshold(checkpoint, tmp_path):
+def test_predict_scores_bags_as_evaluate_and_answers_one_row_per_bag(checkpoint, tmp_path):
     cfg, vocab, labels, model, spec = checkpoint
     split, _ = BAG.encode_file(str(TEST), cfg.data, vocab, labels, ASSETS)
     probs = bag_rows.bag_probabilities(model, split, torch.device("cpu"), 32)  # (66, C), evaluate's bags
-    threshold = float(np.quantile(probs[:, 1:], 0.7))
+    threshold = float(np.quantile(probs[:, 1:].max(axis=1), 0.5))  # about half the bags have a relation
     predictor = Predictor(model, cfg, vocab, labels, spec.num_positions, torch.device("cpu"), 32, ASSETS, BAG,
                           {"valid_threshold": threshold})
     plan = BAG.plan_input(str(TEST), None, None, 32)
     assert plan.total_rows == 66 and [c.rows for c in plan.chunks] == [32, 32, 2]
-    rows = pd.concat([predictor.predict_rows(canonical_part(plan.read(i))) for i in range(3)], ignore_index=True)
+    rows = pd.concat([predictor.predict_rows(canonical_part(plan.read(i)), top_k=3) for i in range(3)],
+                     ignore_index=True)
     assert (rows["problem"] == "").all() and rows["head_id"].tolist() == split.info["head_id"]
     answers = BAG.answer(rows)
-    assert list(answers.columns) == BAG.answer_columns() == ["head_id", "tail_id", "head", "tail", "relation",
-                                                            "score"]
-    assert len(answers) == int((probs[:, 1:] >= threshold).sum()) > 0 and "NA" not in set(answers["relation"])
-    column = {label: c for c, label in enumerate(labels)}
-    bag = {pair: b for b, pair in enumerate(zip(split.info["head_id"], split.info["tail_id"], strict=True))}
-    pairs = list(zip(answers["head_id"], answers["tail_id"], strict=True))
+    assert list(answers.columns) == BAG.answer_columns(3) == ["head_id", "tail_id", "head", "tail", "relation",
+                                                             "score", "top_k_labels", "top_k_scores"]
+    assert len(answers) == 66  # one per bag
+    best = probs[:, 1:].argmax(axis=1) + 1  # NA is column 0
+    related = probs[np.arange(66), best] >= threshold
+    assert 0 < related.sum() < 66
+    expected = np.where(related, np.asarray(labels, dtype=object)[best], NA)
+    assert answers["relation"].tolist() == expected.tolist()
     np.testing.assert_array_equal(answers["score"].to_numpy(),  # predict's bags are evaluate's: the same scores
-                                  [probs[bag[p], column[r]] for p, r in zip(pairs, answers["relation"], strict=True)])
-    by_bag = answers.groupby(["head_id", "tail_id"], sort=False)
-    assert by_bag["score"].apply(lambda s: s.is_monotonic_decreasing).all()  # best first
-    top1 = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0)), top_k=1))
-    first = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0))))
-    pd.testing.assert_frame_equal(top1, first.groupby(["head_id", "tail_id"], sort=False).head(1)
-                                  .reset_index(drop=True))
+                                  np.where(related, probs[np.arange(66), best], probs[:, 0]).astype(np.float64))
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :3]
+    assert answers["top_k_labels"].tolist() == [[labels[c] for c in row] for row in order]
+    assert [s == sorted(s, reverse=True) for s in answers["top_k_scores"]] == [True] * 66  # best first
+    plain = BAG.answer(predictor.predict_rows(canonical_part(plan.read(0))))
+    pd.testing.assert_frame_equal(plain, answers.iloc[:32][list(bag_rows.OUTPUT_COLUMNS)])
 
 
 def test_predict_without_labels_answers_as_with_them(checkpoint, tmp_path):
@@ -142,7 +145,7 @@ def test_a_bad_row_of_predict_input_is_a_row_with_its_problem(checkpoint, tmp_pa
                           {"valid_threshold": 0.0})
     rows = predictor.predict_rows(frame)
     assert rows["problem"].tolist()[:2] == ["", ""] and rows["problem"].tolist()[2] != ""
-    assert [len(r) for r in rows["relations"][:2]] == [len(labels) - 1] * 2 and rows["relations"][2] is None
+    assert rows["relation"].isna().tolist() == [False, False, True] and np.isnan(rows["score"][2])
 
 
 def test_evaluate_scores_at_the_checkpoint_s_validation_threshold():
@@ -159,14 +162,16 @@ def test_evaluate_scores_at_the_checkpoint_s_validation_threshold():
         BAG.checkpoint_scores(counts, labels, None, {})
 
 
-def test_chosen_relations_are_best_first_above_the_threshold():
+def test_a_bag_s_relation_is_its_best_above_the_threshold_else_na():
     probs = np.array([[0.5, 0.2, 0.3], [0.1, 0.45, 0.45], [0.9, 0.05, 0.05]], dtype=np.float32)
     labels = [NA, "/a", "/b"]
-    assert bag_rows.chosen_relations(probs, labels, 0, 0.25) == [
-        [{"relation": "/b", "score": pytest.approx(0.3)}],
-        [{"relation": "/a", "score": pytest.approx(0.45)}, {"relation": "/b", "score": pytest.approx(0.45)}], []]
-    assert [len(r) for r in bag_rows.chosen_relations(probs, labels, 0, 0.0, top_k=1)] == [1, 1, 1]
-    assert [r["relation"] for r in bag_rows.chosen_relations(probs, labels, None, 0.5)[0]] == [NA]
+    names, scores = bag_rows.bag_answers(probs, labels, 0, 0.25)
+    assert names.tolist() == ["/b", "/a", NA]  # a tie: label order
+    np.testing.assert_allclose(scores, [0.3, 0.45, 0.9])  # NA's: its own probability
+    names, scores = bag_rows.bag_answers(probs[:, 1:], labels[1:], None, 0.25)  # labels without NA
+    assert names.tolist() == ["/b", "/a", NA]
+    np.testing.assert_allclose(scores, [0.3, 0.45, 0.95], atol=1e-6)  # NA's: one minus the best relation's
+    assert bag_rows.bag_answers(probs[:0], labels, 0, 0.5)[0].tolist() == []
 
 
 def test_a_bag_a_request_row_answers_as_predict_does(checkpoint):
@@ -190,7 +195,7 @@ def test_a_bag_a_request_row_answers_as_predict_does(checkpoint):
     pyfunc = RelationModel()
     pyfunc.predictor = predictor
     answered = pyfunc.predict(None, rows)
-    assert list(answered.columns) == list(bag_rows.ANSWER_COLUMNS)
+    assert list(answered.columns) == list(bag_rows.OUTPUT_COLUMNS)
     first = predicted[predicted["head_id"].isin(rows["head_id"])].reset_index(drop=True)
     pd.testing.assert_frame_equal(answered, first, atol=1e-6)  # the file's bags and the requests': the same bags
     assert len(BAG.pyfunc_signature().inputs.input_names()) == 5
@@ -210,4 +215,4 @@ def test_a_bad_request_bag_is_a_problem_of_its_row(checkpoint):
     with pytest.raises(MlflowException, match=r"(?s)row 2: sentences: sentence 1: tail: .*row 3: sentences: a non-"):
         pyfunc.predict(None, rows)
     answered = pyfunc.predict(None, rows.iloc[:1])
-    assert set(answered["head"]) == {"Ann_Lee"} and len(answered) == len(labels) - 1
+    assert answered["head"].tolist() == ["Ann_Lee"] and answered["relation"].tolist()[0] != NA  # threshold 0

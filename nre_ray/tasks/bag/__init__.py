@@ -21,8 +21,8 @@ The task (:mod:`.bag_task`, ``BAG``: what train runs with ``--bag-aggregator att
 (:mod:`.bag_split`), its exact per-bag counts, scores and PR-curve reports (:mod:`.bag_scores`).
 
 Evaluate, predict, the MLflow pyfunc model and serve (:mod:`.bag_rows`): a file's bags built and encoded as training
-built them, scored at the checkpoint's validation threshold; one prediction row per (bag, relation) above it; a
-request's row is one bag.
+built them, scored at the checkpoint's validation threshold; one prediction row per bag (its relation, NA below that
+threshold, its score, and the top k); a request's row is one bag.
 
 What is not wired yet: tune and ``python -m nre_ray.data inspect`` (they refuse bag models and data in one line),
 ``--model bert`` on bags, elastic runs on bags, a shared ``s3://`` cache for bags, and shards balanced by sentences

@@ -1,5 +1,5 @@
 """The bag task's rows: a file of sentences in (any format training reads for bags), its entity-pair bags built as
-training built them, and one row per (bag, relation) predicted out.
+training built them, and one row per bag predicted out.
 
 A file is read by the readers of training (:func:`.grouping.read_split_file`) and grouped into bags by the same pure
 functions (:func:`~.bags.build_bags`, :func:`~.bags.merge_bags`: the checkpoint's ``--max-bag-size`` and the seed it
@@ -11,19 +11,19 @@ the same way (a sentence's sampling priority leaves out its file's name and its 
 * :func:`encode_file` (evaluate): a labelled file -> a :class:`~.bag_split.BagSplit`;
 * :func:`plan_bags` (predict): the file as chunks of rows, one row per bag (its sentences as JSON in ``_nre_bag``;
   a bad sentence is a row with its problem);
-* :func:`predict_rows`: per bag row, its ``head_id``, ``tail_id``, ``head``, ``tail`` and ``relations`` (a list of
-  ``{"relation", "score"}``), and ``problem``;
-* :func:`answer`: those rows as one row per (bag, relation) (:data:`ANSWER_COLUMNS`), what predict writes, the
-  pyfunc model returns and serve answers;
+* :func:`predict_rows`: per bag row, its ``head_id``, ``tail_id``, ``head``, ``tail``, ``relation`` and ``score``
+  (with ``top_k``: ``top_k_labels``, ``top_k_scores``), and ``problem``;
+* :func:`answer`: the good rows' prediction columns (:data:`OUTPUT_COLUMNS`), what predict writes, the pyfunc model
+  returns and serve answers: one row per bag;
 * :func:`request_bags`: request rows (:data:`REQUEST_COLUMNS`, one bag each) as :func:`predict_rows`' bag rows.
 
-What a prediction is: every (bag, relation other than NA) whose probability is at least the checkpoint's validation
-threshold (``valid_threshold``, the micro-F1 threshold training chose on validation and scored the test split at),
-best first, at most ``top_k`` a bag when ``top_k > 0``; a bag with none gets no row (it is NA). One row per (bag,
-relation) rather than one per bag with its top relation: NYT10's bags are multi-label, OpenNRE's held-out evaluation
-ranks exactly these (bag, relation) pairs, and DeepKE's and OpenNRE's bag outputs are (head, tail, relation, score)
-triples; the rows are the pairs evaluate counts as predicted, so their number is evaluate's ``predicted`` summed over
-the relations.
+What a prediction is: one row per bag, as OpenNRE's bag inference gives (its pair, the relation, its score), with the
+``top_k`` most probable labels beside (``--top-k``, as for sentences). ``relation`` is the most probable relation
+other than NA when its probability is at least the checkpoint's validation threshold (``valid_threshold``, the
+micro-F1 threshold training chose on validation and scored the test split at), else NA; ``score`` is that
+relation's probability (NA's: its own column's, or one minus the best relation's where the labels have no NA). A
+multi-label bag (NYT10 has them) shows its other relations in the top k; evaluate counts every (bag, relation) at or
+above the threshold as predicted, so a bag's top-k entries at or above the threshold are what evaluate counted.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from nre_ray.tasks.bag.grouping import (
     stored_bags,
 )
 from nre_ray.tasks.base import PredictSettings
+from nre_ray.tasks.sentence.rows import TOP_K_COLUMNS, top_k_lists
 
 PAIR_COLUMNS = ("head_id", "tail_id", "head", "tail")
 """A bag's entity pair: the ids (empty where the file has none) and the entities' texts."""
@@ -62,10 +63,9 @@ REQUEST_COLUMNS = (*PAIR_COLUMNS, "sentences")
 """A bag as a request's row (the pyfunc model's and the server's): its pair (ids "" when there are none) and
 ``sentences``, a list of texts that each name the head and the tail as written (found as NYT10's reader finds
 them), or its JSON text."""
-OUTPUT_COLUMNS = (*PAIR_COLUMNS, "relations")
-"""Per bag: its pair and its predicted relations (a list of ``{"relation", "score"}``, best first)."""
-ANSWER_COLUMNS = (*PAIR_COLUMNS, "relation", "score")
-"""One row per predicted (bag, relation)."""
+OUTPUT_COLUMNS = (*PAIR_COLUMNS, "relation", "score")
+"""Per bag: its pair, its relation (NA below the validation threshold) and that relation's probability; with
+``--top-k`` also :data:`~nre_ray.tasks.sentence.rows.TOP_K_COLUMNS`."""
 THRESHOLD = "valid_threshold"
 """The checkpoint's metric (its state's ``metrics``) that holds the validation threshold."""
 EVALUATE_HINT = "Fix these rows, or pass --on-bad-rows skip to evaluate on the good rows only."
@@ -226,22 +226,29 @@ def bag_probabilities(model: nn.Module, split: BagSplit, device: torch.device, b
     return np.concatenate(out)
 
 
-def chosen_relations(probs: np.ndarray, labels: list[str], na: int | None, threshold: float, top_k: int = 0
-                     ) -> list[list[dict[str, Any]]]:
-    """Per bag (a row of ``probs`` (B, C)), the relations other than column ``na`` with probability >= ``threshold``,
-    best first (ties: label order), at most ``top_k`` when > 0: ``{"relation", "score"}`` each."""
-    out = []
-    for row in probs:
-        order = sorted((c for c in range(len(labels)) if c != na and row[c] >= threshold), key=lambda c: (-row[c], c))
-        out.append([{"relation": labels[c], "score": float(row[c])} for c in order[:top_k or None]])
-    return out
+def bag_answers(probs: np.ndarray, labels: list[str], na: int | None, threshold: float
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per bag (a row of ``probs`` (B, C)): its relation, the most probable one other than column ``na`` when its
+    probability is at least ``threshold`` (ties: label order), else NA (``labels[na]``, or :data:`~.bags.NA` where
+    the labels have none); and that relation's probability (NA's: column ``na``'s, or one minus the best relation's).
+    Two (B,) arrays: object (the names) and float64."""
+    others = probs.astype(np.float64).copy()
+    if na is not None:
+        others[:, na] = -1.0
+    best = others.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
+    top = others[np.arange(len(best)), best]
+    chosen = top >= threshold
+    none = probs[:, na].astype(np.float64) if na is not None else 1.0 - top
+    names = np.where(chosen, np.asarray(labels, dtype=object)[best], labels[na] if na is not None else NA)
+    return names.astype(object), np.where(chosen, top, none)
 
 
 def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSettings, top_k: int = 0) -> pd.DataFrame:
     """Per canonical bag row (``bag``: :func:`bag_frame`'s JSON, ``problem``; or a request row,
-    :data:`REQUEST_COLUMNS`): the pair (:data:`PAIR_COLUMNS`), ``relations`` (:func:`chosen_relations` at the
-    checkpoint's validation threshold) and ``problem`` ("" for good rows; a bag none of whose sentences encodes gets
-    one), positional. Rows of one entity pair are one bag (their sentences together). The checkpoint's
+    :data:`REQUEST_COLUMNS`): the pair (:data:`PAIR_COLUMNS`), ``relation`` and ``score`` (:func:`bag_answers` at
+    the checkpoint's validation threshold), with ``top_k > 0`` ``top_k_labels`` / ``top_k_scores`` (lists, best
+    first), and ``problem`` ("" for good rows; a bag none of whose sentences encodes gets one), positional. Rows of
+    one entity pair are one bag (their sentences together). The checkpoint's
     ``--max-bag-size`` sample is drawn here, with its seed."""
     data = settings.config.data
     if "bag" not in frame.columns:
@@ -249,7 +256,9 @@ def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSetting
     frame = frame.reset_index(drop=True)
     problems = frame["problem"].fillna("").astype(str).to_numpy(dtype=object)
     good = np.flatnonzero(problems == "")
-    out = {c: np.full(len(frame), None, dtype=object) for c in OUTPUT_COLUMNS}
+    columns = output_columns(top_k)
+    out = {c: np.full(len(frame), None, dtype=object) for c in columns}
+    out["score"] = np.full(len(frame), np.nan)
     if len(good):
         bags = pd.DataFrame([json.loads(frame["bag"][k]) for k in good])
         bags["sentences"] = [json.loads(s) for s in bags["sentences"]]
@@ -266,19 +275,26 @@ def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSetting
         probs = bag_probabilities(model, split, settings.device, settings.batch_size)
         na = settings.labels.index(data.negative_label or NA) if (data.negative_label or NA) in settings.labels \
             else None
-        found = chosen_relations(probs, settings.labels, na, threshold_of(settings.metrics), top_k)
+        found = dict(zip(("relation", "score"), bag_answers(probs, settings.labels, na,
+                                                            threshold_of(settings.metrics)), strict=True))
+        if top_k > 0:
+            found.update(zip(TOP_K_COLUMNS, top_k_lists(probs, settings.labels, top_k), strict=True))
         for b, key in enumerate(split.info["keys"]):
             for k in rows_of[key]:
                 for column in PAIR_COLUMNS:
                     out[column][k] = split.info[column][b]
-                out["relations"][k] = found[b]
+                for column, values in found.items():
+                    out[column][k] = values[b]
     return pd.DataFrame({**out, "problem": problems})
 
 
+def output_columns(top_k: int = 0) -> list[str]:
+    """:data:`OUTPUT_COLUMNS`, and with ``top_k > 0`` the top-k lists."""
+    return [*OUTPUT_COLUMNS, *(TOP_K_COLUMNS if top_k > 0 else ())]
+
+
 def answer(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows with :data:`OUTPUT_COLUMNS` (:func:`predict_rows`'s good ones) as one row per (bag, relation)
-    (:data:`ANSWER_COLUMNS`); the other columns are left out."""
-    rows = [{**{c: pair[i] for i, c in enumerate(PAIR_COLUMNS)}, **found}
-            for *pair, relations in frame[list(OUTPUT_COLUMNS)].itertuples(index=False, name=None)
-            for found in (relations or ())]
-    return pd.DataFrame(rows, columns=list(ANSWER_COLUMNS)).astype({"score": "float64"})
+    """The prediction columns of rows that hold :func:`predict_rows`' (one row per bag; the input's other columns,
+    its sentences among them, are left out)."""
+    columns = [c for c in (*OUTPUT_COLUMNS, *TOP_K_COLUMNS) if c in frame.columns]
+    return frame[columns].astype({"score": "float64"})

@@ -15,9 +15,10 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   P@100/200/300, and micro/macro F1 at the threshold chosen on validation; exact on any number of workers;
 * rows (:mod:`.bag_rows`): evaluate builds a labelled file's bags as training built them (the checkpoint's
   ``--max-bag-size`` and seed) and scores them at the checkpoint's validation threshold (so a split file gets
-  training's scores); predict answers one row per (bag, relation) above that threshold: head id, tail id, head,
-  tail, relation, score; the MLflow pyfunc model and serve take a bag a row (its pair and its sentences' texts,
-  :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows. Tune refuses bag models in one line (issue 38).
+  training's scores); predict answers one row per bag: head id, tail id, head, tail, relation (NA below that
+  threshold), score, and with ``--top-k`` the k most probable labels; the MLflow pyfunc model and serve take a bag
+  a row (its pair and its sentences' texts, :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows. Tune
+  refuses bag models in one line (issue 38).
 """
 
 from __future__ import annotations
@@ -207,22 +208,17 @@ class BagTask(Task):
         return f"bag models: {command} is not supported yet ({ISSUE})"
 
     def output_columns(self, top_k: int = 0) -> list[str]:
-        """Per bag: its pair and its predicted relations (:data:`.bag_rows.OUTPUT_COLUMNS`)."""
+        """Per bag: its pair, relation and score (:func:`.bag_rows.output_columns`; with ``top_k`` the top-k
+        lists)."""
         from nre_ray.tasks.bag import bag_rows
 
-        return list(bag_rows.OUTPUT_COLUMNS)
+        return bag_rows.output_columns(top_k)
 
     def answer(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """One row per predicted (bag, relation) (:func:`.bag_rows.answer`)."""
+        """One row per bag, its prediction columns only (:func:`.bag_rows.answer`)."""
         from nre_ray.tasks.bag import bag_rows
 
         return bag_rows.answer(frame)
-
-    def answer_columns(self, top_k: int = 0) -> list[str]:
-        """``head_id``, ``tail_id``, ``head``, ``tail``, ``relation``, ``score``."""
-        from nre_ray.tasks.bag import bag_rows
-
-        return list(bag_rows.ANSWER_COLUMNS)
 
     def encode_file(self, path: str, data: DataConfig, vocab: Vocab, labels: list[str],
                     assets: Mapping[str, bytes] | None, fmt: str | None = None, columns: str | None = None,
@@ -241,8 +237,8 @@ class BagTask(Task):
 
     def predict_rows(self, model: nn.Module, frame: pd.DataFrame, settings: PredictSettings,
                      top_k: int = 0) -> pd.DataFrame:
-        """:func:`.bag_rows.predict_rows`: per bag its pair and the relations above the checkpoint's validation
-        threshold (``top_k > 0``: at most k a bag)."""
+        """:func:`.bag_rows.predict_rows`: per bag its pair, its relation (NA below the checkpoint's validation
+        threshold) and score, and with ``top_k > 0`` its k most probable labels."""
         from nre_ray.tasks.bag import bag_rows
 
         return bag_rows.predict_rows(model, frame, settings, top_k)
@@ -253,8 +249,8 @@ class BagTask(Task):
 
     def pyfunc_signature(self) -> Any:
         """Inputs ``head_id``, ``tail_id``, ``head``, ``tail`` (string) and ``sentences`` (any JSON: a list of
-        texts); outputs one row per (bag, relation) (:data:`.bag_rows.ANSWER_COLUMNS`); param ``top_k`` (at most k
-        relations a bag; 0: every relation at or above the validation threshold)."""
+        texts); outputs one row per bag (:data:`.bag_rows.OUTPUT_COLUMNS`); param ``top_k`` (also the k most probable
+        labels, ``top_k_labels`` and ``top_k_scores``; default 0)."""
         from mlflow.models import ModelSignature
         from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
         from mlflow.types.schema import AnyType
@@ -262,7 +258,7 @@ class BagTask(Task):
         from nre_ray.tasks.bag import bag_rows
 
         inputs = Schema([*(ColSpec("string", c) for c in bag_rows.PAIR_COLUMNS), ColSpec(AnyType(), "sentences")])
-        outputs = Schema([*(ColSpec("string", c) for c in bag_rows.ANSWER_COLUMNS if c != "score"),
+        outputs = Schema([*(ColSpec("string", c) for c in bag_rows.OUTPUT_COLUMNS if c != "score"),
                           ColSpec("double", "score")])
         return ModelSignature(inputs=inputs, outputs=outputs, params=ParamSchema([ParamSpec("top_k", "long", 0)]))
 

@@ -133,6 +133,20 @@ def probabilities(model: nn.Module, split: EncodedSplit, settings: PredictSettin
     return out
 
 
+def top_k_lists(probs: np.ndarray, labels: list[str], top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``top_k`` most probable labels of each row of ``probs`` (N, C) and their probabilities, best first (ties:
+    label order): two (N,) object arrays of lists (``top_k_labels``, ``top_k_scores``)."""
+    k = min(top_k, len(labels))
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    names = np.asarray(labels, dtype=object)
+    top_labels = np.empty(len(probs), dtype=object)
+    top_scores = np.empty(len(probs), dtype=object)
+    for i, (p, row) in enumerate(zip(probs, order, strict=True)):
+        top_labels[i] = names[row].tolist()
+        top_scores[i] = p[row].astype(np.float64).tolist()
+    return top_labels, top_scores
+
+
 def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSettings, top_k: int = 0) -> pd.DataFrame:
     """Predictions for canonical rows (see :func:`encode_rows`), one output row per input row, same order.
 
@@ -152,13 +166,9 @@ def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSetting
     score[good] = probs[np.arange(len(best)), best]
     out = pd.DataFrame({"predicted_relation": predicted, "score": score})
     if top_k > 0:
-        k = min(top_k, len(settings.labels))
-        order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
         top_labels = np.full(n, None, dtype=object)
         top_scores = np.full(n, None, dtype=object)
-        for i, p, row in zip(good.tolist(), probs, order, strict=True):
-            top_labels[i] = labels[row].tolist()
-            top_scores[i] = p[row].astype(np.float64).tolist()
+        top_labels[good], top_scores[good] = top_k_lists(probs, settings.labels, top_k)
         out["top_k_labels"], out["top_k_scores"] = top_labels, top_scores
     out["problem"] = problems.to_numpy()
     return out
