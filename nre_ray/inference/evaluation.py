@@ -254,7 +254,7 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
                 worker_runtime_env={"env_vars": ray_quiet_env()},
             ),
         )
-        with out.phase("evaluate", f"scoring {rows} rows on {num_workers} worker(s)") as step:
+        with out.phase("evaluate", f"scoring {rows} {task.unit} on {num_workers} worker(s)") as step:
             try:
                 with _no_preemption_watcher():
                     trainer.fit()
