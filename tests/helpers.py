@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pandas as pd
 import ray.train
@@ -79,3 +81,24 @@ def served(model: str, name: str, **config: str) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/invocations"
     finally:
         serve.shutdown()
+
+
+def evaluate_on_1_and_3_workers(summary: dict, data: Path, tmp_path: Path, capsys, counted: str, metric: str) -> dict:
+    """``python -m nre_ray.evaluate`` on ``data`` with the run's best checkpoint folder on 1 Ray worker and its MLflow
+    model (``runs:/``) on 3; each must print ``counted`` ("66 bags") and ``metric``, and the two reports' metrics
+    must be equal. Returns the folder's report (the training run scored its test split on 2 workers: a caller
+    compares)."""
+    from nre_ray.evaluate import main as evaluate_main
+
+    reports = []
+    for model, workers, extra in ((summary["best_checkpoint"], 1, []),
+                                  (summary["model_uri"], 3, ["--tracking-uri", summary["tracking_uri"]])):
+        output = tmp_path / f"scores{len(reports)}.json"
+        code = evaluate_main(["--model", model, "--data", str(data), "--output", str(output),
+                              "--num-workers", str(workers), *extra])
+        printed = capsys.readouterr()
+        assert code == 0, printed.err[-2000:]
+        assert f"{data}: {counted}, {workers} worker(s)" in printed.out and f"{metric} " in printed.out, printed.out
+        reports.append(json.loads(output.read_text()))
+    assert reports[1]["metrics"] == reports[0]["metrics"]
+    return reports[0]

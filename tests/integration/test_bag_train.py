@@ -1,11 +1,11 @@
 """Train on bags: the bundled bag sample (NYT10 TSV, NA + 4 relations) through the real CLI on the session's local Ray,
 with 2 workers, a tiny CNN under selective attention and a real MLflow sqlite store. Bags are chosen by
 --bag-aggregator; the held-out metrics, the PR curve's reports and the checkpoint's task are checked. Then the same
-checkpoint through evaluate (the checkpoint folder and the run's MLflow model: training's test scores exactly),
-predict (one row per bag: its relation, NA below the validation threshold, and its top k, whose entries at or above
-the threshold are the (bag, relation) pairs evaluate counts as predicted; the same rows in this process and on 2 Ray
-workers), the MLflow pyfunc model and the Ray Serve application (a bag a row:
-its pair and its sentences' texts in, the same rows as predict's out)."""
+checkpoint through evaluate (the checkpoint folder on 1 worker and the run's MLflow model on 3: training's test
+scores, from 2 workers, exactly), predict (one row per bag: its relation, NA below the validation threshold, and its
+top k, whose entries at or above the threshold are the (bag, relation) pairs evaluate counts as predicted; the same
+rows in this process and on 2 Ray workers), the MLflow pyfunc model and the Ray Serve application (a bag a row: its
+pair and its sentences' texts in, the same rows as predict's out)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,12 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from nre_ray.evaluate import main as evaluate_main
 from nre_ray.predict import main as predict_main
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.tasks.bag.grouping import sample_dir
 from nre_ray.tracking.store import mlflow_settings
 from nre_ray.train import main
-from tests.helpers import served
+from tests.helpers import evaluate_on_1_and_3_workers, served
 
 # train, then 2 evaluates, 2 predicts, the pyfunc model and serve: 233 s in all at a load of 54 without the last two
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -88,16 +87,9 @@ def check_evaluate_and_predict(summary: dict, tmp_path: Path, capsys) -> None:
 
     best, test = summary["best_checkpoint"], sample_dir() / "test.tsv"  # the run's test file
     logged = summary["model_uri"]
-    reports = {}
-    for model, extra in ((best, []), (logged, ["--tracking-uri", summary["tracking_uri"]])):
-        output = tmp_path / f"scores{len(reports)}.json"
-        code = evaluate_main(["--model", model, "--data", str(test), "--output", str(output), *extra])
-        printed = capsys.readouterr()
-        assert code == 0, printed.err[-2000:]
-        assert f"{test}: 66 bags, 1 worker(s)" in printed.out and "p_at_100 " in printed.out, printed.out
-        reports[model] = json.loads(output.read_text())
-    report = reports[best]
-    assert report["task"] == "bag" and reports[logged]["metrics"] == report["metrics"]
+    # training scored its test split on 2 workers; evaluate on 1 and 3 (real Ray workers): the same numbers exactly
+    report = evaluate_on_1_and_3_workers(summary, test, tmp_path, capsys, "66 bags", "p_at_100")
+    assert report["task"] == "bag"
     for name in ("auc", "p_at_100", "p_at_200", "p_at_300", "micro_f1", "micro_precision", "micro_recall",
                  "macro_f1", "threshold"):
         assert report["metrics"][name] == summary["test"][name], name  # exactly training's test scores
