@@ -42,6 +42,7 @@ from nre_ray.data.chunks import PREFIX, FramePlan, frame_plan
 from nre_ray.data.errors import MAX_SHOWN
 from nre_ray.data.vocab import Vocab
 from nre_ray.run.checkpoint import CheckpointError
+from nre_ray.tasks.bag import bag_scores
 from nre_ray.tasks.bag.bag_split import BagDataset, BagSplit
 from nre_ray.tasks.bag.bags import BAG, NA, build_bags, merge_bags, with_bag_keys
 from nre_ray.tasks.bag.files import COLUMNS, detect_bag_format, nyt10_record
@@ -273,8 +274,7 @@ def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSetting
             problems[rows_of[key]] = problem
         split = _split_of(encoded, len(settings.labels), data.position_window)
         probs = bag_probabilities(model, split, settings.device, settings.batch_size)
-        na = settings.labels.index(data.negative_label or NA) if (data.negative_label or NA) in settings.labels \
-            else None
+        na = bag_scores.na_index(settings.labels, data.negative_label)
         found = dict(zip(("relation", "score"), bag_answers(probs, settings.labels, na,
                                                             threshold_of(settings.metrics)), strict=True))
         if top_k > 0:
