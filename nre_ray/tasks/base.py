@@ -81,6 +81,8 @@ class Task(ABC):
     name: ClassVar[str]
     unit: ClassVar[str]
     """What the console calls its examples (``rows``, ``documents``)."""
+    bad_unit: ClassVar[str | None] = None
+    """What predict's skipped entries are, where they are not :attr:`unit` (a bag file's bad sentence rows)."""
     eval_batch_size: ClassVar[int] = 256
     """Examples per batch when scoring a split."""
     eval_blocks: ClassVar[bool] = False

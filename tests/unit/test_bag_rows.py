@@ -146,6 +146,17 @@ def test_a_bad_row_of_predict_input_is_a_row_with_its_problem(checkpoint, tmp_pa
     rows = predictor.predict_rows(frame)
     assert rows["problem"].tolist()[:2] == ["", ""] and rows["problem"].tolist()[2] != ""
     assert rows["relation"].isna().tolist() == [False, False, True] and np.isnan(rows["score"][2])
+    # skipped, it is a bad sentence row, not a bag: listed with its own text, without the bags' empty answers
+    from nre_ray.inference.prediction import _run_here, _write
+
+    out = tmp_path / "out.csv"
+    summary = _write(_run_here(plan, predictor, 0), plan, str(out), "csv", "skip", False, BAG.answer, BAG.unit,
+                     BAG.output_columns(top_k=1))
+    assert (summary.rows, summary.written, summary.skipped) == (2, 2, 1)
+    rejected = pd.read_csv(tmp_path / "out.rejected.csv")
+    assert rejected.columns.tolist() == ["file", "line", "problem", "bag", "sentence"]
+    assert rejected["line"].tolist() == [4] and rejected["bag"].isna().all() and rejected["sentence"].isna().all()
+    assert pd.read_csv(out).columns.tolist() == list(BAG.output_columns())
 
 
 def test_evaluate_scores_at_the_checkpoint_s_validation_threshold():

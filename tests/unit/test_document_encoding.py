@@ -128,3 +128,26 @@ def test_sample_is_deterministic_valid_and_multi_label(tmp_path: Path) -> None:
     assert any(len(set(f.evidence)) == 2 for d in train for f in d.facts)  # told across two sentences
     assert sample_documents("valid")[0]["title"] != sample_documents("test")[0]["title"]
     assert sum(Path(p).stat().st_size for p in paths.values()) < 600_000
+
+
+def test_a_document_the_encoding_cannot_take_is_named_with_its_file_line_and_id_not_a_traceback() -> None:
+    from dataclasses import replace
+
+    from nre_ray.data.errors import DataError
+    from nre_ray.tasks.document.prepare import encode_batch, encoding_problems
+
+    good = replace(doc(), facts=(Fact(0, 1, "CID"),), source="cdr/train.txt", line=12)
+    bad = replace(good, id="8", line=40)  # "treats" is not among the context's relations: a KeyError inside
+    bad = replace(bad, facts=(Fact(0, 1, "treats"),))
+    context = {"tokens": ["<pad>", "<unk>"], "lowercase": False, "relations": {"CID": 1}, "type_pairs": None,
+               "train": frozenset()}
+    batch = {"split": np.asarray(["train", "train"], dtype=object), "position": np.asarray([0, 1]),
+             "document": np.asarray([json.dumps(d.to_dict()) for d in (good, bad)], dtype=object)}
+    out = encode_batch(batch, context)
+    assert out["error"][0] == "" and json.loads(out["encoded"][0])["id"] == "7"
+    assert out["encoded"][1] == "" and out["error"][1].startswith("KeyError")
+    err = encoding_problems({"train": [good, bad]}, [("train", 1, out["error"][1])])
+    assert isinstance(err, DataError)
+    first = str(err).splitlines()[0]
+    assert first.startswith("cdr/train.txt:40: document '8' passed the checks but could not be encoded (KeyError")
+    assert "please report it" in str(err)

@@ -59,6 +59,8 @@ from nre_ray.tasks.base import PredictSettings
 from nre_ray.tasks.sentence.rows import TOP_K_COLUMNS, top_k_lists
 
 PAIR_COLUMNS = ("head_id", "tail_id", "head", "tail")
+#: The column of :func:`bag_frame` that holds a bad sentence row's text (None on a bag's row).
+SENTENCE = "sentence"
 """A bag's entity pair: the ids (empty where the file has none) and the entities' texts."""
 REQUEST_COLUMNS = (*PAIR_COLUMNS, "sentences")
 """A bag as a request's row (the pyfunc model's and the server's): its pair (ids "" when there are none) and
@@ -148,15 +150,17 @@ def encode_file(path: str, data: Any, vocab: Vocab, labels: list[str], assets: M
 
 def bag_frame(path: str, fmt: str | None, columns: str | None) -> pd.DataFrame:
     """Every bag of ``path`` as a row, all its sentences (the checkpoint's size cap is applied when it predicts:
-    :func:`predict_rows`): ``bag`` (its key), ``_nre_bag`` (the bag as JSON), ``_nre_file``, ``_nre_line`` (of its first
-    sentence in the file), ``_nre_problem`` (""); then one row per bad sentence row with its problem."""
+    :func:`predict_rows`): ``bag`` (its key), ``sentence`` (None), ``_nre_bag`` (the bag as JSON), ``_nre_file``,
+    ``_nre_line`` (of its first sentence in the file), ``_nre_problem`` (""); then one row per bad sentence row, its
+    ``sentence`` (the text, for ``.rejected.csv``) and its problem."""
     bags, bad = read_bags(path, fmt, columns, None, 0, NA, require_relation=False)
-    good = [{BAG: b[BAG], PREFIX + "bag": json.dumps(b, ensure_ascii=False), PREFIX + "file": str(path),
-             PREFIX + "line": min(int(x["line"]) for x in json.loads(b["sentences"])), PREFIX + "problem": ""}
+    good = [{BAG: b[BAG], SENTENCE: None, PREFIX + "bag": json.dumps(b, ensure_ascii=False),
+             PREFIX + "file": str(path), PREFIX + "line": min(int(x["line"]) for x in json.loads(b["sentences"])),
+             PREFIX + "problem": ""}
             for b in bags.drop(columns=["split"]).to_dict(orient="records")]
-    rejected = [{BAG: None, PREFIX + "bag": None, PREFIX + "file": r.file, PREFIX + "line": int(r.line),
-                 PREFIX + "problem": r.problem} for r in bad.itertuples(index=False)]
-    columns_out = [BAG, *(PREFIX + c for c in ("bag", "file", "line", "problem"))]
+    rejected = [{BAG: None, SENTENCE: r.sentence, PREFIX + "bag": None, PREFIX + "file": r.file,
+                 PREFIX + "line": int(r.line), PREFIX + "problem": r.problem} for r in bad.itertuples(index=False)]
+    columns_out = [BAG, SENTENCE, *(PREFIX + c for c in ("bag", "file", "line", "problem"))]
     return pd.DataFrame(good + rejected, columns=columns_out)
 
 

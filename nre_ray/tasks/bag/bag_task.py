@@ -55,6 +55,7 @@ class BagTask(Task):
 
     name: ClassVar[str] = "bag"
     unit: ClassVar[str] = "bags"
+    bad_unit: ClassVar[str | None] = "sentence rows or bags"
     eval_batch_size: ClassVar[int] = 32
     eval_blocks: ClassVar[bool] = True  # a bag's probabilities come from the same batch on any number of workers
     input_columns: ClassVar[tuple[str, ...]] = ("head_id", "tail_id", "head", "tail", "sentences")  # REQUEST_COLUMNS
