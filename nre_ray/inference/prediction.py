@@ -284,7 +284,7 @@ def predict_file(options: PredictOptions) -> PredictSummary:
         batches = _run_ray(plan, loaded, options.batch_size, options.num_workers, options.top_k, options.use_gpu,
                            options.cpus_per_worker)
     summary = _write(batches, plan, options.output, out_fmt, options.on_bad_rows, not options.no_progress,
-                     task.answer, task.unit, task.output_columns(top_k=1))
+                     task.answer, task.unit, task.output_columns(top_k=1), task.bad_unit or task.unit)
     summary.seconds = time.perf_counter() - start
     summary.workers = 0 if in_process else options.num_workers
     summary.in_process = in_process
@@ -370,10 +370,10 @@ def _rejected_path(output: storage.PathLike) -> str:
 
 def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.PathLike, out_fmt: str,
            on_bad_rows: str, progress: bool, answer: Callable[[pd.DataFrame], pd.DataFrame] = lambda f: f,
-           unit: str = "rows", outputs: tuple[str, ...] | list[str] = ()) -> PredictSummary:
+           unit: str = "rows", outputs: tuple[str, ...] | list[str] = (), bad_unit: str = "rows") -> PredictSummary:
     """Write the answers of the good rows (in order; ``answer``: the task's, :meth:`nre_ray.tasks.base.Task.answer`;
     ``unit``: what a row of the input is, the task's :attr:`~nre_ray.tasks.base.Task.unit`; ``outputs``: the task's
-    prediction columns, which its ``.rejected.csv`` leaves out)
+    prediction columns, which its ``.rejected.csv`` leaves out; ``bad_unit``: what its bad entries are)
     to ``output`` (a local path or a URI); bad rows are collected (error) or written to ``<output>.rejected.csv``
     (skip). Both are written in a staging folder and put in place at the end, or not at all."""
     output = str(output)
@@ -390,7 +390,7 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.Pat
         # a tqdm bar on a terminal, a line every few seconds in a log file (on stderr: stdout may be piped on)
         out = console.Console(sys.stderr) if progress else console.Console(_Discard(), tty=False)
         known_bad = getattr(plan, "bad_rows", 0)  # a task's input read whole: the rows it could not read, known
-        more = f" (and {known_bad} bad input row(s))" if known_bad else ""
+        more = f" (and {known_bad} bad {bad_unit})" if known_bad else ""
         with out.phase("predict", f"labelling {plan.total_rows - known_bad} {unit} of {plan.path}{more}") as step:
             bar = step.progress(total=plan.total_rows, unit=unit)
             for batch in batches:
