@@ -148,6 +148,13 @@ class Task(ABC):
         batch: a dict of tensors, each with the batch as its first dimension (the loaders' ``collate_fn`` passes it
         on as it is)."""
 
+    def train_batches(self, split: EncodedSplit, batch_size: int, rank: int, world_size: int, seed: int
+                      ) -> torch.utils.data.Sampler[list[int]] | None:
+        """This rank's training batches of ``split`` (a batch sampler with ``set_epoch``, the same number of batches
+        on every rank), for a task whose examples are not of one size; None (the default): the loop's random
+        (distributed) sampler, ``batch_size`` examples a batch. Not used by elastic runs."""
+        return None
+
     # ---------------------------------------------------------------------------------------------------------------
     # model and loss
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nre_ray.tasks.document.batching import length_batches, pad_batch, padding_share, shard_by_tokens
+from nre_ray.tasks.document.batching import (
+    LengthBatchSampler,
+    deal_batches,
+    length_batches,
+    pad_batch,
+    padding_share,
+    shard_by_tokens,
+)
 from nre_ray.tasks.document.encoding import (
     MARKER,
     build_vocab,
@@ -151,3 +158,34 @@ def test_a_document_the_encoding_cannot_take_is_named_with_its_file_line_and_id_
     first = str(err).splitlines()[0]
     assert first.startswith("cdr/train.txt:40: document '8' passed the checks but could not be encoded (KeyError")
     assert "please report it" in str(err)
+
+
+def test_batches_are_dealt_to_ranks_in_equal_numbers_with_balanced_tokens() -> None:
+    lengths = [5, 100, 7, 60, 61, 8, 90, 9, 10, 30]
+    batches = length_batches(lengths, max_tokens=120)
+    size = [len(b) * max(lengths[i] for i in b) for b in batches]
+    for ranks in (1, 2, 3):
+        dealt = deal_batches(lengths, batches, ranks)
+        assert {len(d) for d in dealt} == {-(-len(batches) // ranks)}  # as many steps on every rank (DDP)
+        assert sorted({k for d in dealt for k in d}) == list(range(len(batches)))  # every batch runs
+        totals = [sum(size[k] for k in d) for d in dealt]
+        assert max(totals) - min(totals) <= max(size)
+    assert deal_batches(lengths, batches, 1) == [sorted(range(len(batches)), key=lambda k: (-size[k], k))]
+
+
+def test_a_rank_s_length_batches_bound_padding_and_change_order_not_content_by_epoch() -> None:
+    rng = random.Random(0)
+    lengths = [rng.randint(20, 400) for _ in range(200)]
+    one = LengthBatchSampler(lengths, batch_size=4)
+    first = list(one)
+    assert sorted(i for b in first for i in b) == list(range(200))  # one worker: every document once
+    assert max(len(b) * max(lengths[i] for i in b) for b in first) <= max(one.max_tokens, max(lengths))
+    order = random.Random(1).sample(range(200), 200)
+    random_batches = [order[k:k + 4] for k in range(0, 200, 4)]  # what a plain sampler's batches of 4 pad
+    assert one.padding_share() < 0.05 < padding_share(lengths, random_batches)
+    one.set_epoch(1)
+    second = list(one)
+    assert second != first and sorted(map(sorted, second)) == sorted(map(sorted, first))
+    ranks = [LengthBatchSampler(lengths, 4, rank, 3, seed=7) for rank in range(3)]
+    assert len({len(r) for r in ranks}) == 1 and [list(r) for r in ranks] == [
+        list(LengthBatchSampler(lengths, 4, rank, 3, seed=7)) for rank in range(3)]  # deterministic

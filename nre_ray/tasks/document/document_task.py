@@ -34,6 +34,7 @@ from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.base import PredictSettings, Task
 from nre_ray.tasks.document import counts as doc_counts
 from nre_ray.tasks.document.atlop import DocumentModel, adaptive_threshold_losses, pair_mask
+from nre_ray.tasks.document.batching import LengthBatchSampler
 from nre_ray.tasks.document.encoder import TransformerDocumentEncoder
 from nre_ray.tasks.document.split import DocumentDataset, DocumentSplit
 
@@ -124,6 +125,12 @@ class DocumentTask(Task):
     # model and loss
 
     default_model: ClassVar[str | None] = "transformer"
+
+    def train_batches(self, split: EncodedSplit, batch_size: int, rank: int, world_size: int, seed: int
+                      ) -> LengthBatchSampler:
+        """Batches by length, at most ``batch_size`` x the mean document length in padded tokens, dealt to the ranks
+        by tokens (:class:`~.batching.LengthBatchSampler`)."""
+        return LengthBatchSampler(split.lengths, batch_size, rank, world_size, seed)  # type: ignore[attr-defined]
 
     def check_settings(self, config: Any) -> None:
         """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
