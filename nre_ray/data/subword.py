@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pandas as pd
@@ -93,9 +93,9 @@ def build_tokenizer(pretrained: str, folder: str | Path, markers: Sequence[str],
 
 
 
-class MarkerTokenizer:
-    """A fast tokenizer with the marker tokens added, plus what encoding needs: the special tokens around a
-    sequence (``prefix``/``suffix``), the marker ids and the known marker strings."""
+class SubwordTokenizer:
+    """A fast tokenizer and what encoding needs of it: the special tokens around a sequence (``prefix``/``suffix``:
+    ``[CLS]``/``[SEP]``, ``<s>``/``</s>``), the padding id and the vocabulary."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -105,14 +105,10 @@ class MarkerTokenizer:
                    if with_special[i:i + len(plain)] == plain), 0)
         self.prefix: list[int] = list(with_special[:at])
         self.suffix: list[int] = list(with_special[at + len(plain):])
-        self.known = set(tokenizer.get_added_vocab())
-        missing = [m for m in MARKERS if m not in self.known]
-        if missing:
-            raise ValueError(f"the tokenizer has no entity markers {missing}: build it with build_tokenizer()")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     @classmethod
-    def load(cls, folder: str | Path) -> MarkerTokenizer:
+    def load(cls, folder: str | Path) -> Self:
         """Load a folder written by :func:`build_tokenizer` (or a checkpoint's ``pretrained/``)."""
         quiet_transformers()
         from transformers import AutoTokenizer
@@ -122,6 +118,17 @@ class MarkerTokenizer:
     def vocabulary(self) -> list[str]:
         """The tokens in id order (``len`` is the embedding size the model needs)."""
         return list(self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer)))))
+
+
+class MarkerTokenizer(SubwordTokenizer):
+    """A :class:`SubwordTokenizer` with the marker tokens added: the marker ids and the known marker strings."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.known = set(tokenizer.get_added_vocab())
+        missing = [m for m in MARKERS if m not in self.known]
+        if missing:
+            raise ValueError(f"the tokenizer has no entity markers {missing}: build it with build_tokenizer()")
 
     def markers_for(self, head_type: object, tail_type: object, typed: bool) -> tuple[str, str, str, str]:
         """The markers of one row: typed ones when asked for and known to the tokenizer, else the untyped ones."""

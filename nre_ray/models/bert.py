@@ -16,7 +16,22 @@ from nre_ray.config import ConfigError
 from nre_ray.core.pretrained_io import from_pretrained, max_positions, quiet_transformers
 
 
-class BertEncoder(nn.Module):
+class PretrainedEncoder(nn.Module):
+    """An encoder around a pretrained ``transformers`` model (``self.transformer``): the optimizer gives its weights
+    ``--encoder-lr`` (:func:`nre_ray.run.optim.build_optimizer` finds them by this class). Its sentence pooler is
+    dropped (never read: unused weights would stall DDP); ``pad_id`` is the model's own padding id (1 for
+    RoBERTa), which padded positions are set to."""
+
+    def __init__(self, transformer: nn.Module) -> None:
+        super().__init__()
+        if getattr(transformer, "pooler", None) is not None:
+            transformer.pooler = None
+        self.transformer = transformer
+        config = transformer.config
+        self.pad_id = int(config.pad_token_id) if getattr(config, "pad_token_id", None) is not None else 0
+
+
+class BertEncoder(PretrainedEncoder):
     """Batch -> ``concat(h[head start marker], h[tail start marker])`` (B, 2H), or with ``with_cls`` (B, 3H).
 
     Reads ``tokens`` (B, T) input ids (padding is replaced by the model's own pad id, which is 1 for RoBERTa),
@@ -25,12 +40,8 @@ class BertEncoder(nn.Module):
     """
 
     def __init__(self, transformer: nn.Module, with_cls: bool = False) -> None:
-        super().__init__()
-        if getattr(transformer, "pooler", None) is not None:
-            transformer.pooler = None  # BERT's sentence pooler is not read: unused weights would stall DDP
-        self.transformer = transformer
+        super().__init__(transformer)
         config = transformer.config
-        self.pad_id = int(config.pad_token_id) if getattr(config, "pad_token_id", None) is not None else 0
         self.max_positions = max_positions(config)
         self.with_cls = with_cls
         self.out_dim = (3 if with_cls else 2) * int(config.hidden_size)
@@ -75,9 +86,11 @@ def transformer_from_config(config_json: str) -> nn.Module:
     return AutoModel.from_config(config, dtype=torch.float32)
 
 
-def build_bert_encoder(cfg: Any, vocab_size: int, pretrained_config: str | None = None) -> BertEncoder:
-    """The encoder for ``--model bert``: from ``cfg.pretrained``'s weights, or untrained from ``pretrained_config``
-    (a config.json text: loading a checkpoint)."""
+def build_transformer(cfg: Any, vocab_size: int, pretrained_config: str | None = None) -> nn.Module:
+    """The pretrained model of ``--model bert``: ``cfg.pretrained``'s weights (embeddings resized to
+    ``vocab_size``), or untrained from ``pretrained_config`` (a config.json text: loading a checkpoint); with
+    ``cfg.gradient_checkpointing``, activations recomputed in the backward pass. ConfigError without the
+    transformers package or a --pretrained."""
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -95,4 +108,9 @@ def build_bert_encoder(cfg: Any, vocab_size: int, pretrained_config: str | None 
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return BertEncoder(transformer, with_cls=cfg.with_cls)
+    return transformer
+
+
+def build_bert_encoder(cfg: Any, vocab_size: int, pretrained_config: str | None = None) -> BertEncoder:
+    """The encoder for ``--model bert``: :func:`build_transformer` with entity-start pooling."""
+    return BertEncoder(build_transformer(cfg, vocab_size, pretrained_config), with_cls=cfg.with_cls)

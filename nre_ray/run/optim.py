@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from nre_ray.config import Config
-from nre_ray.models.bert import BertEncoder
+from nre_ray.models.bert import PretrainedEncoder
 
 
 class Schedule:
@@ -74,10 +74,11 @@ def steps_per_epoch(num_examples: int, world_size: int, batch_size: int, grad_ac
 
 
 def _pretrained_parameters(model: nn.Module) -> set[int]:
-    """ids of the parameters of the model's pretrained encoder (empty for models trained from scratch)."""
+    """ids of the parameters of the model's pretrained transformer (a :class:`~nre_ray.models.bert.PretrainedEncoder`:
+    the sentence and bag tasks' and the document task's ``--model bert``); empty for models trained from scratch."""
     found: set[int] = set()
     for module in model.modules():
-        if isinstance(module, BertEncoder):
+        if isinstance(module, PretrainedEncoder):
             found.update(id(p) for p in module.transformer.parameters())
     return found
 

@@ -163,6 +163,7 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="document models take --model transformer"):
         DOCUMENT.check_settings(Config.from_dict({}))
     DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}}))
+    DOCUMENT.check_settings(Config.from_dict({"model": {"model": "bert", "pretrained": "bert-base-cased"}}))
     with pytest.raises(ConfigError, match="elastic runs on documents are not supported yet"):
         DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}, "train": {"num_workers": "1-2"}}))
     assert DOCUMENT.default_metric(None) == "micro_f1" and DOCUMENT.unsupported("train") is None

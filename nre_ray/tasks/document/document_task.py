@@ -8,8 +8,10 @@ its entities' mentions and every candidate pair's relations (DocRED / Re-DocRED 
   scores need (``intra``, ``in_train``, ``uncovered``, ``index``);
 * model: ATLOP (:class:`~.atlop.DocumentModel`) on the from-scratch document transformer
   (:class:`~.encoder.TransformerDocumentEncoder`: ``--model transformer``, ``--hidden-size``, ``--num-layers``,
-  ``--num-heads``, ``--max-positions`` the window longer documents are read in), logits (B, P, C); the loss is the
-  adaptive-threshold loss, each document's the mean over its candidate pairs (``--label-smoothing`` does not
+  ``--num-heads``, ``--max-positions`` the window longer documents are read in) or on any Hugging Face encoder
+  (:class:`~.encoder.HuggingFaceDocumentEncoder`: ``--model bert --pretrained``, the documents in its subwords
+  (:mod:`.subwords`), its position count the window; its weights at ``--encoder-lr``), logits (B, P, C); the loss
+  is the adaptive-threshold loss, each document's the mean over its candidate pairs (``--label-smoothing`` does not
   apply);
 * metrics: (K, C) int64 counts (:mod:`.counts`): micro P/R/F1 over facts, Ign F1, intra/inter-sentence F1, macro
   F1; exact on any number of workers;
@@ -35,7 +37,11 @@ from nre_ray.tasks.base import PredictSettings, Task
 from nre_ray.tasks.document import counts as doc_counts
 from nre_ray.tasks.document.atlop import DocumentModel, adaptive_threshold_losses, pair_mask
 from nre_ray.tasks.document.batching import LengthBatchSampler
-from nre_ray.tasks.document.encoder import TransformerDocumentEncoder
+from nre_ray.tasks.document.encoder import (
+    HuggingFaceDocumentEncoder,
+    TransformerDocumentEncoder,
+    build_huggingface_encoder,
+)
 from nre_ray.tasks.document.split import DocumentDataset, DocumentSplit
 
 if TYPE_CHECKING:
@@ -46,8 +52,8 @@ if TYPE_CHECKING:
     from nre_ray.data.pipeline import Prepared
     from nre_ray.data.vocab import Vocab
 
-MODELS = ("transformer",)
-"""The ``--model`` values the document task trains (an encoder trained from scratch)."""
+MODELS = ("transformer", "bert")
+"""The ``--model`` values the document task trains: an encoder trained from scratch, or a pretrained one."""
 ISSUE = "issue 37"
 SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect"})
 """The commands that take document data and models (:meth:`DocumentTask.unsupported`)."""
@@ -91,11 +97,11 @@ class DocumentTask(Task):
 
     def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
                 on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
-        """:func:`.prepare.prepare_documents` (a cache local to the driver's node: ``shared_cache`` and the
-        placement arguments are not used yet)."""
+        """:func:`.prepare.prepare_documents`, in ``pretrained``'s subwords when given (``--model bert``; a cache
+        local to the driver's node: ``shared_cache`` and the placement arguments are not used yet)."""
         from nre_ray.tasks.document.prepare import prepare_documents
 
-        return prepare_documents(data, seed)
+        return prepare_documents(data, seed, pretrained)
 
     def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
         """:func:`.prepare.is_cached` (the local cache: documents have no shared one yet)."""
@@ -133,23 +139,30 @@ class DocumentTask(Task):
         return LengthBatchSampler(split.lengths, batch_size, rank, world_size, seed)  # type: ignore[attr-defined]
 
     def check_settings(self, config: Any) -> None:
-        """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
-        workers (elastic runs on documents are untested: refused)."""
+        """``--model transformer`` or ``--model bert`` (:data:`MODELS`), and a fixed number of workers (elastic
+        runs on documents are untested: refused)."""
         model = config.model.model
         if model not in MODELS:
             raise ConfigError(f"--model {model}: document models take --model transformer (an encoder trained from "
-                              f"scratch); --model bert for documents is not supported yet ({ISSUE})")
+                              "scratch) or --model bert --pretrained PATH_OR_NAME (a pretrained encoder)")
         if config.elastic:
             raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
                               f"on documents are not supported yet ({ISSUE}); give a number of workers")
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """ATLOP on a :class:`TransformerDocumentEncoder` of ``--hidden-size`` (d_model), ``--num-layers``
-        (default 2), ``--num-heads`` and ``--max-positions`` (its window); the grouped bilinear's size is the
+        (default 2), ``--num-heads`` and ``--max-positions`` (its window), or with ``--model bert`` on a
+        :class:`HuggingFaceDocumentEncoder` (``--pretrained``'s weights, or a checkpoint's
+        ``spec.pretrained_config``; its hidden size and positions); the grouped bilinear's size is the encoder's
         hidden size, in blocks of gcd(hidden size, 64)."""
-        hidden = model_config.hidden_size
-        encoder = TransformerDocumentEncoder(spec.vocab_size, hidden, model_config.num_layers or 2,
-                                             model_config.num_heads, model_config.max_positions)
+        encoder: TransformerDocumentEncoder | HuggingFaceDocumentEncoder
+        if model_config.model == "bert":
+            encoder = build_huggingface_encoder(model_config, spec.vocab_size, spec.pretrained_config)
+        else:
+            encoder = TransformerDocumentEncoder(spec.vocab_size, model_config.hidden_size,
+                                                 model_config.num_layers or 2, model_config.num_heads,
+                                                 model_config.max_positions)
+        hidden = encoder.hidden_size
         return DocumentModel(encoder, spec.num_classes, emb_size=hidden, block_size=math.gcd(hidden, 64))
 
     def loss(self, output: torch.Tensor, batch: Mapping[str, torch.Tensor], label_smoothing: float = 0.0,

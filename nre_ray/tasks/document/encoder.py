@@ -13,7 +13,7 @@ pass takes), ``num_start``/``num_end`` (special tokens at the ends of every inpu
   ``--model bert --pretrained`` loads one (:func:`nre_ray.models.bert.load_transformer`), run with
   ``output_attentions=True`` on the eager attention implementation (the fused ones return no weights).
 
-When the task is wired, these belong beside the other encoders in ``nre_ray/models/``.
+These belong beside the other encoders in ``nre_ray/models/`` (not moved yet).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch import nn
 from nre_ray.core.pretrained_io import max_positions
 from nre_ray.core.special_tokens import PAD_ID
 from nre_ray.data.subword import load_pretrained_tokenizer
-from nre_ray.models.bert import load_transformer
+from nre_ray.models.bert import PretrainedEncoder, build_transformer, load_transformer
 from nre_ray.models.transformer import LAYER_DROPOUT, default_num_heads
 
 
@@ -84,33 +84,37 @@ class TransformerDocumentEncoder(nn.Module):
         return self.norm(x), attention
 
 
-class HuggingFaceDocumentEncoder(nn.Module):
+class HuggingFaceDocumentEncoder(PretrainedEncoder):
     """A ``transformers`` encoder -> (last hidden states (B, T, H), last layer's attentions (B, heads, T, T)).
 
     ``window`` is the model's position count (512 for BERT); its inputs start with one special token and end with
-    one (``[CLS]``/``[SEP]``, ``<s>``/``</s>``), which each window repeats.
+    one (``[CLS]``/``[SEP]``, ``<s>``/``</s>``), which each window repeats. A :class:`~nre_ray.models.bert.
+    PretrainedEncoder`: its weights train at ``--encoder-lr``.
     """
 
     num_start = 1
     num_end = 1
 
     def __init__(self, transformer: nn.Module) -> None:
-        super().__init__()
-        if getattr(transformer, "pooler", None) is not None:
-            transformer.pooler = None  # the sentence pooler is not read: unused weights would stall DDP
+        super().__init__(transformer)
         if hasattr(transformer, "set_attn_implementation"):
             transformer.set_attn_implementation("eager")  # sdpa / flash attention return no attention weights
-        self.transformer = transformer
-        config = transformer.config
-        self.pad_id = int(config.pad_token_id) if getattr(config, "pad_token_id", None) is not None else 0
-        self.hidden_size = int(config.hidden_size)
-        self.window = max_positions(config) or 512
+        self.hidden_size = int(transformer.config.hidden_size)
+        self.window = max_positions(transformer.config) or 512
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) ids and mask -> (B, T, H) states, (B, heads, T, T) last-layer attention."""
         ids = input_ids.masked_fill(~mask, self.pad_id)  # (B, T)
         out = self.transformer(input_ids=ids, attention_mask=mask.long(), output_attentions=True)
         return out.last_hidden_state, out.attentions[-1]
+
+
+def build_huggingface_encoder(model_config: Any, vocab_size: int, pretrained_config: str | None = None
+                              ) -> HuggingFaceDocumentEncoder:
+    """``--model bert`` for documents: ``--pretrained``'s weights (embeddings sized to the tokenizer's
+    ``vocab_size``), or untrained from a checkpoint's ``pretrained_config`` (:func:`nre_ray.models.bert.
+    build_transformer`, as the sentence task builds it)."""
+    return HuggingFaceDocumentEncoder(build_transformer(model_config, vocab_size, pretrained_config))
 
 
 def load_huggingface_encoder(pretrained: str) -> tuple[HuggingFaceDocumentEncoder, Any]:

@@ -3,9 +3,9 @@
 
 A document is encoded with the same pure function that encoded the training data (:func:`.prepare.
 encode_document_row`) and the context the checkpoint carries of its training split (:func:`.prepare.
-checkpoint_context`: the vocabulary, the relations, the candidate pairs' entity types, the training facts' names), so
-evaluate scores a file exactly as training scored the same documents, and predict and serve ask the model about the
-same candidate pairs.
+checkpoint_context`: the vocabulary or the pretrained tokenizer, the relations, the candidate pairs' entity types,
+the training facts' names), so evaluate scores a file exactly as training scored the same documents, and predict and
+serve ask the model about the same candidate pairs.
 
 * :func:`encode_file` (evaluate): a labelled document file -> a :class:`~.split.DocumentSplit`;
 * :func:`plan_documents` (predict): a document file as chunks of rows, one row per document (the document as JSON in
@@ -55,7 +55,7 @@ ANSWER_COLUMNS = ("document", *FACT_FIELDS)
 def _context(settings: Any, vocab: Vocab, labels: list[str], assets: Mapping[str, bytes] | None) -> dict[str, Any]:
     """The encoding context of a checkpoint (``settings``: its data settings); CheckpointError when it lacks it."""
     try:
-        return checkpoint_context(list(vocab.tokens), labels, settings.lowercase, assets or {})
+        return checkpoint_context(vocab, labels, settings.lowercase, assets or {})
     except ValueError as err:
         raise CheckpointError(str(err)) from None
 

@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import re
+import shutil
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -40,7 +41,9 @@ from nre_ray.core import buildonce
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats.common import HINT_PATH, Source, storage_problem
 from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, load_task_cache, quiet_ray_data, sources_of
+from nre_ray.data.subword import fingerprint
 from nre_ray.data.vocab import UNK_ID, Vocab
+from nre_ray.run.checkpoint import PRETRAINED_DIR, pretrained_assets
 from nre_ray.tasks.document.encoding import THRESHOLD_LABEL, build_vocab, encode_document, relation_index
 from nre_ray.tasks.document.pairs import candidate_pairs, type_pairs
 from nre_ray.tasks.document.readers import (
@@ -53,6 +56,12 @@ from nre_ray.tasks.document.readers import (
 from nre_ray.tasks.document.records import Document, document_from_dict
 from nre_ray.tasks.document.scoring import intra_pairs, train_triples
 from nre_ray.tasks.document.split import DocumentSplit
+from nre_ray.tasks.document.subwords import (
+    DocumentTokenizer,
+    build_document_tokenizer,
+    document_tokenizer,
+    encoder_window,
+)
 from nre_ray.tasks.document.validation import check_relations
 
 log = logging.getLogger(__name__)
@@ -124,15 +133,22 @@ def has_documents(data_dir: str) -> bool:
 
 def encode_document_row(doc: Document, context: Mapping[str, Any]) -> dict[str, Any]:
     """One document encoded for :class:`~.split.DocumentSplit` with the training split's ``context``: ``tokens``
-    (the vocabulary in id order), ``lowercase``, ``relations`` (name -> column), ``type_pairs`` (allowed (head
-    type, tail type) pairs, or None: every ordered pair), ``train`` (the training facts' name triples)."""
-    index = {t: i for i, t in enumerate(context["tokens"])}
-    lower = context["lowercase"]
+    (the vocabulary in id order) and ``lowercase``, or ``pretrained`` (``--model bert``: the tokenizer's files,
+    ``{"pretrained/<name>": bytes}``; the words are cut into its subwords between its special tokens:
+    :mod:`.subwords`), ``relations`` (name -> column), ``type_pairs`` (allowed (head type, tail type) pairs, or
+    None: every ordered pair), ``train`` (the training facts' name triples)."""
     relations = context["relations"]
     allowed = None if context["type_pairs"] is None else frozenset(map(tuple, context["type_pairs"]))
     pairs = candidate_pairs(doc, allowed)
-    encoded = encode_document(doc, pairs, relations,
-                              lambda tokens: [index.get(t.lower() if lower else t, UNK_ID) for t in tokens])
+    if context.get("pretrained"):
+        tokenizer = document_tokenizer(context["pretrained"])
+        encoded = encode_document(doc, pairs, relations, tokenizer.to_ids, tokenizer.pieces(doc), tokenizer.prefix,
+                                  tokenizer.suffix)
+    else:
+        index = {t: i for i, t in enumerate(context["tokens"])}
+        lower = context["lowercase"]
+        encoded = encode_document(doc, pairs, relations,
+                                  lambda tokens: [index.get(t.lower() if lower else t, UNK_ID) for t in tokens])
     intra = intra_pairs(doc)
     ids = [e.id for e in doc.entities]
     row = {(h, t): k for k, (h, t) in enumerate(pairs)}
@@ -182,10 +198,11 @@ def encoding_problems(documents: Mapping[str, list[Document]], failed: list[tupl
                                     "with one of them; until then, remove them from the file.")
 
 
-def _context(train: list[Document], vocab: Vocab, relations: dict[str, int], fmt: str, lowercase: bool
-             ) -> dict[str, Any]:
+def _context(train: list[Document], vocab: Vocab, relations: dict[str, int], fmt: str, lowercase: bool,
+             pretrained: Mapping[str, bytes] | None) -> dict[str, Any]:
     allowed = sorted(type_pairs(train)) if fmt == PUBTATOR else None
-    return {"tokens": list(vocab.tokens), "lowercase": lowercase, "relations": relations, "type_pairs": allowed,
+    return {"tokens": [] if pretrained else list(vocab.tokens), "lowercase": lowercase,
+            "pretrained": dict(pretrained) if pretrained else None, "relations": relations, "type_pairs": allowed,
             "train": train_triples(train)}
 
 
@@ -197,17 +214,22 @@ def context_asset(context: Mapping[str, Any]) -> bytes:
                       ensure_ascii=False).encode("utf-8")
 
 
-def checkpoint_context(tokens: list[str], labels: list[str], lowercase: bool, assets: Mapping[str, bytes]
+def checkpoint_context(vocab: Vocab, labels: list[str], lowercase: bool, assets: Mapping[str, bytes]
                        ) -> dict[str, Any]:
     """The encoding context of :func:`encode_document_row` as the run's preprocessing had it, from a checkpoint's
-    vocabulary ``tokens``, ``labels`` (TH first), ``--lowercase`` and ``assets`` (:data:`CONTEXT_ASSET`); a
-    CheckpointError-worthy ValueError when the checkpoint lacks it."""
+    ``vocab``, ``labels`` (TH first), ``--lowercase`` and ``assets`` (:data:`CONTEXT_ASSET`; with a subword
+    vocabulary, ``--model bert``, the tokenizer's files under ``pretrained/``); a CheckpointError-worthy ValueError
+    when the checkpoint lacks them."""
     if CONTEXT_ASSET not in assets:
         raise ValueError(f"the checkpoint lacks {CONTEXT_ASSET} (written by an nre_ray older than document "
                          "evaluate/predict): train it again")
+    pretrained = {name: data for name, data in assets.items() if name.startswith(f"{PRETRAINED_DIR}/")}
+    if vocab.subword and not pretrained:
+        raise ValueError(f"this --model bert checkpoint carries no {PRETRAINED_DIR}/ tokenizer files")
     stored = json.loads(assets[CONTEXT_ASSET].decode("utf-8"))
     pairs = stored["type_pairs"]
-    return {"tokens": list(tokens), "lowercase": lowercase, "relations": relation_index(labels[1:]),
+    return {"tokens": [] if vocab.subword else list(vocab.tokens), "lowercase": lowercase,
+            "pretrained": pretrained if vocab.subword else None, "relations": relation_index(labels[1:]),
             "type_pairs": None if pairs is None else [tuple(p) for p in pairs],
             "train": frozenset(tuple(t) for t in stored["train"])}
 
@@ -235,31 +257,37 @@ def _encode_with_ray_data(documents: dict[str, list[Document]], context: dict[st
 # the run's data
 
 
-def is_cached(cfg: DataConfig, seed: int) -> bool:
+def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None) -> bool:
     """Whether :func:`prepare_documents` would reuse a cache (and so needs no Ray)."""
     if cfg.no_cache:
         return False
     return complete(Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(find_files(cfg.data_dir),
-                                                                               settings_of(cfg, seed)))
+                                                                               settings_of(cfg, seed, pretrained)))
 
 
-def settings_of(cfg: DataConfig, seed: int) -> dict[str, Any]:
-    """The settings that change the encoded documents (the cache key uses them)."""
-    return {"task": "document", "version": CACHE_VERSION, "seed": seed, "lowercase": cfg.lowercase,
-            "min_freq": cfg.min_freq, "valid_fraction": cfg.valid_fraction, "on_bad_rows": cfg.on_bad_rows}
+def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> dict[str, Any]:
+    """The settings that change the encoded documents (the cache key uses them); ``pretrained`` (``--model bert``):
+    its tokenizer's fingerprint (:func:`nre_ray.data.subword.fingerprint`: a local folder's small files, or the hub
+    name)."""
+    settings = {"task": "document", "version": CACHE_VERSION, "seed": seed, "lowercase": cfg.lowercase,
+                "min_freq": cfg.min_freq, "valid_fraction": cfg.valid_fraction, "on_bad_rows": cfg.on_bad_rows}
+    if pretrained:
+        settings["pretrained"] = fingerprint(pretrained)
+    return settings
 
 
-def prepare_documents(cfg: DataConfig, seed: int) -> Prepared:
-    """The encoded splits of ``cfg.data_dir`` (see the module docstring), from the cache when it has them."""
+def prepare_documents(cfg: DataConfig, seed: int, pretrained: str | None = None) -> Prepared:
+    """The encoded splits of ``cfg.data_dir`` (see the module docstring), from the cache when it has them;
+    ``pretrained`` (``--model bert``): in that model's subwords (:mod:`.subwords`)."""
     files = find_files(cfg.data_dir)
-    cache = Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed))
+    cache = Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
     with buildonce.turn(cache):  # runs on this machine take turns: the second one reuses the first one's result
         if not cfg.no_cache and complete(cache):
             log.info("preprocess: reused the cache in %s (--no-cache rebuilds it)", cache)
             prepared = load_documents(cache)
         else:
             with buildonce.private_folder(cache) as private:
-                built = _build(cfg, files, seed)
+                built = _build(cfg, files, seed, pretrained, private)
                 save_documents(built, private)
                 buildonce.publish(private, cache, complete, replace=True)
             prepared = load_documents(cache)
@@ -298,7 +326,7 @@ def split_documents(read: Mapping[str, DocumentFile], valid_fraction: float, see
     return documents, relations, valid_from_train
 
 
-def _build(cfg: DataConfig, files: dict[str, Source], seed: int) -> Prepared:
+def _build(cfg: DataConfig, files: dict[str, Source], seed: int, pretrained: str | None, folder: Path) -> Prepared:
     read, problems = read_files(files, cfg)
     documents, relations, valid_from_train = split_documents(read, cfg.valid_fraction, seed)
     if not documents["train"] or not documents["valid"]:
@@ -306,24 +334,33 @@ def _build(cfg: DataConfig, files: dict[str, Source], seed: int) -> Prepared:
                                                                   "on")], hint="Check the data folder.")
     train = documents["train"]
     labels = [THRESHOLD_LABEL, *relations]
-    vocab = build_vocab(train, cfg.min_freq, cfg.lowercase)
-    context = _context(train, vocab, relations, read["train"].format, cfg.lowercase)
+    tokenizer_dir, window = None, ModelConfig().max_positions
+    if pretrained:  # the tokenizer, saved with the cache: every checkpoint carries it
+        tokenizer_dir = build_document_tokenizer(pretrained, folder / PRETRAINED_DIR)
+        vocab = Vocab(DocumentTokenizer.load(tokenizer_dir).vocabulary(), subword=True)
+        window = encoder_window(tokenizer_dir) or window
+    else:
+        vocab = build_vocab(train, cfg.min_freq, cfg.lowercase)
+    context = _context(train, vocab, relations, read["train"].format, cfg.lowercase,
+                       pretrained_assets(tokenizer_dir))
     encoded = _encode_with_ray_data({s: documents[s] for s in ("train", "valid", "test") if s in documents}, context)
     splits = {s: DocumentSplit.from_documents(rows, len(labels), s) for s, rows in encoded.items()}
     rejected = pd.DataFrame([{"file": p.file, "line": p.line, "problem": p.message} for p in problems],
                             columns=["file", "line", "problem"])
     return Prepared(splits=splits, vocab=vocab, labels=labels, sources={}, rejected=rejected,
-                    valid_from_train=valid_from_train, audit=audit_of(documents, labels, splits, len(problems)),
-                    rejected_count=len(problems), assets={CONTEXT_ASSET: context_asset(context)})
+                    valid_from_train=valid_from_train,
+                    audit=audit_of(documents, labels, splits, len(problems), window),
+                    rejected_count=len(problems), assets={CONTEXT_ASSET: context_asset(context)},
+                    pretrained_dir=None if tokenizer_dir is None else str(tokenizer_dir))
 
 
 def audit_of(documents: dict[str, list[Document]], labels: list[str], splits: dict[str, DocumentSplit],
-             rejected: int) -> dict[str, Any]:
+             rejected: int, window: int | None = None) -> dict[str, Any]:
     """The data audit (``python -m nre_ray.data inspect``, MLflow's ``data/audit.md``: :mod:`.describe`): per split
     its documents (``rows``), skipped ones, entities, mentions, candidate pairs, facts per relation (``labels``),
     lengths in words and in encoded tokens (markers included), and how many documents are longer than the encoder's
-    default window (``--max-positions``: read in overlapping windows)."""
-    window = ModelConfig().max_positions
+    ``window`` (default: ``--max-positions``'s default; read in overlapping windows)."""
+    window = window or ModelConfig().max_positions
     out: dict[str, Any] = {"task": "document", "warnings": [], "labels": labels[1:], "max_length": 0,
                            "window": window, "splits": {}}
     for s, docs in documents.items():
@@ -370,12 +407,17 @@ def save_documents(prepared: Prepared, folder: Path) -> None:
     (folder / "audit.json").write_text(json.dumps(prepared.audit, ensure_ascii=False), encoding="utf-8")
     prepared.rejected.to_csv(folder / "rejected.csv", index=False)
     (folder / "context.json").write_bytes(prepared.assets[CONTEXT_ASSET])
+    if prepared.pretrained_dir and Path(prepared.pretrained_dir).resolve() != (folder / PRETRAINED_DIR).resolve():
+        shutil.rmtree(folder / PRETRAINED_DIR, ignore_errors=True)
+        shutil.copytree(prepared.pretrained_dir, folder / PRETRAINED_DIR)
     meta = {"task": "document", "splits": list(prepared.splits), "valid_from_train": prepared.valid_from_train,
-            "rejected_count": prepared.rejected_count}
+            "rejected_count": prepared.rejected_count, "pretrained": bool(prepared.pretrained_dir)}
     (folder / MARKER).write_text(json.dumps(meta), encoding="utf-8")
 
 
 def load_documents(folder: Path) -> Prepared:
-    """What :func:`save_documents` wrote."""
+    """What :func:`save_documents` wrote (``--model bert``: ``pretrained_dir`` is the cache's tokenizer folder)."""
+    pretrained = json.loads((folder / MARKER).read_text(encoding="utf-8")).get("pretrained")
     return load_task_cache(folder, MARKER, DocumentSplit.open,
-                           assets={CONTEXT_ASSET: (folder / "context.json").read_bytes()})
+                           assets={CONTEXT_ASSET: (folder / "context.json").read_bytes()},
+                           pretrained_dir=str(folder / PRETRAINED_DIR) if pretrained else None)
