@@ -5,6 +5,7 @@ gone."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -160,3 +161,23 @@ def test_a_checkpoint_encodes_documents_with_its_own_tokenizer(folders, tmp_path
     with torch.no_grad():
         torch.testing.assert_close(predictor.model(batch), model.eval()(batch))
 
+
+
+def test_a_vocabulary_without_the_marker_gets_it_as_a_new_token(folders, tmp_path):
+    from transformers import BertTokenizerFast
+
+    base, _ = folders
+    plain = shutil.copytree(base, tmp_path / "plain")
+    words = [w for w in (plain / "vocab.txt").read_text(encoding="utf-8").splitlines() if w != MARKER]
+    (plain / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    (plain / "tokenizer.json").unlink()
+    BertTokenizerFast(vocab=str(plain / "vocab.txt")).save_pretrained(str(plain))
+    tokenizer_dir = build_document_tokenizer(str(plain), tmp_path / "tokenizer")
+    tok = DocumentTokenizer.load(tokenizer_dir)
+    assert len(tok.tokenizer) == len(words) + 1 and tok.to_ids([MARKER]) == [len(words)]
+    assert json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"] == len(words) + 1
+    row = prepare.encode_document_row(hand_made(), context(tokenizer_dir, [hand_made()]))
+    assert [row["input_ids"][p] for ps in row["mention_pos"] for p in ps] == [len(words)] * 5
+    cfg = Config.from_dict({"model": {"model": "bert", "pretrained": str(plain)}})
+    model = DOCUMENT.build_model(cfg.model, ModelSpec(len(tok.tokenizer), 3, 0))  # embeddings resized to the marker
+    assert model.encoder.transformer.get_input_embeddings().num_embeddings == len(words) + 1

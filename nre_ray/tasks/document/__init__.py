@@ -14,7 +14,8 @@ tests/unit/test_document_*.py):
 * :mod:`.validation`: relations unknown to training (validation/test files), error or skip.
 * :mod:`.pairs`: candidate pairs (every ordered pair, or the training facts' entity type pairs).
 * :mod:`.encoding`: ATLOP's ``*`` mention markers, token ids, mention start positions, the label matrix (TH at 0),
-  a word vocabulary for from-scratch encoders.
+  a word vocabulary for from-scratch encoders. :mod:`.subwords`: the same in a pretrained tokenizer's subwords
+  (``--model bert``), the tokenizer every checkpoint carries.
 * :mod:`.batching`: length-bucketed batches, padding share, token-balanced shards, padding into arrays.
 * :mod:`.atlop`: ATLOP (entity logsumexp pooling, localized context pooling, grouped bilinear), the
   adaptive-threshold loss, inference, overlapping windows for long documents. :mod:`.encoder`: a from-scratch
@@ -26,8 +27,7 @@ tests/unit/test_document_*.py):
 :mod:`.fact_rows`: documents encoded with a checkpoint's context (evaluate), read as rows (predict, requests), and
 the predicted facts as rows.
 
-What is NOT wired yet: tune (it refuses document data in one line), ``python -m nre_ray.data inspect``, ``--model
-bert`` for documents, a shared ``s3://`` cache, batches by length and shards by tokens (:mod:`.batching` is not used
-by the loop yet); the encoders are to move beside the others in ``nre_ray/models/``; the generated sample is not
-committed (call :func:`.sample.write_sample`) (issue 37).
+What is NOT wired yet: tune (it refuses document data in one line), ``python -m nre_ray.data inspect`` in a
+pretrained model's subwords, a shared ``s3://`` cache; the encoders are to move beside the others in
+``nre_ray/models/``; the generated sample is not committed (call :func:`.sample.write_sample`) (issue 37).
 """

@@ -5,16 +5,19 @@
    ``--on-bad-rows skip`` left out and listed); relations that training never saw are checked in the other splits
    (:func:`~.validation.check_relations`). Without a validation file, a seeded share of the training documents
    (``--valid-fraction``) validates. The relations (label columns, TH at 0) are the training file's; what else
-   needs the whole training split comes from it: the vocabulary (``--min-freq``, ``--lowercase``), the candidate
-   pairs' entity types (PubTator: the type pairs of the training facts, so CDR's Chemical -> Disease; DocRED: every
-   ordered pair) and the training facts' names (Ign F1).
-2. Ray Data: every document is encoded by :func:`encode_batch` (``map_batches``): ATLOP's markers and token ids,
-   its candidate pairs and gold facts (:mod:`.encoding`), each pair's intra-sentence flag and each fact's "seen in
-   training" flag (:mod:`.counts`).
+   needs the whole training split comes from it: the vocabulary (``--min-freq``, ``--lowercase``; with
+   ``--model bert``, the pretrained tokenizer's instead, saved with its ``config.json`` in the build folder's
+   ``pretrained/``: :func:`.subwords.build_document_tokenizer`), the candidate pairs' entity types (PubTator: the
+   type pairs of the training facts, so CDR's Chemical -> Disease; DocRED: every ordered pair) and the training
+   facts' names (Ign F1).
+2. Ray Data: every document is encoded by :func:`encode_batch` (``map_batches``): ATLOP's markers and token ids
+   (words, or the pretrained tokenizer's subwords between its special tokens), its candidate pairs and gold facts
+   (:mod:`.encoding`), each pair's intra-sentence flag and each fact's "seen in training" flag (:mod:`.counts`).
 3. Driver: the encoded documents become one :class:`~.split.DocumentSplit` per split, saved with the vocabulary,
-   labels, audit and the context every checkpoint carries (:data:`CONTEXT_ASSET`) in a private folder and published
-   as the cache folder (:mod:`nre_ray.core.buildonce`), under a key of the input files' content and the settings
-   (:func:`nre_ray.data.pipeline.cache_key`); the next run with the same inputs and settings reuses it.
+   labels, audit and the context every checkpoint carries (:data:`CONTEXT_ASSET`; and ``pretrained/``) in a private
+   folder and published as the cache folder (:mod:`nre_ray.core.buildonce`), under a key of the input files'
+   content and the settings, the pretrained model's fingerprint included (:func:`nre_ray.data.pipeline.cache_key`);
+   the next run with the same inputs and settings reuses it.
 
 Documents are few and small next to sentence corpora (CDR: 1,500 abstracts), so the driver holds them; the cache is
 local to the driver's node (a shared ``s3://`` cache, as the sentence pipeline has, is not done yet).
