@@ -53,8 +53,9 @@ def cli_parser() -> argparse.ArgumentParser:
     """The ``python -m nre_ray.train`` parser: one flag per config field, then the examples."""
     parser = build_parser(description="Train a relation extraction model with Ray Train, Ray Data and MLflow: "
                                       "sentence-level, or document-level when --data-dir holds DocRED JSON or "
-                                      "PubTator files (then --model transformer, the default there and the only "
-                                      "choice). Without --data-dir it trains on the bundled English sample.")
+                                      "PubTator files (then --model transformer, the default there, or --model "
+                                      "bert --pretrained). Without --data-dir it trains on the bundled English "
+                                      "sample.")
     parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     return parser
 
