@@ -170,14 +170,14 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
     assert SENTENCE.why_no_metric("ign_f1", ["a", "b"], None) == "sentence models report other scores"
     assert SENTENCE.why_no_metric("pos_macro_f1", ["a", "b"], "Other") \
         == "--negative-label 'Other' is not one of the labels"
-    with pytest.raises(CheckpointError, match=r"^document models: tune is not supported yet \(issue 37\)$"):
-        task_of({"task": "document"}, "tune")
-    for command in ("evaluate", "predict", "serve", "pyfunc"):
+    for command in ("evaluate", "predict", "serve", "pyfunc", "inspect", "tune"):  # every command takes documents
         assert task_of({"task": "document"}, command).name == "document"
     assert task_of({"task": "document"}).name == "document" and task_of({}, "predict").name == "sentence"
+    (tmp_path / "meta.json").write_text(json.dumps({"task": "bag"}), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="inspect is not supported yet"):  # a command a task refuses
+        check_checkpoint_folder(tmp_path, "inspect")
     (tmp_path / "meta.json").write_text(json.dumps({"task": "document"}), encoding="utf-8")
-    with pytest.raises(CheckpointError, match="tune is not supported yet"):
-        check_checkpoint_folder(tmp_path, "tune")
+    check_checkpoint_folder(tmp_path, "tune")
     check_checkpoint_folder(tmp_path, "serve")
     check_checkpoint_folder(tmp_path / "none", "serve")  # no meta.json: the loader says what is wrong
 

@@ -17,8 +17,10 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   ``--max-bag-size`` and seed) and scores them at the checkpoint's validation threshold (so a split file gets
   training's scores); predict answers one row per bag: head id, tail id, head, tail, relation (NA below that
   threshold), score, and with ``--top-k`` the k most probable labels; the MLflow pyfunc model and serve take a bag
-  a row (its pair and its sentences' texts, :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows. Tune
-  refuses bag models in one line (issue 38).
+  a row (its pair and its sentences' texts, :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows;
+* tune searches the space of ``--model`` (:data:`nre_ray.tune.space.DEFAULT_SPACES`: the bag models take the same
+  options), selects on validation AUC and scores the best checkpoint's test bags at its validation threshold
+  (:meth:`BagTask.checkpoint_scores`, :meth:`BagTask.checkpoint_reports`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from nre_ray.data.vocab import Vocab
 
 ISSUE = "issue 38"
-SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "tune"})
 """The commands that take bag data and models (:meth:`BagTask.unsupported`)."""
 
 
@@ -197,12 +199,20 @@ class BagTask(Task):
 
         return bag_scores.per_label(counts, labels, None, threshold_of(trained))
 
+    def checkpoint_reports(self, counts: Any, labels: list[str], trained: Mapping[str, float], folder: Path,
+                           name: str, title: str) -> None:
+        """:func:`.bag_scores.write_reports` with the per-relation table at the checkpoint's validation threshold
+        (as :meth:`checkpoint_scores` scores its F1)."""
+        from nre_ray.tasks.bag.bag_rows import threshold_of
+
+        bag_scores.write_reports(counts, labels, None, folder, name, title, threshold_of(trained))
+
     report_metrics: ClassVar[tuple[str, ...] | None] = (*summary_metrics, "threshold")
 
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Tune and ``python -m nre_ray.data inspect`` do not take bags yet (:data:`SUPPORTED`)."""
+        """``python -m nre_ray.data inspect`` does not take bags yet (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
         return f"bag models: {command} is not supported yet ({ISSUE})"

@@ -26,8 +26,7 @@ tests/unit/test_document_*.py):
 :mod:`.fact_rows`: documents encoded with a checkpoint's context (evaluate), read as rows (predict, requests), and
 the predicted facts as rows.
 
-What is NOT wired yet: tune (it refuses document data in one line), ``python -m nre_ray.data inspect``, ``--model
-bert`` for documents, a shared ``s3://`` cache, batches by length and shards by tokens (:mod:`.batching` is not used
-by the loop yet); the encoders are to move beside the others in ``nre_ray/models/``; the generated sample is not
-committed (call :func:`.sample.write_sample`) (issue 37).
+What is NOT wired yet: ``--model bert`` for documents, a shared ``s3://`` cache, batches by length and shards by
+tokens (:mod:`.batching` is not used by the loop yet); the encoders are to move beside the others in
+``nre_ray/models/``; the generated sample is not committed (call :func:`.sample.write_sample`) (issue 37).
 """

@@ -16,7 +16,8 @@ its entities' mentions and every candidate pair's relations (DocRED / Re-DocRED 
 * rows (:mod:`.fact_rows`): evaluate encodes a labelled file with the context the checkpoint carries of its
   training split (so its scores are training's on the same documents); predict, the MLflow pyfunc model and serve
   answer one row per predicted fact (document, head and tail entity, relation, score); a request is a document in
-  DocRED's JSON (:meth:`DocumentTask.parse_request`). Tune refuses documents in one line (issue 37).
+  DocRED's JSON (:meth:`DocumentTask.parse_request`);
+* tune searches :data:`SEARCH_SPACE` (the document model's options) and selects on validation ``micro_f1``.
 """
 
 from __future__ import annotations
@@ -48,8 +49,16 @@ if TYPE_CHECKING:
 MODELS = ("transformer",)
 """The ``--model`` values the document task trains (an encoder trained from scratch)."""
 ISSUE = "issue 37"
-SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect", "tune"})
 """The commands that take document data and models (:meth:`DocumentTask.unsupported`)."""
+SEARCH_SPACE: dict[str, dict[str, dict[str, list[Any]]]] = {
+    "train": {"lr": {"loguniform": [3e-4, 3e-3]}, "batch_size": {"choice": [4, 8]},
+              "weight_decay": {"choice": [0.0, 1e-4]}},
+    "model": {"hidden_size": {"choice": [64, 128, 256]}, "num_layers": {"choice": [1, 2]}},
+}
+"""What ``python -m nre_ray.tune`` searches on documents without ``--search-space`` (:meth:`DocumentTask.search_space`):
+the options the document model takes (not ``--dropout``, ``--embedding-dropout`` or ``--kernel-size``), with a few
+documents a batch (a document is hundreds of tokens and its candidate pairs)."""
 
 
 class DocumentTask(Task):
@@ -124,6 +133,10 @@ class DocumentTask(Task):
     # model and loss
 
     default_model: ClassVar[str | None] = "transformer"
+
+    def search_space(self, model: str) -> dict[str, dict[str, dict[str, list[Any]]]] | None:
+        """:data:`SEARCH_SPACE` (``--model transformer``, the only document model)."""
+        return SEARCH_SPACE
 
     def check_settings(self, config: Any) -> None:
         """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
@@ -201,7 +214,7 @@ class DocumentTask(Task):
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Only tune does not take documents yet (:data:`SUPPORTED`)."""
+        """Every command takes documents (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
         return f"document models: {command} is not supported yet ({ISSUE})"
