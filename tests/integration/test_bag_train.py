@@ -74,6 +74,9 @@ def test_two_workers_train_the_bag_sample(ray_cluster, tmp_path, monkeypatch, ca
             "reports/test_per_relation.csv"} <= reports
     curve = pd.read_csv(client.download_artifacts(run.info.run_id, "reports/test_pr_curve.csv", str(tmp_path)))
     assert len(curve) == 66 * 4 and curve["precision"].iloc[99] == pytest.approx(summary["test"]["p_at_100"])
+    relations = pd.read_csv(client.download_artifacts(run.info.run_id, "reports/test_per_relation.csv",
+                                                      str(tmp_path)))
+    assert (relations["threshold"] == summary["valid"]["threshold"]).all()  # where test/micro_f1 is taken
     check_evaluate_and_predict(summary, tmp_path, capsys)
 
 
