@@ -48,8 +48,8 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the
   counts each bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
   :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve, evaluate's F1 at the checkpoint's
-  validation threshold (:meth:`Task.checkpoint_scores`, and a sweep's test reports: :meth:`Task.
-  checkpoint_reports`); the rows and answers one per bag (its pair, its relation:
+  validation threshold (:meth:`Task.checkpoint_scores`, and the reports: :meth:`Task.checkpoint_reports`); the
+  rows and answers one per bag (its pair, its relation:
   NA below that threshold, its score, and the top k).
 """
 
@@ -247,8 +247,8 @@ class Task(ABC):
     def checkpoint_reports(self, counts: Any, labels: list[str], trained: Mapping[str, float], folder: Path,
                            name: str, title: str) -> None:
         """:meth:`write_reports` for a checkpoint's summed ``counts`` (``trained``: as :meth:`checkpoint_scores`),
-        in agreement with its :meth:`checkpoint_scores` (a sweep's final test, :mod:`nre_ray.tune.results`).
-        Default: :meth:`write_reports`."""
+        in agreement with its :meth:`checkpoint_scores`: training's final reports (``trained``: the metrics its best
+        checkpoint records) and a sweep's final test (:mod:`nre_ray.tune.results`). Default: :meth:`write_reports`."""
         self.write_reports(counts, labels, folder, name, title)
 
     @abstractmethod
