@@ -277,6 +277,9 @@ def prepare_bags(cfg: DataConfig, seed: int) -> Prepared:
             log.info("preprocess: reused the cache in %s (--no-cache rebuilds it)", cache)
             prepared = load_bags(cache)
         else:
+            log.info("preprocess: %s; the result is cached in %s",
+                     "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
+                     cache)
             with buildonce.private_folder(cache) as private:
                 rejected = build(cfg, files, formats, seed, private)
                 buildonce.publish(private, cache, complete, replace=True)
