@@ -99,7 +99,8 @@ def inspect(args: argparse.Namespace) -> int:
     sys.stdout.write(task.audit_markdown(prepared.audit))
     if prepared.rejected_count:
         where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""
-        print(f"\n{prepared.rejected_count} bad {task.unit} were left out (--on-bad-rows skip){where}")
+        print(f"\n{prepared.rejected_count} bad {task.rejected_unit or task.unit} were left out (--on-bad-rows "
+              f"skip){where}")
     try:
         if opts.json:
             fs.write_text(opts.json, json.dumps(prepared.audit, indent=2, ensure_ascii=False))

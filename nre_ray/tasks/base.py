@@ -81,6 +81,8 @@ class Task(ABC):
     name: ClassVar[str]
     unit: ClassVar[str]
     """What the console calls its examples (``rows``, ``documents``)."""
+    rejected_unit: ClassVar[str | None] = None
+    """What ``python -m nre_ray.data inspect`` calls the bad input it left out (None: :attr:`unit`)."""
     eval_batch_size: ClassVar[int] = 256
     """Examples per batch when scoring a split."""
     eval_blocks: ClassVar[bool] = False

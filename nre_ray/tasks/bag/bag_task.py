@@ -57,6 +57,7 @@ class BagTask(Task):
 
     name: ClassVar[str] = "bag"
     unit: ClassVar[str] = "bags"
+    rejected_unit: ClassVar[str | None] = "rows or bags"  # bad sentence rows, and bags none of whose sentences encode
     eval_batch_size: ClassVar[int] = 32
     eval_blocks: ClassVar[bool] = True  # a bag's probabilities come from the same batch on any number of workers
     input_columns: ClassVar[tuple[str, ...]] = ("head_id", "tail_id", "head", "tail", "sentences")  # REQUEST_COLUMNS
