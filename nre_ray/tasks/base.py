@@ -40,15 +40,15 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows one per document
   (its id and its facts), answered (:meth:`Task.answer`) as one per predicted fact: document, head entity, tail
   entity, relation, score.
-* **bag** (:mod:`nre_ray.tasks.bag`, wired into train with ``--bag-aggregator`` and every command but tune and
-  inspect, which refuse it in one line): an example is one entity pair, the sentences that name it and
-  its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
-  ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
+* **bag** (:mod:`nre_ray.tasks.bag`, wired into train and ``python -m nre_ray.data inspect`` with ``--bag-aggregator``
+  and into every command but tune, which refuses it in one line): an example is one entity pair, the sentences that
+  name it and its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C)
+  multi-hot ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
   instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the
   counts each bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
-  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve, evaluate's F1 at the checkpoint's
-  validation threshold (:meth:`Task.checkpoint_scores`); the rows and answers one per bag (its pair, its relation:
-  NA below that threshold, its score, and the top k).
+  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve, evaluate's F1 at the checkpoint's validation
+  threshold (:meth:`Task.checkpoint_scores`); the rows and answers one per bag (its pair, its relation: NA below that
+  threshold, its score, and the top k).
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ class Task(ABC):
     unit: ClassVar[str]
     """What the console calls its examples (``rows``, ``documents``)."""
     bad_unit: ClassVar[str | None] = None
-    """What predict's skipped entries are, where they are not :attr:`unit` (a bag file's bad sentence rows)."""
+    """What predict and ``python -m nre_ray.data inspect`` call the bad input they left out, where it is not
+    :attr:`unit` (a bag file's: its bad sentence rows, and bags none of whose sentences encode)."""
     eval_batch_size: ClassVar[int] = 256
     """Examples per batch when scoring a split."""
     eval_blocks: ClassVar[bool] = False

@@ -5,7 +5,8 @@ checkpoint through evaluate (the checkpoint folder on 1 worker and the run's MLf
 scores, from 2 workers, exactly), predict (one row per bag: its relation, NA below the validation threshold, and its
 top k, whose entries at or above the threshold are the (bag, relation) pairs evaluate counts as predicted; the same
 rows in this process and on 2 Ray workers), the MLflow pyfunc model and the Ray Serve application (a bag a row: its
-pair and its sentences' texts in, the same rows as predict's out)."""
+pair and its sentences' texts in, the same rows as predict's out). ``python -m nre_ray.data inspect
+--bag-aggregator`` describes the run's bags from its cache."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
+from nre_ray.data.__main__ import main as data_main
 from nre_ray.predict import main as predict_main
 from nre_ray.run.checkpoint import load_checkpoint
 from nre_ray.tasks.bag.grouping import sample_dir
@@ -74,6 +76,16 @@ def test_two_workers_train_the_bag_sample(ray_cluster, tmp_path, monkeypatch, ca
             "reports/test_per_relation.csv"} <= reports
     curve = pd.read_csv(client.download_artifacts(run.info.run_id, "reports/test_pr_curve.csv", str(tmp_path)))
     assert len(curve) == 66 * 4 and curve["precision"].iloc[99] == pytest.approx(summary["test"]["p_at_100"])
+    logged_audit = client.download_artifacts(run.info.run_id, "data/audit.md", str(tmp_path))
+    assert Path(logged_audit).read_text(encoding="utf-8").startswith("# Data audit (bags)")
+
+    # the data as the run preprocessed it (its cache: no Ray), described as bags: the numbers of the sample's files
+    assert data_main(["inspect", "--bag-aggregator", "att", "--min-freq", "1", "--json", "audit.json"]) == 0
+    printed = capsys.readouterr().out
+    assert "# Data audit (bags)" in printed
+    assert "| train | 400 | 220 | 220 | 0 | 0 | 0 | 4 | 112 (50.9%) | 112 |" in printed  # multi-label: 4, NA: 112
+    audit = json.loads((tmp_path / "audit.json").read_text(encoding="utf-8"))
+    assert audit["task"] == "bag" and [audit["splits"][s]["bags"] for s in ("train", "valid", "test")] == [220, 66, 66]
     check_evaluate_and_predict(summary, tmp_path, capsys)
 
 

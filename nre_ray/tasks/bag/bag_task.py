@@ -6,7 +6,9 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   CSV/TSV/JSON Lines/Parquet with ``head_id``/``tail_id`` (without ids, a bag is a (head, tail) text pair); grouped
   into bags, capped at ``--max-bag-size`` sentences by seeded sampling, and encoded by Ray Data (:mod:`.grouping`)
   into :class:`~.bag_split.BagSplit` files; batches are :class:`~.bag_split.BagDataset`'s: the bags' N sentences as
-  the sentence task's (N, T) tensors, ``scope`` (B + 1,), ``labels`` (B, C) bool, ``index`` (B,);
+  the sentence task's (N, T) tensors, ``scope`` (B + 1,), ``labels`` (B, C) bool, ``index`` (B,); the data audit
+  (:mod:`.bag_audit`: ``python -m nre_ray.data inspect --bag-aggregator ...`` and a run's ``data/audit.md``)
+  describes those bags;
 * model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer) under the aggregator
   (:class:`~.network.BagClassifier`); its output is ``(logits (K, C), query (K,))`` over the (bag, label) instances,
   with the bags' probabilities (B, C) in eval mode; the loss is softmax cross-entropy per instance (OpenNRE's), each
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from nre_ray.data.vocab import Vocab
 
 ISSUE = "issue 38"
-SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect"})
 """The commands that take bag data and models (:meth:`BagTask.unsupported`)."""
 
 
@@ -55,7 +57,7 @@ class BagTask(Task):
 
     name: ClassVar[str] = "bag"
     unit: ClassVar[str] = "bags"
-    bad_unit: ClassVar[str | None] = "sentence rows or bags"
+    bad_unit: ClassVar[str | None] = "sentence rows or bags"  # bad sentence rows; bags none of whose sentences encode
     eval_batch_size: ClassVar[int] = 32
     eval_blocks: ClassVar[bool] = True  # a bag's probabilities come from the same batch on any number of workers
     input_columns: ClassVar[tuple[str, ...]] = ("head_id", "tail_id", "head", "tail", "sentences")  # REQUEST_COLUMNS
@@ -94,14 +96,18 @@ class BagTask(Task):
         return prepare_bags(data, seed)
 
     def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
-        """Not yet (``python -m nre_ray.data inspect``): :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("inspect") or "")
+        """:func:`.grouping.is_cached` (the local cache: bags have no shared one yet)."""
+        from nre_ray.tasks.bag.grouping import is_cached
+
+        return is_cached(data, seed)
 
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:
-        """:func:`nre_ray.data.audit.to_markdown`: the bag audit has the sentence audit's layout (bags as rows)."""
-        from nre_ray.data.audit import to_markdown  # pandas: when a run starts
+        """:func:`.bag_audit.audit_markdown`: sentences and bags per split (keyed by ids or by text), bag sizes and
+        what ``--max-bag-size`` leaves out, multi-label and NA bags, facts per relation, sentence lengths against
+        ``--max-length``, entity pairs shared between splits."""
+        from nre_ray.tasks.bag.bag_audit import audit_markdown  # pandas: when a run starts
 
-        return to_markdown(audit)
+        return audit_markdown(audit)
 
     def open_split(self, folder: Path, name: str) -> BagSplit:
         """:meth:`BagSplit.open`."""
@@ -203,7 +209,7 @@ class BagTask(Task):
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Tune and ``python -m nre_ray.data inspect`` do not take bags yet (:data:`SUPPORTED`)."""
+        """Tune does not take bags yet (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
         return f"bag models: {command} is not supported yet ({ISSUE})"

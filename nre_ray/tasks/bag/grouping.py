@@ -17,8 +17,9 @@
    tokenized and encoded as the sentence task encodes a row (:func:`encode_bags`).
 5. Driver: the encoded bags stream in (``iter_batches``), are put in the order of their keys and written split by
    split as :class:`~.bag_split.BagSplit` files (4 bytes a token; the raw corpus never reaches the driver), with the
-   vocabulary, labels and audit, in a private folder published as the cache folder (:mod:`nre_ray.core.buildonce`)
-   under a key of the inputs' content and the settings: the next run with the same inputs reuses it.
+   vocabulary, labels and audit (:mod:`.bag_audit`), in a private folder published as the cache folder
+   (:mod:`nre_ray.core.buildonce`) under a key of the inputs' content and the settings: the next run with the same
+   inputs reuses it.
 
 Labels come from the training bags: NA (``--negative-label``, default ``NA``) first, then the relations sorted. A bag
 of the validation or test split with a relation training never saw is a bad row of its file (its first sentence).
@@ -51,6 +52,7 @@ from nre_ray.data.labels import read_labels
 from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, load_task_cache, quiet_ray_data, sources_of
 from nre_ray.data.schema import parse_column_map
 from nre_ray.data.vocab import Vocab
+from nre_ray.tasks.bag.bag_audit import SentenceLengths, audit_of
 from nre_ray.tasks.bag.bag_split import BagSplit
 from nre_ray.tasks.bag.bags import BAG, NA, build_bags, with_bag_keys
 from nre_ray.tasks.bag.files import (
@@ -64,7 +66,7 @@ from nre_ray.tasks.bag.files import (
 )
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # 2: a sentence's sampling priority leaves out its file's name and its label
+CACHE_VERSION = 3  # 2: a sentence's sampling priority leaves out its file's name and its label; 3: the bag audit
 MARKER = "meta.json"
 """The file a bag cache folder gets last (with ``"task": "bag"``)."""
 SPLITS = ("train", "valid", "test")
@@ -199,23 +201,27 @@ def encode_bags(batch: pd.DataFrame, vocab: list[str], labels: list[str], settin
     """Ray Data ``map_batches``: every bag's sentences tokenized and encoded as the sentence task encodes rows
     (``settings``: ``tokenizer``, ``lowercase``, ``markers``, ``typed``, ``max_length``, ``window``), and its label
     set as label ids. Adds ``tokens`` (flat ids), ``lengths``, ``spans`` (flat head start/end, tail start/end after
-    truncation), ``label_ids`` and ``problem`` (a sentence whose entity covers no token is left out of its bag; a bag
-    left empty, or with a label not in ``labels``, gets a problem)."""
+    truncation), ``full_lengths`` (the kept sentences' token counts before truncation: the audit's), ``label_ids``
+    and ``problem`` (a sentence whose entity covers no token is left out of its bag; a bag left empty, or with a
+    label not in ``labels``, gets a problem)."""
     sentences, owner = _sentences_frame(batch)
     tokenized = tokenize_batch(sentences, settings["tokenizer"], settings["lowercase"], settings["markers"],
                                settings["typed"])
     ok = (tokenized["problem"] == "").to_numpy()
     kept = tokenized[ok]
     spans = kept[["head_start", "head_end", "tail_start", "tail_end"]].to_numpy(dtype=np.int64).reshape(-1, 4)
-    flat = encode_flat([list(t) for t in kept["tokens"]], spans, vocab, settings["max_length"], settings["window"])
+    token_lists = [list(t) for t in kept["tokens"]]
+    flat = encode_flat(token_lists, spans, vocab, settings["max_length"], settings["window"])
+    full = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
     owner_kept = owner[ok]
     index = {name: i for i, name in enumerate(labels)}
     out = batch.drop(columns=["sentences"]).copy()
-    tokens, lengths, span_rows, label_ids, problems = [], [], [], [], []
+    tokens, lengths, full_lengths, span_rows, label_ids, problems = [], [], [], [], [], []
     starts = flat["offsets"]
     for b in range(len(batch)):
         mine = np.flatnonzero(owner_kept == b)
         lengths.append(flat["lengths"][mine].astype(np.int64).tolist())
+        full_lengths.append(full[mine].tolist())
         tokens.append(np.concatenate([flat["tokens"][starts[i]:starts[i + 1]] for i in mine]).astype(np.int64).tolist()
                       if len(mine) else [])
         span_rows.append(np.concatenate([flat["head_span"][mine], flat["tail_span"][mine]], axis=1).reshape(-1)
@@ -225,7 +231,7 @@ def encode_bags(batch: pd.DataFrame, vocab: list[str], labels: list[str], settin
         unknown = [x for x in names if x not in index]
         problems.append(f"relation: {unknown[0]!r} is not a relation of the training bags" if unknown
                         else "" if len(mine) else "no sentence of the bag has its entities as tokens")
-    out["tokens"], out["lengths"], out["spans"] = tokens, lengths, span_rows
+    out["tokens"], out["lengths"], out["full_lengths"], out["spans"] = tokens, lengths, full_lengths, span_rows
     out["label_ids"], out["problem"] = label_ids, problems
     first = [json.loads(s)[0] if s else {} for s in batch["sentences"]]
     out["first_file"] = [str(f.get("file", "")) for f in first]
@@ -251,16 +257,29 @@ def settings_of(cfg: DataConfig, seed: int) -> dict[str, Any]:
     return {"task": "bag", "version": CACHE_VERSION, "seed": seed, **{k: getattr(cfg, k) for k in keep}}
 
 
+def cache_folder(cfg: DataConfig, files: dict[str, Source], seed: int) -> Path:
+    """The cache folder of these split files and settings (built or not)."""
+    return Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed))
+
+
+def is_cached(cfg: DataConfig, seed: int) -> bool:
+    """Whether :func:`prepare_bags` would reuse a cache, and so needs no Ray (``python -m nre_ray.data inspect``)."""
+    return not cfg.no_cache and complete(cache_folder(cfg, find_bag_files(cfg), seed))
+
+
 def prepare_bags(cfg: DataConfig, seed: int) -> Prepared:
     """The encoded bag splits of the run's files (see the module docstring), from the cache when it has them."""
     files = find_bag_files(cfg)
     formats = formats_of(files, cfg.format)
-    cache = Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed))
+    cache = cache_folder(cfg, files, seed)
     with buildonce.turn(cache):  # runs on this machine take turns: the second one reuses the first one's result
         if not cfg.no_cache and complete(cache):
             log.info("preprocess: reused the cache in %s (--no-cache rebuilds it)", cache)
             prepared = load_bags(cache)
         else:
+            log.info("preprocess: %s; the result is cached in %s",
+                     "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
+                     cache)
             with buildonce.private_folder(cache) as private:
                 rejected = build(cfg, files, formats, seed, private)
                 buildonce.publish(private, cache, complete, replace=True)
@@ -274,10 +293,11 @@ def prepare_bags(cfg: DataConfig, seed: int) -> Prepared:
 
 def problem_summary(batch: pd.DataFrame) -> pd.DataFrame:
     """Ray Data ``map_batches``: the batch's first :data:`~nre_ray.data.errors.MAX_SHOWN` bad rows (``file``,
-    ``line``, ``problem``, ``fatal``, the row's text) and, in ``count``, how many bad rows it has (on its first
-    row)."""
+    ``line``, ``problem``, ``fatal``, the row's text, ``split``) and, in ``count``, how many bad rows it has (on its
+    first row; a batch is a part of one split's file)."""
     bad = batch[batch["problem"] != ""]
-    shown = bad.head(MAX_SHOWN)[["file", "line", "problem", "fatal", "sentence", "head", "tail", "relation"]].copy()
+    shown = bad.head(MAX_SHOWN)[["file", "line", "problem", "fatal", "sentence", "head", "tail", "relation",
+                                 "split"]].copy()
     shown["count"] = np.zeros(len(shown), dtype=np.int64)
     if len(shown):
         shown.iloc[0, shown.columns.get_loc("count")] = len(bad)
@@ -351,7 +371,8 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
     fatal = summary[summary["fatal"] == 1] if len(summary) else summary
     fail_or_skip(fatal, len(fatal), cfg.on_bad_rows, True)
     bad_count = int(summary["count"].sum()) if len(summary) else 0
-    shown = summary.head(MAX_SHOWN).drop(columns=["fatal", "count"]) if len(summary) \
+    bad_rows = {str(k): int(v) for k, v in summary.groupby("split")["count"].sum().items()} if len(summary) else {}
+    shown = summary.head(MAX_SHOWN).drop(columns=["fatal", "count", "split"]) if len(summary) \
         else pd.DataFrame(columns=["file", "line", "problem"])
     fail_or_skip(shown, bad_count, cfg.on_bad_rows, False)
 
@@ -374,12 +395,15 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
     encoded = bags.map_batches(encode_bags, fn_kwargs={"vocab": vocab.tokens, "labels": labels, "settings": settings},
                                batch_format="pandas")
     writers = {s: BagSplit.Writer(len(labels), cfg.position_window) for s in SPLITS}
-    rejected = []
+    lengths = SentenceLengths()
+    rejected, rejected_bags = [], {s: 0 for s in SPLITS}
     for part in encoded.iter_batches(batch_format="pandas", batch_size=4096):
+        lengths.add(part)
         for row in part.itertuples(index=False):
             if row.problem:
                 rejected.append({"file": row.first_file, "line": int(row.first_line), "problem": row.problem,
                                  "sentence": "", "head": row.head, "tail": row.tail, "relation": row.labels})
+                rejected_bags[row.split] += 1
                 continue
             writers[row.split].add(row)
     rejected_frame = pd.DataFrame(rejected, columns=["file", "line", "problem", "sentence", "head", "tail",
@@ -394,7 +418,8 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
         split.save(folder, name)
     vocab.save(folder / "vocab.json")
     (folder / "labels.json").write_text(json.dumps(labels, ensure_ascii=False), encoding="utf-8")
-    audit = audit_of(splits, labels, len(rejected_frame) + bad_count)
+    audit = audit_of(splits, labels, na, lengths, cfg.max_length, cfg.max_bag_size, bad_rows, rejected_bags,
+                     valid_from_train)
     (folder / "audit.json").write_text(json.dumps(audit, ensure_ascii=False), encoding="utf-8")
     all_rejected = pd.concat([shown, rejected_frame], ignore_index=True) if bad_count else rejected_frame
     all_rejected.to_csv(folder / "rejected.csv", index=False)
@@ -416,20 +441,6 @@ def labels_of(found: list[str], files: dict[str, Source], na: str) -> list[str]:
     except DataError:
         from_file = read_labels(path)
     return check_label_file(str(path), from_file, {x: "the training bags" for x in data_labels})
-
-
-def audit_of(splits: dict[str, BagSplit], labels: list[str], rejected: int) -> dict[str, Any]:
-    """The data audit in :mod:`nre_ray.data.audit`'s layout: per split its bags (``rows``), sentences, bag sizes and
-    the bags per label."""
-    out: dict[str, Any] = {"warnings": [], "labels": labels, "max_length": 0, "splits": {}}
-    for s, split in splits.items():
-        sizes = split.sizes if len(split) else np.zeros(1, dtype=np.int64)
-        out["splits"][s] = {
-            "rows": len(split), "rejected": rejected if s == "train" else 0, "sentences": int(sizes.sum()),
-            "length": {"mean": float(sizes.mean()), "p50": float(np.percentile(sizes, 50)),
-                       "p90": float(np.percentile(sizes, 90)), "max": int(sizes.max())},
-            "distance": {}, "labels": {lab: int(n) for lab, n in zip(labels, split.labels.sum(axis=0), strict=True)}}
-    return out
 
 
 def complete(folder: Path) -> bool:
