@@ -71,8 +71,7 @@ def test_bags_are_chosen_by_the_aggregator_not_by_the_folder(tmp_path):
     with pytest.raises(ConfigError, match="--model bert with --bag-aggregator is not supported yet"):
         BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "att", "model": "bert",
                                                         "pretrained": "x"}}))
-    with pytest.raises(ConfigError, match="elastic runs on bags are not supported yet"):
-        BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "avg"}, "train": {"num_workers": "1-2"}}))
+    BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "avg"}, "train": {"num_workers": "1-2"}}))
     with pytest.raises(CheckpointError, match=r"^bag models: tune is not supported yet \(issue 38\)$"):
         task_of({"task": "bag"}, "tune")
     assert all(task_of({"task": "bag"}, c) is BAG for c in ("train", "evaluate", "predict", "serve", "pyfunc"))

@@ -27,7 +27,6 @@ threshold, its score, and the top k); a request's row is one bag.
 The data audit (:mod:`.bag_audit`): what ``python -m nre_ray.data inspect --bag-aggregator ...`` prints and a run
 logs, the numbers of the bags the preprocessing built.
 
-What is not wired yet: tune (it refuses bag models and data in one line), ``--model bert`` on bags, elastic runs
-on bags, a shared ``s3://`` cache for bags, and shards balanced by sentences (:func:`~.bags.balance_shards` is not
+What is not wired yet: tune (it refuses bag models and data in one line), ``--model bert`` on bags, a shared ``s3://`` cache for bags, and shards balanced by sentences (:func:`~.bags.balance_shards` is not
 used by the loop yet: the loop's samplers shard bags).
 """

@@ -124,13 +124,11 @@ class BagTask(Task):
     # model and loss
 
     def check_settings(self, config: Any) -> None:
-        """Not ``--model bert`` yet (its subword tokenizer is not run on bags), and a fixed number of workers."""
+        """Not ``--model bert`` yet (its subword tokenizer is not run on bags). Elastic runs take bags: a bag's loss
+        is its own, so an elastic step is the same update at any world size (tests/unit/test_bag_rows.py)."""
         if config.model.model == "bert":
             raise ConfigError(f"--model bert with --bag-aggregator is not supported yet ({ISSUE}); choose cnn, pcnn, "
                               "bilstm or transformer")
-        if config.elastic:
-            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
-                              f"on bags are not supported yet ({ISSUE}); give a number of workers")
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """``--model``'s encoder under ``--bag-aggregator`` (:func:`.network.build_bag_model`)."""

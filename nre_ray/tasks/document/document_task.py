@@ -133,15 +133,13 @@ class DocumentTask(Task):
         return LengthBatchSampler(split.lengths, batch_size, rank, world_size, seed)  # type: ignore[attr-defined]
 
     def check_settings(self, config: Any) -> None:
-        """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
-        workers (elastic runs on documents are untested: refused)."""
+        """``--model transformer`` only, for now (``--model bert`` documents: not yet). Elastic runs take documents
+        (a document's loss is its own: the same update at any world size, tests/unit/test_document_task.py); their
+        steps are ``--batch-size`` documents a rank at random, not :meth:`train_batches`' length batches."""
         model = config.model.model
         if model not in MODELS:
             raise ConfigError(f"--model {model}: document models take --model transformer (an encoder trained from "
                               f"scratch); --model bert for documents is not supported yet ({ISSUE})")
-        if config.elastic:
-            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
-                              f"on documents are not supported yet ({ISSUE}); give a number of workers")
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """ATLOP on a :class:`TransformerDocumentEncoder` of ``--hidden-size`` (d_model), ``--num-layers``
