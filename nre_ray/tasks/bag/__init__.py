@@ -27,6 +27,7 @@ threshold, its score, and the top k); a request's row is one bag.
 The data audit (:mod:`.bag_audit`): what ``python -m nre_ray.data inspect --bag-aggregator ...`` prints and a run
 logs, the numbers of the bags the preprocessing built.
 
-What is not wired yet: tune (it refuses bag models and data in one line), ``--model bert`` on bags, a shared ``s3://`` cache for bags, and shards balanced by sentences (:func:`~.bags.balance_shards` is not
-used by the loop yet: the loop's samplers shard bags).
+Training shards balance sentences, not bags (:class:`~.bag_split.BagBatchSampler` on :func:`~.bags.balance_shards`,
+through ``Task.train_batches``). What is not wired yet: tune (it refuses bag models and data in one line),
+``--model bert`` on bags, a shared ``s3://`` cache for bags.
 """

@@ -35,7 +35,7 @@ from torch import nn
 from nre_ray.core.user_error import ConfigError
 from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.bag import bag_scores
-from nre_ray.tasks.bag.bag_split import BagDataset, BagSplit
+from nre_ray.tasks.bag.bag_split import BagBatchSampler, BagDataset, BagSplit
 from nre_ray.tasks.bag.network import build_bag_model, instances
 from nre_ray.tasks.base import PredictSettings, Task
 
@@ -120,6 +120,12 @@ class BagTask(Task):
     def dataset(self, split: EncodedSplit) -> BagDataset:
         """Batches of bags (:class:`BagDataset`)."""
         return BagDataset(split)  # type: ignore[arg-type]
+
+    def train_batches(self, split: EncodedSplit, batch_size: int, rank: int, world_size: int, seed: int
+                      ) -> BagBatchSampler:
+        """Shards that balance sentences, not bags, each cut into the same number of batches
+        (:class:`~.bag_split.BagBatchSampler`)."""
+        return BagBatchSampler(split.sizes, batch_size, rank, world_size, seed)  # type: ignore[attr-defined]
 
     # model and loss
 
