@@ -7,7 +7,8 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   into bags, capped at ``--max-bag-size`` sentences by seeded sampling, and encoded by Ray Data (:mod:`.grouping`)
   into :class:`~.bag_split.BagSplit` files; batches are :class:`~.bag_split.BagDataset`'s: the bags' N sentences as
   the sentence task's (N, T) tensors, ``scope`` (B + 1,), ``labels`` (B, C) bool, ``index`` (B,);
-* model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer) under the aggregator
+* model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer, or bert: a pretrained ``--pretrained`` model whose
+  tokenizer, with entity markers, encodes the bags' sentences) under the aggregator
   (:class:`~.network.BagClassifier`); its output is ``(logits (K, C), query (K,))`` over the (bag, label) instances,
   with the bags' probabilities (B, C) in eval mode; the loss is softmax cross-entropy per instance (OpenNRE's), each
   bag's the mean over its labels, the mean (or sum) over the B bags;
@@ -86,11 +87,11 @@ class BagTask(Task):
 
     def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
                 on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
-        """:func:`.grouping.prepare_bags` (a cache local to the driver's node: ``shared_cache`` and the placement
-        arguments are not used yet)."""
+        """:func:`.grouping.prepare_bags` (``pretrained``: ``--model bert``'s model; a cache local to the driver's
+        node: ``shared_cache`` and the placement arguments are not used yet)."""
         from nre_ray.tasks.bag.grouping import prepare_bags
 
-        return prepare_bags(data, seed)
+        return prepare_bags(data, seed, pretrained)
 
     def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
         """Not yet (``python -m nre_ray.data inspect``): :meth:`unsupported`."""
@@ -117,10 +118,7 @@ class BagTask(Task):
     # model and loss
 
     def check_settings(self, config: Any) -> None:
-        """Not ``--model bert`` yet (its subword tokenizer is not run on bags), and a fixed number of workers."""
-        if config.model.model == "bert":
-            raise ConfigError(f"--model bert with --bag-aggregator is not supported yet ({ISSUE}); choose cnn, pcnn, "
-                              "bilstm or transformer")
+        """A fixed number of workers (every ``--model`` works inside a bag)."""
         if config.elastic:
             raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
                               f"on bags are not supported yet ({ISSUE}); give a number of workers")
