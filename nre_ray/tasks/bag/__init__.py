@@ -27,7 +27,10 @@ threshold, its score, and the top k); a request's row is one bag.
 The data audit (:mod:`.bag_audit`): what ``python -m nre_ray.data inspect --bag-aggregator ...`` prints and a run
 logs, the numbers of the bags the preprocessing built.
 
+Every sentence encoder works inside a bag (cnn, pcnn, bilstm, transformer, and bert: ``--model bert --pretrained
+PATH``, its sentences encoded by the sentence task's subword encoder with entity markers, :mod:`.grouping`).
+
 Training shards balance sentences, not bags (:class:`~.bag_split.BagBatchSampler` on :func:`~.bags.balance_shards`,
-through ``Task.train_batches``). What is not wired yet: tune (it refuses bag models and data in one line),
-``--model bert`` on bags, a shared ``s3://`` cache for bags.
+through ``Task.train_batches``). What is not wired yet: tune (it refuses bag models and data in one line), a shared
+``s3://`` cache for bags.
 """

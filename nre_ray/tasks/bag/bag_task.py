@@ -9,7 +9,8 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   the sentence task's (N, T) tensors, ``scope`` (B + 1,), ``labels`` (B, C) bool, ``index`` (B,); the data audit
   (:mod:`.bag_audit`: ``python -m nre_ray.data inspect --bag-aggregator ...`` and a run's ``data/audit.md``)
   describes those bags;
-* model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer) under the aggregator
+* model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer, or bert: a pretrained ``--pretrained`` model whose
+  tokenizer, with entity markers, encodes the bags' sentences) under the aggregator
   (:class:`~.network.BagClassifier`); its output is ``(logits (K, C), query (K,))`` over the (bag, label) instances,
   with the bags' probabilities (B, C) in eval mode; the loss is softmax cross-entropy per instance (OpenNRE's), each
   bag's the mean over its labels, the mean (or sum) over the B bags;
@@ -32,7 +33,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from nre_ray.core.user_error import ConfigError
 from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.bag import bag_scores
 from nre_ray.tasks.bag.bag_split import BagBatchSampler, BagDataset, BagSplit
@@ -89,11 +89,11 @@ class BagTask(Task):
 
     def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
                 on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
-        """:func:`.grouping.prepare_bags` (a cache local to the driver's node: ``shared_cache`` and the placement
-        arguments are not used yet)."""
+        """:func:`.grouping.prepare_bags` (``pretrained``: ``--model bert``'s model; a cache local to the driver's
+        node: ``shared_cache`` and the placement arguments are not used yet)."""
         from nre_ray.tasks.bag.grouping import prepare_bags
 
-        return prepare_bags(data, seed)
+        return prepare_bags(data, seed, pretrained)
 
     def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
         """:func:`.grouping.is_cached` (the local cache: bags have no shared one yet)."""
@@ -130,11 +130,8 @@ class BagTask(Task):
     # model and loss
 
     def check_settings(self, config: Any) -> None:
-        """Not ``--model bert`` yet (its subword tokenizer is not run on bags). Elastic runs take bags: a bag's loss
-        is its own, so an elastic step is the same update at any world size (tests/unit/test_bag_rows.py)."""
-        if config.model.model == "bert":
-            raise ConfigError(f"--model bert with --bag-aggregator is not supported yet ({ISSUE}); choose cnn, pcnn, "
-                              "bilstm or transformer")
+        """Every ``--model`` works inside a bag, and elastic runs take bags: a bag's loss is its own, so an elastic
+        step is the same update at any world size (tests/unit/test_bag_rows.py). Nothing to refuse."""
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """``--model``'s encoder under ``--bag-aggregator`` (:func:`.network.build_bag_model`)."""
