@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"predicted {summary.rows} {unit} in {summary.seconds:.1f} s ({summary.rows_per_second:.0f} {unit}/s, "
           f"{where}) -> {summary.output}" + (f" ({summary.written} rows)" if unit != "rows" else ""), flush=True)
     if summary.skipped:
-        print(f"skipped {summary.skipped} bad {unit}, listed in {summary.rejected}", flush=True)
+        print(f"skipped {summary.skipped} bad {summary.bad_unit}, listed in {summary.rejected}", flush=True)
     return 0
 
 

@@ -136,6 +136,7 @@ class FramePlan:
     path: str
     chunks: list[Chunk]
     frame: pd.DataFrame
+    bad_rows: int = 0  #: rows of the frame that are the input's bad rows (each with its problem), not examples
 
     @property
     def total_rows(self) -> int:
@@ -163,7 +164,8 @@ def frame_plan(path: str, frame: pd.DataFrame, chunk_rows: int) -> FramePlan:
     step = max(1, chunk_rows)
     chunks = [Chunk(start, min(total, start + step), 0, min(total, start + step) - start)
               for start in range(0, total, step)]
-    return FramePlan(path, chunks, frame)
+    bad = int((frame[PREFIX + "problem"] != "").sum()) if PREFIX + "problem" in frame.columns else 0
+    return FramePlan(path, chunks, frame, bad)
 
 
 def _combine(raw: pd.DataFrame, canonical: pd.DataFrame) -> pd.DataFrame:

@@ -77,6 +77,8 @@ class PredictSummary:
     in_process: bool = False
     unit: str = "rows"
     """What the input's rows are (the task's :attr:`~nre_ray.tasks.base.Task.unit`: ``rows``, ``documents``)."""
+    bad_unit: str = "rows"
+    """What the skipped entries are (the task's :attr:`~nre_ray.tasks.base.Task.bad_unit`)."""
 
     @property
     def rows_per_second(self) -> float:
@@ -282,11 +284,11 @@ def predict_file(options: PredictOptions) -> PredictSummary:
         batches = _run_ray(plan, loaded, options.batch_size, options.num_workers, options.top_k, options.use_gpu,
                            options.cpus_per_worker)
     summary = _write(batches, plan, options.output, out_fmt, options.on_bad_rows, not options.no_progress,
-                     task.answer, task.unit)
+                     task.answer, task.unit, task.output_columns(top_k=1), task.bad_unit or task.unit)
     summary.seconds = time.perf_counter() - start
     summary.workers = 0 if in_process else options.num_workers
     summary.in_process = in_process
-    summary.unit = task.unit
+    summary.unit, summary.bad_unit = task.unit, task.bad_unit or task.unit
     return summary
 
 
@@ -368,9 +370,10 @@ def _rejected_path(output: storage.PathLike) -> str:
 
 def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.PathLike, out_fmt: str,
            on_bad_rows: str, progress: bool, answer: Callable[[pd.DataFrame], pd.DataFrame] = lambda f: f,
-           unit: str = "rows") -> PredictSummary:
+           unit: str = "rows", outputs: tuple[str, ...] | list[str] = (), bad_unit: str = "rows") -> PredictSummary:
     """Write the answers of the good rows (in order; ``answer``: the task's, :meth:`nre_ray.tasks.base.Task.answer`;
-    ``unit``: what a row of the input is, the task's :attr:`~nre_ray.tasks.base.Task.unit`)
+    ``unit``: what a row of the input is, the task's :attr:`~nre_ray.tasks.base.Task.unit`; ``outputs``: the task's
+    prediction columns, which its ``.rejected.csv`` leaves out; ``bad_unit``: what its bad entries are)
     to ``output`` (a local path or a URI); bad rows are collected (error) or written to ``<output>.rejected.csv``
     (skip). Both are written in a staging folder and put in place at the end, or not at all."""
     output = str(output)
@@ -386,7 +389,9 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.Pat
     try:
         # a tqdm bar on a terminal, a line every few seconds in a log file (on stderr: stdout may be piped on)
         out = console.Console(sys.stderr) if progress else console.Console(_Discard(), tty=False)
-        with out.phase("predict", f"labelling {plan.total_rows} {unit} of {plan.path}") as step:
+        known_bad = getattr(plan, "bad_rows", 0)  # a task's input read whole: the rows it could not read, known
+        more = f" (and {known_bad} bad {bad_unit})" if known_bad else ""
+        with out.phase("predict", f"labelling {plan.total_rows - known_bad} {unit} of {plan.path}{more}") as step:
             bar = step.progress(total=plan.total_rows, unit=unit)
             for batch in batches:
                 rows += len(batch)
@@ -402,7 +407,7 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.Pat
                     else:
                         if rejected is None:
                             rejected = Writer(staging / storage.name_of(rejected_path), "csv")
-                        rejected.write(_rejected_frame(flagged))
+                        rejected.write(_rejected_frame(flagged, outputs))
                 if on_bad_rows == "skip" or not problems:
                     writer.write(answer(batch.loc[~bad].drop(columns=internal)))
         done = True
@@ -424,7 +429,7 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.Pat
             storage.remove(rejected_path)  # a stale list from an earlier run would mislead
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return PredictSummary(rows=rows, written=writer.rows, skipped=bad_rows, seconds=0.0, output=output,
+    return PredictSummary(rows=rows - known_bad, written=writer.rows, skipped=bad_rows, seconds=0.0, output=output,
                           rejected=rejected_path if rejected is not None else None, workers=0)
 
 
@@ -438,11 +443,13 @@ class _Discard:
         pass
 
 
-def _rejected_frame(flagged: pd.DataFrame) -> pd.DataFrame:
+def _rejected_frame(flagged: pd.DataFrame, outputs: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
+    """The bad rows as ``.rejected.csv`` lists them: file, line, problem, then their input columns (not the task's
+    prediction columns ``outputs``, empty for a bad row)."""
     out = pd.DataFrame({"file": flagged[PREFIX + "file"].to_numpy(), "line": flagged[PREFIX + "line"].to_numpy(),
                         "problem": flagged[PREFIX + "problem"].to_numpy()})
     for column in input_part(flagged).columns:
-        if column not in (*OUTPUT_COLUMNS, *TOP_K_COLUMNS, "file", "line", "problem"):
+        if column not in (*outputs, *OUTPUT_COLUMNS, *TOP_K_COLUMNS, "file", "line", "problem"):
             out[column] = flagged[column].to_numpy()
     return out
 

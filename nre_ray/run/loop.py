@@ -349,6 +349,9 @@ class WorkerRun:
     schedule: Schedule
     scaler: torch.amp.GradScaler  # one for the run (active only for fp16): its scale carries over epochs and resumes
     steps: int
+    #: the task's own training batches for this rank (:meth:`nre_ray.tasks.base.Task.train_batches`), or None: the
+    #: (distributed) random sampler's batches of ``--batch-size`` examples
+    train_batches: Sampler[list[int]] | None = None
     state: TrainState = field(default_factory=TrainState)
     train_set: torch.utils.data.Dataset = field(init=False, repr=False)
     train_loader: DataLoader = field(init=False, repr=False)
@@ -404,12 +407,19 @@ def _start(loop_config: dict[str, Any]) -> WorkerRun:
     spec = ModelSpec(len(vocab), len(labels), int(data["num_positions"]))
     model = task.build_model(cfg.model, spec)
     # An elastic run's steps are global batches, the same number at every world size (nre_ray.run.elastic).
-    steps = steps_per_epoch(len(splits["train"]), 1, elastic.global_batch(cfg), 1) if cfg.elastic else \
-        steps_per_epoch(len(splits["train"]), world_size, cfg.train.batch_size, cfg.train.grad_accum)
+    batches = None if cfg.elastic else task.train_batches(splits["train"], cfg.train.batch_size, rank, world_size,
+                                                          cfg.train.seed)
+    if batches is not None:
+        steps = max(1, -(-len(batches) // cfg.train.grad_accum))
+    elif cfg.elastic:
+        steps = steps_per_epoch(len(splits["train"]), 1, elastic.global_batch(cfg), 1)
+    else:
+        steps = steps_per_epoch(len(splits["train"]), world_size, cfg.train.batch_size, cfg.train.grad_accum)
     optimizer, schedule = build_optimizer(cfg, model, steps)
     run = WorkerRun(cfg=cfg, rank=rank, world_size=world_size, task=task, vocab=vocab, labels=labels, spec=spec,
                     assets=data.get("assets"), splits=splits, tracker=tracker, model=model, optimizer=optimizer,
-                    schedule=schedule, scaler=grad_scaler(ray.train.torch.get_device(), cfg.train.amp), steps=steps)
+                    schedule=schedule, scaler=grad_scaler(ray.train.torch.get_device(), cfg.train.amp), steps=steps,
+                    train_batches=batches)
     _place(run, _resume(run))
     return run
 
@@ -462,11 +472,16 @@ def _place(run: WorkerRun, restore: dict[str, Any] | None) -> None:
     # On a GPU the batches come from pinned memory, so that the loader wrapper's non_blocking copy really is one.
     # With several workers prepare_data_loader keeps this DistributedSampler (the one it would add, leaner).
     run.train_set = run.task.dataset(run.splits["train"])
-    sampler = LeanDistributedSampler(run.train_set, shuffle=True) if run.world_size > 1 else \
-        LeanRandomSampler(run.train_set, generator=generator)
-    run.train_loader = ray.train.torch.prepare_data_loader(DataLoader(
-        run.train_set, batch_size=cfg.train.batch_size, sampler=sampler, collate_fn=identity_collate,
-        generator=generator, pin_memory=cfg.train.use_gpu))
+    if run.train_batches is not None:  # the task's batches, already this rank's: no sampler for Ray to add
+        run.train_loader = ray.train.torch.prepare_data_loader(DataLoader(
+            run.train_set, batch_sampler=run.train_batches, collate_fn=identity_collate,
+            pin_memory=cfg.train.use_gpu), add_dist_sampler=False)
+    else:
+        sampler = LeanDistributedSampler(run.train_set, shuffle=True) if run.world_size > 1 else \
+            LeanRandomSampler(run.train_set, generator=generator)
+        run.train_loader = ray.train.torch.prepare_data_loader(DataLoader(
+            run.train_set, batch_size=cfg.train.batch_size, sampler=sampler, collate_fn=identity_collate,
+            generator=generator, pin_memory=cfg.train.use_gpu))
     run.valid_loader = eval_loader(run.task, run.splits["valid"], run.rank, run.world_size)
 
 
@@ -474,8 +489,9 @@ def _epoch(run: WorkerRun, epoch: int) -> dict[str, Any]:
     """Train ``epoch`` and score it on the validation split; ``run.state`` then counts it (and keeps its weights if
     it improved the selection metric). Returns the epoch's metrics, the same on every rank."""
     cfg, state = run.cfg, run.state
-    if hasattr(run.train_loader.sampler, "set_epoch"):
-        run.train_loader.sampler.set_epoch(epoch)
+    for sampler in (run.train_loader.sampler, run.train_batches):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
     start, cpu_start = time.perf_counter(), time.process_time()
     if cfg.elastic:
         train_loss, seen = _train_elastic_epoch(run, epoch)

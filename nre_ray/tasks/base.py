@@ -41,16 +41,15 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows one per document
   (its id and its facts), answered (:meth:`Task.answer`) as one per predicted fact: document, head entity, tail
   entity, relation, score.
-* **bag** (:mod:`nre_ray.tasks.bag`, chosen with ``--bag-aggregator`` and wired into every command but inspect,
-  which refuses it in one line): an example is one entity pair, the sentences that name it and
-  its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
-  ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
-  instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the
-  counts each bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
-  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve, evaluate's F1 at the checkpoint's
-  validation threshold (:meth:`Task.checkpoint_scores`, and the reports: :meth:`Task.checkpoint_reports`); the
-  rows and answers one per bag (its pair, its relation:
-  NA below that threshold, its score, and the top k).
+* **bag** (:mod:`nre_ray.tasks.bag`, chosen with ``--bag-aggregator`` and wired into every command): an example is
+  one entity pair, the sentences that name it and its labels; a batch is the bags' sentences as a sentence batch
+  (N', T), ``scope`` (B + 1,) and (B, C) multi-hot ``labels``; the output is a pair
+  (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label) instances' logits (K, C), whose
+  cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the counts each bag's scores and gold
+  labels at its index in the split, (N, 2, C), zeros elsewhere, which :func:`~nre_ray.tasks.bag.heldout.rank` ranks
+  into the held-out curve, evaluate's F1 at the checkpoint's validation threshold (:meth:`Task.checkpoint_scores`,
+  and the reports: :meth:`Task.checkpoint_reports`); the rows and answers one per bag (its pair, its relation: NA
+  below that threshold, its score, and the top k).
 """
 
 from __future__ import annotations
@@ -83,6 +82,9 @@ class Task(ABC):
     name: ClassVar[str]
     unit: ClassVar[str]
     """What the console calls its examples (``rows``, ``documents``)."""
+    bad_unit: ClassVar[str | None] = None
+    """What predict and ``python -m nre_ray.data inspect`` call the bad input they left out, where it is not
+    :attr:`unit` (a bag file's: its bad sentence rows, and bags none of whose sentences encode)."""
     eval_batch_size: ClassVar[int] = 256
     """Examples per batch when scoring a split."""
     eval_blocks: ClassVar[bool] = False
@@ -147,6 +149,13 @@ class Task(ABC):
         """The encoded examples of ``split`` as a torch dataset whose ``__getitems__(indices)`` returns one collated
         batch: a dict of tensors, each with the batch as its first dimension (the loaders' ``collate_fn`` passes it
         on as it is)."""
+
+    def train_batches(self, split: EncodedSplit, batch_size: int, rank: int, world_size: int, seed: int
+                      ) -> torch.utils.data.Sampler[list[int]] | None:
+        """This rank's training batches of ``split`` (a batch sampler with ``set_epoch``, the same number of batches
+        on every rank), for a task whose examples are not of one size; None (the default): the loop's random
+        (distributed) sampler, ``batch_size`` examples a batch. Not used by elastic runs."""
+        return None
 
     # ---------------------------------------------------------------------------------------------------------------
     # model and loss

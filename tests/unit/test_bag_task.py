@@ -15,7 +15,6 @@ from nre_ray.config import Config, ConfigError, DataConfig, ModelConfig
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
 from nre_ray.models.registry import ModelSpec
-from nre_ray.run.checkpoint import CheckpointError
 from nre_ray.run.loop import ShardSampler
 from nre_ray.tasks.bag import bag_scores, grouping, heldout
 from nre_ray.tasks.bag.bag_split import BagSplit
@@ -68,15 +67,11 @@ def test_bags_are_chosen_by_the_aggregator_not_by_the_folder(tmp_path):
         Config.from_dict({"data": {"format": "nyt10"}})
     cfg = Config.from_dict({"data": {"format": "nyt10"}, "model": {"bag_aggregator": "att"}})
     assert cfg.model.bag_aggregator == "att" and cfg.data.max_bag_size == 100
-    with pytest.raises(ConfigError, match="--model bert with --bag-aggregator is not supported yet"):
-        BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "att", "model": "bert",
-                                                        "pretrained": "x"}}))
-    with pytest.raises(ConfigError, match="elastic runs on bags are not supported yet"):
-        BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "avg"}, "train": {"num_workers": "1-2"}}))
-    with pytest.raises(CheckpointError, match=r"^bag models: inspect is not supported yet \(issue 38\)$"):
-        task_of({"task": "bag"}, "inspect")
+    assert BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "att", "model": "bert",
+                                                           "pretrained": "x"}})) is None  # bert works in bags
+    BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "avg"}, "train": {"num_workers": "1-2"}}))
     assert all(task_of({"task": "bag"}, c) is BAG for c in ("train", "evaluate", "predict", "serve", "pyfunc",
-                                                               "tune"))
+                                                               "tune", "inspect"))
 
 
 def test_bags_keep_a_seeded_sample_and_every_label():

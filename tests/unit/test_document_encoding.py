@@ -10,7 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nre_ray.tasks.document.batching import length_batches, pad_batch, padding_share, shard_by_tokens
+from nre_ray.tasks.document.batching import (
+    LengthBatchSampler,
+    deal_batches,
+    length_batches,
+    pad_batch,
+    padding_share,
+    shard_by_tokens,
+)
 from nre_ray.tasks.document.encoding import (
     MARKER,
     build_vocab,
@@ -128,3 +135,57 @@ def test_sample_is_deterministic_valid_and_multi_label(tmp_path: Path) -> None:
     assert any(len(set(f.evidence)) == 2 for d in train for f in d.facts)  # told across two sentences
     assert sample_documents("valid")[0]["title"] != sample_documents("test")[0]["title"]
     assert sum(Path(p).stat().st_size for p in paths.values()) < 600_000
+
+
+def test_a_document_the_encoding_cannot_take_is_named_with_its_file_line_and_id_not_a_traceback() -> None:
+    from dataclasses import replace
+
+    from nre_ray.data.errors import DataError
+    from nre_ray.tasks.document.prepare import encode_batch, encoding_problems
+
+    good = replace(doc(), facts=(Fact(0, 1, "CID"),), source="cdr/train.txt", line=12)
+    bad = replace(good, id="8", line=40)  # "treats" is not among the context's relations: a KeyError inside
+    bad = replace(bad, facts=(Fact(0, 1, "treats"),))
+    context = {"tokens": ["<pad>", "<unk>"], "lowercase": False, "relations": {"CID": 1}, "type_pairs": None,
+               "train": frozenset()}
+    batch = {"split": np.asarray(["train", "train"], dtype=object), "position": np.asarray([0, 1]),
+             "document": np.asarray([json.dumps(d.to_dict()) for d in (good, bad)], dtype=object)}
+    out = encode_batch(batch, context)
+    assert out["error"][0] == "" and json.loads(out["encoded"][0])["id"] == "7"
+    assert out["encoded"][1] == "" and out["error"][1].startswith("KeyError")
+    err = encoding_problems({"train": [good, bad]}, [("train", 1, out["error"][1])])
+    assert isinstance(err, DataError)
+    first = str(err).splitlines()[0]
+    assert first.startswith("cdr/train.txt:40: document '8' passed the checks but could not be encoded (KeyError")
+    assert "please report it" in str(err)
+
+
+def test_batches_are_dealt_to_ranks_in_equal_numbers_with_balanced_tokens() -> None:
+    lengths = [5, 100, 7, 60, 61, 8, 90, 9, 10, 30]
+    batches = length_batches(lengths, max_tokens=120)
+    size = [len(b) * max(lengths[i] for i in b) for b in batches]
+    for ranks in (1, 2, 3):
+        dealt = deal_batches(lengths, batches, ranks)
+        assert {len(d) for d in dealt} == {-(-len(batches) // ranks)}  # as many steps on every rank (DDP)
+        assert sorted({k for d in dealt for k in d}) == list(range(len(batches)))  # every batch runs
+        totals = [sum(size[k] for k in d) for d in dealt]
+        assert max(totals) - min(totals) <= max(size)
+    assert deal_batches(lengths, batches, 1) == [sorted(range(len(batches)), key=lambda k: (-size[k], k))]
+
+
+def test_a_rank_s_length_batches_bound_padding_and_change_order_not_content_by_epoch() -> None:
+    rng = random.Random(0)
+    lengths = [rng.randint(20, 400) for _ in range(200)]
+    one = LengthBatchSampler(lengths, batch_size=4)
+    first = list(one)
+    assert sorted(i for b in first for i in b) == list(range(200))  # one worker: every document once
+    assert max(len(b) * max(lengths[i] for i in b) for b in first) <= max(one.max_tokens, max(lengths))
+    order = random.Random(1).sample(range(200), 200)
+    random_batches = [order[k:k + 4] for k in range(0, 200, 4)]  # what a plain sampler's batches of 4 pad
+    assert one.padding_share() < 0.05 < padding_share(lengths, random_batches)
+    one.set_epoch(1)
+    second = list(one)
+    assert second != first and sorted(map(sorted, second)) == sorted(map(sorted, first))
+    ranks = [LengthBatchSampler(lengths, 4, rank, 3, seed=7) for rank in range(3)]
+    assert len({len(r) for r in ranks}) == 1 and [list(r) for r in ranks] == [
+        list(LengthBatchSampler(lengths, 4, rank, 3, seed=7)) for rank in range(3)]  # deterministic

@@ -15,7 +15,8 @@ tests/unit/test_document_*.py):
 * :mod:`.pairs`: candidate pairs (every ordered pair, or the training facts' entity type pairs).
 * :mod:`.encoding`: ATLOP's ``*`` mention markers, token ids, mention start positions, the label matrix (TH at 0),
   a word vocabulary for from-scratch encoders.
-* :mod:`.batching`: length-bucketed batches, padding share, token-balanced shards, padding into arrays.
+* :mod:`.batching`: length-bucketed batches dealt to the ranks by tokens (the training loader's), padding share,
+  token-balanced shards, padding into arrays.
 * :mod:`.atlop`: ATLOP (entity logsumexp pooling, localized context pooling, grouped bilinear), the
   adaptive-threshold loss, inference, overlapping windows for long documents. :mod:`.encoder`: a from-scratch
   transformer that returns attention, and any Hugging Face encoder (``output_attentions=True``).
@@ -26,7 +27,9 @@ tests/unit/test_document_*.py):
 :mod:`.fact_rows`: documents encoded with a checkpoint's context (evaluate), read as rows (predict, requests), and
 the predicted facts as rows.
 
-What is NOT wired yet: ``--model bert`` for documents, a shared ``s3://`` cache, batches by length and shards by
-tokens (:mod:`.batching` is not used by the loop yet); the encoders are to move beside the others in
-``nre_ray/models/``; the generated sample is not committed (call :func:`.sample.write_sample`) (issue 37).
+``python -m nre_ray.data inspect`` describes documents (:mod:`.describe`); training batches are by length, dealt to
+the workers by tokens (:class:`~.batching.LengthBatchSampler`, through ``Task.train_batches``).
+
+What is NOT wired yet: ``--model bert`` for documents, a shared ``s3://`` cache; the encoders are to move beside the
+others in ``nre_ray/models/``; the generated sample is not committed (call :func:`.sample.write_sample`) (issue 37).
 """

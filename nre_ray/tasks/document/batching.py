@@ -7,15 +7,18 @@ All pure and deterministic (ties broken by position), on lengths in tokens:
 * :func:`padding_share` says which part of the padded tensors is padding;
 * :func:`shard_by_tokens` gives each worker about the same number of tokens (greedy: the longest document first, to
   the shard with the fewest tokens so far), rather than the same number of documents;
+* :func:`deal_batches` deals whole batches to the ranks, the same number each, balancing their tokens, and
+  :class:`LengthBatchSampler` is what a rank's training loader runs (length batches, dealt, reordered each epoch);
 * :func:`pad_batch` stacks :class:`~.encoding.EncodedDocument` objects into the model's padded arrays.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
+from torch.utils.data import Sampler
 
 from nre_ray.tasks.document.encoding import EncodedDocument
 
@@ -97,3 +100,62 @@ def pad_batch(docs: Sequence[EncodedDocument], pad_id: int = 0) -> dict[str, np.
         out["pairs"][k, :len(d.pairs)] = d.pairs
         out["labels"][k, :len(d.pairs)] = d.labels
     return out
+
+
+def deal_batches(lengths: Sequence[int], batches: Sequence[Sequence[int]], num_ranks: int) -> list[list[int]]:
+    """The positions of ``batches`` dealt to ``num_ranks`` ranks, each the same number of batches
+    (``ceil(len(batches) / num_ranks)``: every rank takes as many optimizer steps, as DDP needs) with about the same
+    padded tokens (``len(batch) x longest``): the heaviest batch first, to the rank with the fewest tokens so far that
+    still has room (the lowest rank on a tie). A rank left short takes again the lightest batches of the others, as
+    torch's DistributedSampler repeats examples to even out the shards. Each rank's list is in dealing order."""
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be at least 1 (got {num_ranks})")
+    size = [len(b) * max((lengths[i] for i in b), default=0) for b in batches]
+    per_rank = -(-len(batches) // num_ranks)
+    dealt: list[list[int]] = [[] for _ in range(num_ranks)]
+    totals = [0] * num_ranks
+    for k in sorted(range(len(batches)), key=lambda k: (-size[k], k)):
+        rank = min((r for r in range(num_ranks) if len(dealt[r]) < per_rank), key=lambda r: (totals[r], r))
+        dealt[rank].append(k)
+        totals[rank] += size[k]
+    lightest = sorted(range(len(batches)), key=lambda k: (size[k], k))
+    for rank in range(num_ranks):
+        extra = iter(lightest)
+        while len(dealt[rank]) < per_rank:
+            dealt[rank].append(next(extra))
+    return dealt
+
+
+class LengthBatchSampler(Sampler[list[int]]):
+    """A rank's training batches of documents by length (the ``batch_sampler`` of its DataLoader).
+
+    The split's documents are cut into :func:`length_batches` of at most ``batch_size x`` the mean document length
+    in padded tokens (a batch of short documents holds more of them, one of long documents fewer; padding stays
+    bounded), the same batches on every rank and in every epoch; :func:`deal_batches` gives each of the
+    ``world_size`` ranks the same number of batches with about the same tokens (shards balance tokens, not
+    documents); each epoch (:meth:`set_epoch`) a rank runs its batches in an order drawn from ``seed`` and the epoch.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0
+                 ) -> None:
+        self.lengths = [int(n) for n in lengths]
+        self.max_tokens = max(1, round(batch_size * sum(self.lengths) / max(len(self.lengths), 1)))
+        self.batches = length_batches(self.lengths, self.max_tokens)
+        self.mine = deal_batches(self.lengths, self.batches, world_size)[rank] if self.batches else []
+        self.seed, self.rank, self.epoch = seed, rank, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order :meth:`__iter__` gives (as DistributedSampler's ``set_epoch``)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.mine)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(self.mine)
+        random.Random(f"{self.seed}/{self.epoch}/{self.rank}").shuffle(order)
+        return iter([list(self.batches[k]) for k in order])
+
+    def padding_share(self) -> float:
+        """The padding's share of this rank's padded batches (:func:`padding_share`)."""
+        return padding_share(self.lengths, [self.batches[k] for k in self.mine])

@@ -35,6 +35,7 @@ from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.base import PredictSettings, Task
 from nre_ray.tasks.document import counts as doc_counts
 from nre_ray.tasks.document.atlop import DocumentModel, adaptive_threshold_losses, pair_mask
+from nre_ray.tasks.document.batching import LengthBatchSampler
 from nre_ray.tasks.document.encoder import TransformerDocumentEncoder
 from nre_ray.tasks.document.split import DocumentDataset, DocumentSplit
 
@@ -138,16 +139,20 @@ class DocumentTask(Task):
         """:data:`SEARCH_SPACE` (``--model transformer``, the only document model)."""
         return SEARCH_SPACE
 
+    def train_batches(self, split: EncodedSplit, batch_size: int, rank: int, world_size: int, seed: int
+                      ) -> LengthBatchSampler:
+        """Batches by length, at most ``batch_size`` x the mean document length in padded tokens, dealt to the ranks
+        by tokens (:class:`~.batching.LengthBatchSampler`)."""
+        return LengthBatchSampler(split.lengths, batch_size, rank, world_size, seed)  # type: ignore[attr-defined]
+
     def check_settings(self, config: Any) -> None:
-        """``--model transformer`` only, for now (``--model bert`` documents: not yet), and a fixed number of
-        workers (elastic runs on documents are untested: refused)."""
+        """``--model transformer`` only, for now (``--model bert`` documents: not yet). Elastic runs take documents
+        (a document's loss is its own: the same update at any world size, tests/unit/test_document_task.py); their
+        steps are ``--batch-size`` documents a rank at random, not :meth:`train_batches`' length batches."""
         model = config.model.model
         if model not in MODELS:
             raise ConfigError(f"--model {model}: document models take --model transformer (an encoder trained from "
                               f"scratch); --model bert for documents is not supported yet ({ISSUE})")
-        if config.elastic:
-            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
-                              f"on documents are not supported yet ({ISSUE}); give a number of workers")
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """ATLOP on a :class:`TransformerDocumentEncoder` of ``--hidden-size`` (d_model), ``--num-layers``

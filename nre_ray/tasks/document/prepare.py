@@ -155,10 +155,31 @@ def encode_document_row(doc: Document, context: Mapping[str, Any]) -> dict[str, 
 
 def encode_batch(batch: dict[str, np.ndarray], context: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Ray Data ``map_batches``: rows ``split``, ``position``, ``document`` (:meth:`~.records.Document.to_dict` as
-    JSON) -> rows ``split``, ``position``, ``encoded`` (:func:`encode_document_row` as JSON)."""
-    encoded = [json.dumps(encode_document_row(document_from_dict(json.loads(d)), context))
-               for d in batch["document"]]
-    return {"split": batch["split"], "position": batch["position"], "encoded": np.asarray(encoded, dtype=object)}
+    JSON) -> rows ``split``, ``position``, ``encoded`` (:func:`encode_document_row` as JSON, "" where it failed) and
+    ``error`` (why it failed, "" where it did not): a document the checks passed but the encoding could not take is
+    reported by the driver (:func:`encoding_problems`), not as a Ray Data traceback."""
+    encoded, errors = [], []
+    for d in batch["document"]:
+        try:
+            encoded.append(json.dumps(encode_document_row(document_from_dict(json.loads(d)), context)))
+            errors.append("")
+        except Exception as err:  # reported with the document it failed on, by the driver
+            encoded.append("")
+            errors.append(f"{type(err).__name__}: {err}")
+    return {"split": batch["split"], "position": batch["position"], "encoded": np.asarray(encoded, dtype=object),
+            "error": np.asarray(errors, dtype=object)}
+
+
+def encoding_problems(documents: Mapping[str, list[Document]], failed: list[tuple[str, int, str]]) -> DataError:
+    """The documents whose encoding failed (``failed``: split, position, the error), each named by its file, line
+    and id, as one DataError. The checks passed them, so it is a gap in those checks, not a row to fix blindly."""
+    problems = []
+    for split, position, error in failed:
+        doc = documents[split][position]
+        problems.append(Problem(str(doc.source or split), doc.line, None,
+                                f"document {doc.id!r} passed the checks but could not be encoded ({error})"))
+    return DataError(problems, hint="nre_ray's checks missed what is wrong with these documents: please report it "
+                                    "with one of them; until then, remove them from the file.")
 
 
 def _context(train: list[Document], vocab: Vocab, relations: dict[str, int], fmt: str, lowercase: bool
@@ -201,6 +222,9 @@ def _encode_with_ray_data(documents: dict[str, list[Document]], context: dict[st
     blocks = max(1, min(len(items) // 16, 8))
     rows = ray.data.from_items(items, override_num_blocks=blocks).map_batches(
         encode_batch, fn_kwargs={"context": context}, batch_format="numpy", batch_size=32).take_all()
+    failed = [(str(r["split"]), int(r["position"]), str(r["error"])) for r in rows if r["error"]]
+    if failed:
+        raise encoding_problems(documents, sorted(failed))
     out: dict[str, list[Any]] = {s: [None] * len(docs) for s, docs in documents.items()}
     for r in rows:
         out[str(r["split"])][int(r["position"])] = json.loads(r["encoded"])
