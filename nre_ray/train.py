@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from nre_ray.config import build_parser, config_from_args
-from nre_ray.run.frontdoor import print_model_and_ui, run_command
+from nre_ray.run.frontdoor import print_model_and_ui, run_command, summary_scores, task_model
 from nre_ray.run.runner import run
 
 
@@ -20,12 +20,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         epochs = summary["epochs_run"]
         print(f"trained {epochs} epoch{'' if epochs == 1 else 's'}; {summary['stop_reason']}")
     print(f"best epoch {summary['best_epoch']} by {summary['select_metric']}; checkpoint {summary['best_checkpoint']}")
-    from nre_ray.tasks.lookup import DEFAULT_TASK, task_named  # torch: once a run has ended
-
-    keys = task_named(summary.get("task", DEFAULT_TASK)).summary_metrics
     for name, scores in (("valid", valid), ("test", test)):
         if scores:
-            print(f"  {name:5s} " + "  ".join(f"{k} {scores[k]:.4f}" for k in keys if k in scores))
+            print(f"  {name:5s} " + summary_scores(summary, name))
     print_model_and_ui(summary)
 
 
@@ -58,16 +55,6 @@ def cli_parser() -> argparse.ArgumentParser:
                                       "sample.")
     parser.epilog, parser.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     return parser
-
-
-def task_model(data_dir: str | None) -> str | None:
-    """The ``--model`` the task of ``data_dir`` trains when none is given (documents: transformer)."""
-    if data_dir is None:
-        return None
-    # deferred: importing it loads torch, pandas, numpy
-    from nre_ray.tasks.lookup import task_for
-
-    return task_for(data_dir).default_model
 
 
 def main(argv: list[str] | None = None) -> int:

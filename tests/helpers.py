@@ -83,22 +83,28 @@ def served(model: str, name: str, **config: str) -> Iterator[str]:
         serve.shutdown()
 
 
-def evaluate_on_1_and_3_workers(summary: dict, data: Path, tmp_path: Path, capsys, counted: str, metric: str) -> dict:
-    """``python -m nre_ray.evaluate`` on ``data`` with the run's best checkpoint folder on 1 Ray worker and its MLflow
-    model (``runs:/``) on 3; each must print ``counted`` ("66 bags") and ``metric``, and the two reports' metrics
-    must be equal. Returns the folder's report (the training run scored its test split on 2 workers: a caller
-    compares)."""
+def evaluate_report(model: str, data: Path, workers: int, output: Path, capsys, counted: str, metric: str,
+                    *extra: str) -> dict:
+    """``python -m nre_ray.evaluate`` of ``model`` on ``data`` with ``workers`` Ray workers (``extra``: more of its
+    arguments), which must print ``counted`` ("66 bags") and ``metric``; returns its report (written to
+    ``output``)."""
     from nre_ray.evaluate import main as evaluate_main
 
-    reports = []
-    for model, workers, extra in ((summary["best_checkpoint"], 1, []),
-                                  (summary["model_uri"], 3, ["--tracking-uri", summary["tracking_uri"]])):
-        output = tmp_path / f"scores{len(reports)}.json"
-        code = evaluate_main(["--model", model, "--data", str(data), "--output", str(output),
-                              "--num-workers", str(workers), *extra])
-        printed = capsys.readouterr()
-        assert code == 0, printed.err[-2000:]
-        assert f"{data}: {counted}, {workers} worker(s)" in printed.out and f"{metric} " in printed.out, printed.out
-        reports.append(json.loads(output.read_text()))
+    code = evaluate_main(["--model", model, "--data", str(data), "--output", str(output),
+                          "--num-workers", str(workers), *extra])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-2000:]
+    assert f"{data}: {counted}, {workers} worker(s)" in printed.out and f"{metric} " in printed.out, printed.out
+    return json.loads(output.read_text())
+
+
+def evaluate_on_1_and_3_workers(summary: dict, data: Path, tmp_path: Path, capsys, counted: str, metric: str) -> dict:
+    """:func:`evaluate_report` on ``data`` with the run's best checkpoint folder on 1 Ray worker and its MLflow model
+    (``runs:/``) on 3; the two reports' metrics must be equal. Returns the folder's report (the training run scored
+    its test split on 2 workers: a caller compares)."""
+    reports = [evaluate_report(summary["best_checkpoint"], data, 1, tmp_path / "scores0.json", capsys, counted,
+                               metric),
+               evaluate_report(summary["model_uri"], data, 3, tmp_path / "scores1.json", capsys, counted, metric,
+                               "--tracking-uri", summary["tracking_uri"])]
     assert reports[1]["metrics"] == reports[0]["metrics"]
     return reports[0]

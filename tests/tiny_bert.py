@@ -23,6 +23,16 @@ def sample_words() -> list[str]:
     return sorted(words)
 
 
+def bag_sample_words() -> list[str]:
+    """The lower-case words of the bundled bag sample's files (its entities' parts among them)."""
+    from nre_ray.tasks.bag.grouping import sample_dir as bag_sample_dir
+
+    words: set[str] = set()
+    for path in sorted(bag_sample_dir().glob("*.tsv")):
+        words.update(re.findall(r"[a-z]+", path.read_text(encoding="utf-8").lower()))
+    return sorted(words)
+
+
 def make_tiny_bert(folder: Path, words: Iterable[str] | None = None, seed: int = 0) -> Path:
     """Write ``vocab.txt`` (special tokens, single characters, ``##`` continuations, ``words``, a few Chinese
     characters), a fast WordPiece tokenizer over it and a random 2-layer BERT to ``folder``; return it."""

@@ -1,7 +1,8 @@
 """``python -m nre_ray.data``: look at a dataset before training on it, or rewrite it in the canonical schema.
 
 * ``inspect`` preprocesses the data exactly as a training run would (same flags, same cache: a later run with the same
-  settings reuses it) and prints the data audit (:mod:`nre_ray.data.audit`); ``--json`` / ``--report`` write it.
+  settings reuses it) and prints the data audit (:mod:`nre_ray.data.audit`; the task's for documents and, with
+  ``--bag-aggregator``, bags); ``--json`` / ``--report`` write it.
 * ``convert INPUT OUTPUT`` reads any supported format (``--format`` to force one, ``--columns`` to map column names)
   and writes the canonical columns as CSV, TSV, JSON Lines or Parquet, by OUTPUT's extension. It streams, checks every
   row, and never overwrites an existing OUTPUT unless ``--force``.
@@ -51,10 +52,14 @@ INSPECT_HELPS = {
                         "with an s3://... path, <storage-path>/.nre_ray_cache (default: ./ray_results, whose cache "
                         "is ./.nre_ray_cache).",
     "run.allow_local_storage": "As for the training run: the cache is then <storage-path>/.nre_ray_cache.",
+    "model.bag_aggregator": "Describe the data as a bag run (train's --bag-aggregator) sees it: every sentence of "
+                            "one entity pair (head_id/tail_id, else the head and tail texts) is one bag. Any of "
+                            "the choices gives the same audit.",
 }
 #: The training flags inspect takes (the sections of train's config and, per section, the fields; None: all).
 INSPECT_SECTIONS: dict[str, tuple[str, ...] | None] = {
-    "data": None, "train": ("seed",), "run": ("address", "storage_path", "allow_local_storage")}
+    "data": None, "model": ("bag_aggregator",), "train": ("seed",),
+    "run": ("address", "storage_path", "allow_local_storage")}
 CONVERT_HINT = "Fix these rows, or pass --on-bad-rows skip to convert the good rows only."
 
 
@@ -79,7 +84,8 @@ def inspect(args: argparse.Namespace) -> int:
     from nre_ray.tasks.lookup import task_for
 
     cfg, opts = config_from_args(args), options_from(args, InspectOptions)
-    task = task_for(cfg.data.data_dir)  # what the data is: its task preprocesses and describes it, as train's does
+    # what the data is (bags with --bag-aggregator): its task preprocesses and describes it, as train's does
+    task = task_for(cfg.data.data_dir, bags=cfg.model.bag_aggregator is not None)
     refused = task.unsupported("inspect")  # a task whose data inspect does not describe yet
     if refused:
         raise UsageError(refused)
@@ -93,7 +99,8 @@ def inspect(args: argparse.Namespace) -> int:
     sys.stdout.write(task.audit_markdown(prepared.audit))
     if prepared.rejected_count:
         where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""
-        print(f"\n{prepared.rejected_count} bad {task.unit} were left out (--on-bad-rows skip){where}")
+        print(f"\n{prepared.rejected_count} bad {task.bad_unit or task.unit} were left out (--on-bad-rows "
+              f"skip){where}")
     try:
         if opts.json:
             fs.write_text(opts.json, json.dumps(prepared.audit, indent=2, ensure_ascii=False))
@@ -257,7 +264,9 @@ def build_cli() -> argparse.ArgumentParser:
         "inspect", help="preprocess as training would and print the data audit",
         description="Read, check, tokenize and encode the data exactly as `python -m nre_ray.train` with the same "
                     "flags would (and cache it for that run), then print the data audit: rows and labels per split, "
-                    "duplicates, rows shared with train, lengths, truncation, out-of-vocabulary rate, warnings.",
+                    "duplicates, rows shared with train, lengths, truncation, out-of-vocabulary rate, warnings. "
+                    "Document folders get the document audit; with --bag-aggregator, the bag audit (bags per split, "
+                    "bag sizes and --max-bag-size, multi-label and NA bags, pairs shared with train).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  python -m nre_ray.data inspect                          # the bundled sample\n"
@@ -265,6 +274,8 @@ def build_cli() -> argparse.ArgumentParser:
                "  python -m nre_ray.data inspect --train train.tsv --format tsv --columns "
                "'entity1=head,offset1=head_offset,entity2=tail,offset2=tail_offset'\n"
                "  python -m nre_ray.data inspect --data-dir DATA --on-bad-rows skip --tokenizer jieba\n"
+               "  python -m nre_ray.data inspect --data-dir NYT10 --bag-aggregator att --max-bag-size 50"
+               "   # as bags\n"
                "  python -m nre_ray.data inspect --data-dir s3://BUCKET/data --storage-path s3://BUCKET/checkpoints"
                "   # that run's cache\n")
     build_parser(only=INSPECT_SECTIONS, parser=inspect_parser, helps=INSPECT_HELPS)

@@ -56,10 +56,10 @@ def row_stats(tokenized: pd.DataFrame) -> dict[str, np.ndarray]:
 
 
 def _summary(values: np.ndarray) -> dict[str, float]:
-    return _histogram_summary(np.bincount(np.asarray(values, dtype=np.int64))) if len(values) else {}
+    return histogram_summary(np.bincount(np.asarray(values, dtype=np.int64))) if len(values) else {}
 
 
-def _histogram_summary(counts: np.ndarray) -> dict[str, float]:
+def histogram_summary(counts: np.ndarray) -> dict[str, float]:
     """Mean, percentiles (``numpy.percentile(method="higher")``, exactly) and max of the non-negative integers whose
     histogram is ``counts`` (``counts[v]`` values equal ``v``)."""
     total = int(counts.sum())
@@ -132,8 +132,8 @@ class SplitNumbers:
         }
         if train_keys is not None:
             info["shared_with_train"] = int(np.isin(key, train_keys).sum())
-        info["length"] = _histogram_summary(self.length)
-        info["distance"] = _histogram_summary(self.distance)
+        info["length"] = histogram_summary(self.length)
+        info["distance"] = histogram_summary(self.distance)
         info["truncated"] = self.truncated
         info["entity_cut"] = self.entity_cut
         info["overlapping_entities"] = self.overlapping
@@ -264,7 +264,9 @@ def _percent(value: float | None) -> str | None:
     return None if value is None else f"{value:.1%}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A Markdown table's lines: ``header``, then ``rows`` (floats with one decimal, None empty), the columns after
+    the first right-aligned."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header)))
              + "|"]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
@@ -288,16 +290,16 @@ def to_markdown(audit: Mapping[str, Any]) -> str:
         rows.append([name, info.get("rows", 0), info.get("rejected", 0), info.get("duplicates"),
                      info.get("shared_with_train"), info.get("overlapping_entities"), info.get("truncated"),
                      info.get("entity_cut"), _percent(info.get("oov_rate"))])
-    lines += _table(["split", "rows", "rejected", "duplicates", "also in train", "overlapping head/tail",
+    lines += markdown_table(["split", "rows", "rejected", "duplicates", "also in train", "overlapping head/tail",
                      f"longer than {audit['max_length']} tokens", "entity cut by truncation", "OOV rate"], rows)
     for key, title in (("length", "Sentence length in tokens"),
                        ("distance", "Tokens between head and tail")):
         header = ["split", "mean", *[f"p{p}" for p in PERCENTILES], "max"]
         body = [[name, *[splits[name][key].get(h) for h in header[1:]]] for name in names]
-        lines += ["", f"## {title}", "", *_table(header, body)]
+        lines += ["", f"## {title}", "", *markdown_table(header, body)]
     lines += ["", "## Labels", ""]
     body = [[label, *[splits[name]["labels"].get(label, 0) for name in names]] for label in audit["labels"]]
-    lines += _table(["label", *names], body)
+    lines += markdown_table(["label", *names], body)
     return "\n".join(lines) + "\n"
 
 

@@ -854,18 +854,13 @@ def _prepare_in(cfg: DataConfig, files: dict[str, Source], seed: int, folder: Pa
 
 def _subword_vocab(cfg: DataConfig, pretrained: str, folder: Path, scan: _Scan) -> tuple[Vocab, str, int]:
     """``--model bert``: the tokenizer with the entity markers (the training rows' entity types with
-    ``--typed-markers``) saved once into ``folder/pretrained``. Returns (vocabulary, tokenizer folder, unknown id)."""
+    ``--typed-markers``) saved once into ``folder/pretrained`` (:func:`nre_ray.data.subword.tokenizer_vocab`).
+    Returns (vocabulary, tokenizer folder, unknown id)."""
     head_types: list[str] = []
     tail_types: list[str] = []
     if cfg.typed_markers:
         head_types, tail_types = (sorted({t for t in map(subword.clean_type, found) if t}) for found in scan.types)
-    tokenizer_dir = folder / "pretrained"
-    shutil.rmtree(tokenizer_dir, ignore_errors=True)
-    subword.build_tokenizer(pretrained, tokenizer_dir, subword.marker_vocabulary(head_types, tail_types),
-                            cfg.max_length)
-    tok = subword.MarkerTokenizer.load(tokenizer_dir)
-    unk = tok.tokenizer.unk_token_id
-    return Vocab(tok.vocabulary(), subword=True), str(tokenizer_dir), -1 if unk is None else unk
+    return subword.tokenizer_vocab(pretrained, folder / "pretrained", cfg.max_length, head_types, tail_types)
 
 
 def _gather_rejected(parts: str, path: Path) -> tuple[pd.DataFrame, str]:

@@ -52,8 +52,9 @@ from nre_ray.core.pretrained_io import (
     quiet_transformers,
 )
 from nre_ray.data.batches import label_ids
-from nre_ray.data.markers import MARKERS, clean_type, insert_markers, marker_vocabulary, typed_markers  # noqa: F401
+from nre_ray.data.markers import MARKERS, clean_type, insert_markers, marker_vocabulary, typed_markers
 from nre_ray.data.tokenize import Span, truncation_window
+from nre_ray.data.vocab import Vocab
 
 # --------------------------------------------------------------------------------------------------------------------
 # the tokenizer
@@ -90,6 +91,19 @@ def build_tokenizer(pretrained: str, folder: str | Path, markers: Sequence[str],
     config.vocab_size = len(tokenizer)
     config.save_pretrained(str(folder))
     return folder
+
+
+def tokenizer_vocab(pretrained: str, folder: str | Path, max_length: int, head_types: Sequence[str] = (),
+                    tail_types: Sequence[str] = ()) -> tuple[Vocab, str, int]:
+    """A preprocessing cache's tokenizer for ``--model bert`` (the sentence task's and the bag task's): ``folder``
+    emptied, then :func:`build_tokenizer` with the entity markers (typed ones for ``head_types``/``tail_types``,
+    :func:`marker_vocabulary`). Returns (the vocabulary: the tokenizer's tokens in id order, the folder, the
+    unknown token's id or -1)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    build_tokenizer(pretrained, folder, marker_vocabulary(head_types, tail_types), max_length)
+    tok = MarkerTokenizer.load(folder)
+    unk = tok.tokenizer.unk_token_id
+    return Vocab(tok.vocabulary(), subword=True), str(folder), -1 if unk is None else unk
 
 
 
@@ -204,6 +218,7 @@ def encode_rows_with(tok: MarkerTokenizer, batch: pd.DataFrame, max_length: int,
     budget = max_length - len(tok.prefix) - len(tok.suffix)
     cols: dict[str, list] = {k: [[] for _ in range(n)] for k in ("token_ids", "head_span", "tail_span")}
     cols["length"] = [0] * n
+    cols["full_length"] = [0] * n  # before the window: what an audit counts as too long
     problems = list(problems)
     for j, i in enumerate(good):
         ids, offsets = encoded["input_ids"][j], encoded["offset_mapping"][j]
@@ -225,6 +240,7 @@ def encode_rows_with(tok: MarkerTokenizer, batch: pd.DataFrame, max_length: int,
         length = len(token_ids)
         cols["token_ids"][i] = token_ids
         cols["length"][i] = length
+        cols["full_length"][i] = len(ids) + len(tok.prefix) + len(tok.suffix)
         cols["head_span"][i], cols["tail_span"][i] = list(spans[0]), list(spans[1])
     out = batch.copy()
     for key, values in cols.items():

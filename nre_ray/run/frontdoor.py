@@ -108,6 +108,28 @@ def _ctrl_c_kept() -> Iterator[list[int]]:
         sys.unraisablehook = previous_hook
 
 
+def task_model(data_dir: str | None) -> str | None:
+    """The ``--model`` the task of ``data_dir`` trains when none is given (documents: transformer): what train and
+    tune pass to :func:`nre_ray.config.config_from_args` as ``default_model``."""
+    if data_dir is None:
+        return None
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_for
+
+    return task_for(data_dir).default_model
+
+
+def summary_scores(summary: dict[str, Any], name: str) -> str:
+    """The scores of the summary's split ``name`` (``valid``, ``test``) that its task's summary shows
+    (:attr:`nre_ray.tasks.base.Task.summary_metrics`), as one line: ``auc 0.8123  p_at_100 0.9000 ...``."""
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import DEFAULT_TASK, task_named
+
+    scores = summary[name]
+    keys = task_named(summary.get("task", DEFAULT_TASK)).summary_metrics
+    return "  ".join(f"{k} {scores[k]:.4f}" for k in keys if k in scores)
+
+
 def print_model_and_ui(summary: dict[str, Any]) -> None:
     """The summary's last lines (a run's and a sweep's): the logged model, and how to look at the runs."""
     if summary.get("model_uri"):

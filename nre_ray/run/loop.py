@@ -701,8 +701,8 @@ def _final(run: WorkerRun) -> None:
                                                                 if k.startswith("test_")}}, step=state.best_epoch)
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("report")) as tmp:
         folder = Path(tmp)
-        for name, (counts, _) in results.items():
-            task.write_reports(counts, labels, folder, name, f"{name} (best epoch {state.best_epoch})")
+        for name, (counts, _) in results.items():  # as evaluate reports the best checkpoint, which records final
+            task.checkpoint_reports(counts, labels, final, folder, name, f"{name} (best epoch {state.best_epoch})")
         run.tracker.log_artifacts(folder, "reports")
     with tempfile.TemporaryDirectory(prefix=tempfiles.prefix("best")) as tmp:
         best = {"model": state.best_model, "epoch": state.best_epoch, "best_score": state.best_score,

@@ -5,11 +5,8 @@ the Ray Data preprocessing and cache, the loop's distribution, MLflow, checkpoin
 predict, serve) that asks the task and never branches on it; :mod:`nre_ray.tasks.lookup` says which task (from the
 data, or from a checkpoint's meta.json).
 
-* :mod:`nre_ray.tasks.sentence`: sentence-level relation classification (one row, one entity pair, one label), the
-  task every command runs today.
-* :mod:`nre_ray.tasks.document` (documents: DocRED, CDR): train, evaluate, predict and serve (and the MLflow pyfunc
-  model) run it through the interface; tune refuses its data in one line for now (issue 37).
-* :mod:`nre_ray.tasks.bag` (distant supervision: bags of sentences, ``--bag-aggregator``): train, evaluate, predict
-  and serve (and the MLflow pyfunc model) run it through the interface; tune and ``python -m nre_ray.data inspect``
-  refuse its models and data in one line for now (issue 38).
+* :mod:`nre_ray.tasks.sentence`: sentence-level relation classification (one row, one entity pair, one label).
+* :mod:`nre_ray.tasks.document` (documents: DocRED, CDR) and :mod:`nre_ray.tasks.bag` (distant supervision: bags of
+  sentences, ``--bag-aggregator``): every command (train, tune, evaluate, predict, serve, the MLflow pyfunc model,
+  ``python -m nre_ray.data inspect``) runs them through the interface (issues 37, 38).
 """

@@ -30,7 +30,8 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   label; a batch is (B, T) ``tokens``, ``head_pos``, ``tail_pos``, ``segments``, ``mask`` and (B,) ``labels``; the
   model's output is logits (B, C); the loss cross-entropy; the counts a (C, C) int64 confusion matrix; the rows one
   per input row, the label and its probability.
-* **document** (:mod:`nre_ray.tasks.document`, wired into every command but tune, which refuses it in one line):
+* **document** (:mod:`nre_ray.tasks.document`, wired into every command; tune searches a space of its own,
+  :meth:`Task.search_space`):
   an example is one document, its entities' mentions and every candidate pair's labels; a batch is (B, T)
   ``input_ids`` and ``mask``, (B, E, M) ``mention_pos``, (B, P, 2) ``pairs`` and (B, P, C) multi-hot ``labels``
   (:class:`~nre_ray.tasks.document.split.DocumentDataset`), with what exact scores need (``intra`` (B, P),
@@ -40,15 +41,15 @@ How the tasks fill it in (``B`` examples in a batch, ``T`` tokens, ``C`` labels,
   training and the intra-sentence ones (:mod:`~nre_ray.tasks.document.counts`); the rows one per document
   (its id and its facts), answered (:meth:`Task.answer`) as one per predicted fact: document, head entity, tail
   entity, relation, score.
-* **bag** (:mod:`nre_ray.tasks.bag`, wired into train with ``--bag-aggregator`` and every command but tune and
-  inspect, which refuse it in one line): an example is one entity pair, the sentences that name it and
-  its labels; a batch is the bags' sentences as a sentence batch (N', T), ``scope`` (B + 1,) and (B, C) multi-hot
-  ``labels``; the output is a pair (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label)
-  instances' logits (K, C), whose cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the
-  counts each bag's scores and gold labels at its index in the split, (N, 2, C), zeros elsewhere, which
-  :func:`~nre_ray.tasks.bag.heldout.rank` ranks into the held-out curve, evaluate's F1 at the checkpoint's
-  validation threshold (:meth:`Task.checkpoint_scores`); the rows and answers one per bag (its pair, its relation:
-  NA below that threshold, its score, and the top k).
+* **bag** (:mod:`nre_ray.tasks.bag`, chosen with ``--bag-aggregator`` and wired into every command): an example is
+  one entity pair, the sentences that name it and its labels; a batch is the bags' sentences as a sentence batch
+  (N', T), ``scope`` (B + 1,) and (B, C) multi-hot ``labels``; the output is a pair
+  (:class:`~nre_ray.tasks.bag.network.BagClassifier`'s): the (bag, label) instances' logits (K, C), whose
+  cross-entropy is the loss, and in eval mode the bags' probabilities (B, C); the counts each bag's scores and gold
+  labels at its index in the split, (N, 2, C), zeros elsewhere, which :func:`~nre_ray.tasks.bag.heldout.rank` ranks
+  into the held-out curve, evaluate's F1 at the checkpoint's validation threshold (:meth:`Task.checkpoint_scores`,
+  and the reports: :meth:`Task.checkpoint_reports`); the rows and answers one per bag (its pair, its relation: NA
+  below that threshold, its score, and the top k).
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class Task(ABC):
     unit: ClassVar[str]
     """What the console calls its examples (``rows``, ``documents``)."""
     bad_unit: ClassVar[str | None] = None
-    """What predict's skipped entries are, where they are not :attr:`unit` (a bag file's bad sentence rows)."""
+    """What predict and ``python -m nre_ray.data inspect`` call the bad input they left out, where it is not
+    :attr:`unit` (a bag file's: its bad sentence rows, and bags none of whose sentences encode)."""
     eval_batch_size: ClassVar[int] = 256
     """Examples per batch when scoring a split."""
     eval_blocks: ClassVar[bool] = False
@@ -160,6 +162,13 @@ class Task(ABC):
 
     default_model: ClassVar[str | None] = None
     """The ``--model`` a run on this task's data trains when none is given (None: ``--model``'s own default)."""
+
+    def search_space(self, model: str) -> dict[str, dict[str, dict[str, list[Any]]]] | None:
+        """The space ``python -m nre_ray.tune`` searches on this task's data without ``--search-space``, for
+        ``--model`` ``model``, in a space file's shape (``{"train": {"lr": {"loguniform": [1e-4, 1e-2]}}, ...}``:
+        :mod:`nre_ray.tune.space`); None: the spine's space of that model (:data:`nre_ray.tune.space.
+        DEFAULT_SPACES`), for a task whose models take the options it searches. Default: None."""
+        return None
 
     def check_settings(self, config: Any) -> None:
         """Before Ray starts: ConfigError (one line) for settings this task cannot train with (``config``: the run's
@@ -243,6 +252,13 @@ class Task(ABC):
     def write_reports(self, counts: Any, labels: list[str], folder: Path, name: str, title: str) -> None:
         """Write the split ``name``'s reports of the summed ``counts`` into ``folder`` (tables and plots that MLflow
         keeps under ``reports/``; ``title`` heads the plots)."""
+
+    def checkpoint_reports(self, counts: Any, labels: list[str], trained: Mapping[str, float], folder: Path,
+                           name: str, title: str) -> None:
+        """:meth:`write_reports` for a checkpoint's summed ``counts`` (``trained``: as :meth:`checkpoint_scores`),
+        in agreement with its :meth:`checkpoint_scores`: training's final reports (``trained``: the metrics its best
+        checkpoint records) and a sweep's final test (:mod:`nre_ray.tune.results`). Default: :meth:`write_reports`."""
+        self.write_reports(counts, labels, folder, name, title)
 
     @abstractmethod
     def per_label(self, counts: Any, labels: list[str]) -> list[dict[str, Any]]:

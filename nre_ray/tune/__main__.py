@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from nre_ray.config import Config, ConfigError, add_options, build_parser, config_from_args, options_from
-from nre_ray.run.frontdoor import print_model_and_ui, run_command
+from nre_ray.run.frontdoor import print_model_and_ui, run_command, summary_scores, task_model
 from nre_ray.tune.sweep import SweepOptions, run
 
 #: A trial's epoch budget when --epochs is not given, whatever the --model (a single run's default is larger: early
@@ -33,6 +33,8 @@ examples:
   python -m nre_ray.tune --data-dir DATA --model cnn --epochs 20 --num-samples 12
   python -m nre_ray.tune --data-dir DATA --search-space space.toml --num-samples 24 --max-concurrent-trials 4
   python -m nre_ray.tune --data-dir DATA --model pcnn --searcher random --register-model best-pcnn
+  python -m nre_ray.tune --data-dir DOCRED_DIR --num-samples 8      # documents: --model transformer, on micro_f1
+  python -m nre_ray.tune --bag-aggregator att --model pcnn --num-samples 8  # bags (the bag sample): on auc
   python -m nre_ray.tune --data-dir DATA --run-name cnn-sweep --epochs 20 --num-samples 12 --resume   # continue
 """
 
@@ -43,7 +45,9 @@ def sweep_parser() -> argparse.ArgumentParser:
     parser = build_parser(prog="python -m nre_ray.tune",
                           description="Search hyperparameters with Ray Tune: each trial trains with Ray Train "
                                       "(the options below are the fixed values of every trial), ASHA stops weak "
-                                      "trials early on the validation metric, MLflow records a parent run for the "
+                                      "trials early on the validation metric (the task's own unless "
+                                      "--select-metric: sentences macro_f1 or pos_macro_f1, documents micro_f1, "
+                                      "bags auc), MLflow records a parent run for the "
                                       "sweep and a child run per trial, and the best trial's checkpoint is scored "
                                       "on test once and logged as the sweep's model. --run-name names the sweep, "
                                       f"--epochs is the most a trial trains (default here: {SWEEP_EPOCHS}).",
@@ -54,14 +58,15 @@ def sweep_parser() -> argparse.ArgumentParser:
 
 
 def sweep_config(args: argparse.Namespace) -> Config:
-    """The trials' fixed config: the training options as given, with ``--epochs`` :data:`SWEEP_EPOCHS` unless given
-    and no early stopping (ASHA stops trials; a ``--patience`` given is refused)."""
+    """The trials' fixed config: the training options as given, the data's task's ``--model`` unless given (documents:
+    transformer), ``--epochs`` :data:`SWEEP_EPOCHS` unless given and no early stopping (ASHA stops trials; a
+    ``--patience`` given is refused)."""
     if getattr(args, "train.patience", None):
         raise ConfigError("--patience: ASHA stops weak trials in a sweep; leave --patience out")
     setattr(args, "train.patience", 0)
     if getattr(args, "train.epochs", None) is None:
         setattr(args, "train.epochs", SWEEP_EPOCHS)
-    return config_from_args(args)
+    return config_from_args(args, default_model=task_model)
 
 
 def options_from_args(args: argparse.Namespace, cfg: Config) -> SweepOptions:
@@ -91,9 +96,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"  {t['trial_id']}  {t['outcome']:<20s} {t['epochs']:>3d} epoch(s)  {metric} {score:>6s}  {shown}")
     print(f"best trial {summary['best_trial']} (epoch {summary['best_epoch']}): {metric} {summary['best_valid']:.4f}")
     if summary["test"]:
-        print("  test  " + "  ".join(f"{k} {summary['test'][k]:.4f}" for k in ("accuracy", "macro_f1", "micro_f1",
-                                                                               "pos_macro_f1", "pos_micro_f1")
-                                     if k in summary["test"]))
+        print("  test  " + summary_scores(summary, "test"))
     print_model_and_ui(summary)
 
 

@@ -132,7 +132,7 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
     tracker.set_tags({"nre_ray.best_trial": best["trial_id"], "nre_ray.best_run_id": best["mlflow_run_id"] or ""})
     tracker.log_metrics({f"best_{metric}": best[f"best_{metric}"], "best_epoch": best["best_epoch"]}, step=0)
     test, model = score_and_log(cfg, target, prepared, checkpoint, tracker, parent)
-    return {"sweep": target.run_name, "run_id": parent, "experiment": cfg.run.experiment_name,
+    return {"sweep": target.run_name, "task": target.task, "run_id": parent, "experiment": cfg.run.experiment_name,
             "experiment_id": tracking.experiment_id(target.tracking_uri, parent), "tracking_uri": target.tracking_uri,
             "storage_path": path, "select_metric": metric,
             "trials": trials, "best_trial": best["trial_id"], "best_run_id": best["mlflow_run_id"],
@@ -144,15 +144,20 @@ def finish(cfg: Config, target: Any, prepared: Any, grid: Any, trials: list[dict
 def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, tracker: Any,
                   parent: str) -> tuple[dict[str, float], dict[str, str | None]]:
     """Score ``checkpoint`` once on the test split as preprocessing encoded it for the sweep (the evaluation code of
-    ``python -m nre_ray.evaluate``, on the cache's rows: the raw test file is not read again), log the scores and
-    per-class report to the parent run, and log the checkpoint as its model."""
+    ``python -m nre_ray.evaluate``, on the cache's rows: the raw test file is not read again: the task's
+    :meth:`~nre_ray.tasks.base.Task.checkpoint_scores`, bags' F1 at the checkpoint's validation threshold), log the
+    scores and the task's reports of them (:meth:`~nre_ray.tasks.base.Task.checkpoint_reports`) to the parent run,
+    and log the checkpoint as its model."""
     import numpy as np
 
     # deferred: importing it loads ray, torch, pandas, pyarrow, numpy
-    from nre_ray.inference.evaluation import evaluate_split
+    from nre_ray.inference.evaluation import evaluate_split, trained_metrics
 
     # deferred: importing it loads starlette, pandas, pyarrow, numpy
     from nre_ray.inference.pyfunc import log_model
+
+    # deferred: importing it loads torch, numpy
+    from nre_ray.run.checkpoint import load_checkpoint
 
     # deferred: importing it loads torch, pandas, numpy
     from nre_ray.tasks.lookup import task_named
@@ -167,9 +172,11 @@ def score_and_log(cfg: Config, target: Any, prepared: Any, checkpoint: Any, trac
                                     name=fs.with_scheme(checkpoint.path, target.storage))
             test = {k: float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
             tracker.log_metrics({f"test_{k}": v for k, v in test.items()}, step=0)
+            trained = trained_metrics(load_checkpoint(Path(folder)))  # what checkpoint_scores read on the workers
             with tempfile.TemporaryDirectory() as out:
-                task_named(report["task"]).write_reports(np.asarray(report["confusion_matrix"]), report["labels"],
-                                                         Path(out), "test", "test (best trial)")
+                # the task's counts as evaluate returns them (the sentence task's confusion matrix, ...)
+                task_named(report["task"]).checkpoint_reports(np.asarray(report["confusion_matrix"]), report["labels"],
+                                                              trained, Path(out), "test", "test (best trial)")
                 tracker.log_artifacts(Path(out), "reports")
         if cfg.run.log_model:
             with console.phase("model", "logging the best trial's checkpoint as the sweep's MLflow model") as step:

@@ -99,12 +99,14 @@ class SpaceError(ConfigError):
     """A search space that cannot be used; the message names the file, the key and the problem."""
 
 
-def load_space(path: str | None, base: Config) -> Space:
-    """The search space of ``path`` (a TOML file), or :data:`DEFAULT_SPACES` for ``base``'s model when None,
-    checked against ``base`` (the sweep's fixed settings). Raises SpaceError."""
+def load_space(path: str | None, base: Config, task_space: dict[str, Any] | None = None, unit: str = "") -> Space:
+    """The search space of ``path`` (a TOML file); when None, ``task_space`` (the data's task's own default:
+    :meth:`nre_ray.tasks.base.Task.search_space`, ``unit`` naming its examples), else :data:`DEFAULT_SPACES` for
+    ``base``'s model; checked against ``base`` (the sweep's fixed settings). Raises SpaceError."""
     if path is None:
-        return parse_space(DEFAULT_SPACES[base.model.model], base, f"the default space for --model "
-                                                                   f"{base.model.model}")
+        where = f" on {unit}" if task_space is not None and unit else ""
+        return parse_space(task_space if task_space is not None else DEFAULT_SPACES[base.model.model], base,
+                           f"the default space for --model {base.model.model}{where}")
     return parse_space(read_toml(path, "search space file", SpaceError), base, path)  # a local path or a URI
 
 

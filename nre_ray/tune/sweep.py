@@ -161,13 +161,18 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     """:func:`run`, its name held."""
     out = console.get()
     with out.phase("setup", "checking the search space, the settings and the sweep's storage") as step:
-        space = load_space(opts.search_space, cfg)  # refused before anything starts
+        # deferred: importing it loads torch, pandas, numpy
+        from nre_ray.tasks.lookup import task_for
+
+        task = task_for(cfg.data.data_dir, bags=cfg.model.bag_aggregator is not None)
+        refused = task.unsupported("tune")  # a task whose data tune does not take
+        if refused:
+            raise UsageError(refused)
+        # refused before anything starts; without --search-space the task's own space, else --model's
+        space = load_space(opts.search_space, cfg, task.search_space(cfg.model.model), task.unit)
         searcher = resolve_searcher(opts.searcher)
         check_scale(cfg, opts)  # workers the local Ray can never hold: before Ray starts
         from ray import tune  # (seconds: after the first line)
-
-        # deferred: importing it loads torch, pandas, numpy
-        from nre_ray.tasks.lookup import task_for
 
         # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.report import ProgressPrinter
@@ -176,12 +181,10 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
         # deferred: importing it loads ray, pandas, pyarrow, numpy
         from nre_ray.tune.trial import trial_trainable
 
-        # a task whose data tune does not take yet
-        refused = task_for(cfg.data.data_dir, bags=cfg.model.bag_aggregator is not None).unsupported("tune")
-        if refused:
-            raise UsageError(refused)
         cfg.run.run_name = cfg.run.run_name or default_run_name(f"tune-{cfg.model.model}")
-        target = resolve_target(cfg)  # storage, tracking URI; with --resume the parent MLflow run
+        # storage, tracking URI, the task's checks of the settings and its selection metric unless given; with
+        # --resume the parent MLflow run
+        target = resolve_target(cfg)
         path = fs.join(target.storage, target.run_name)
         can_restore = tune.Tuner.can_restore(path)
         if cfg.run.resume and not can_restore:
@@ -207,6 +210,7 @@ def _run(cfg: Config, opts: SweepOptions) -> dict[str, Any]:
     sweep = {"config": cfg.to_dict(), "data": trainer_data(prepared, ("train", "valid")),
              "trials_storage": fs.join(path, "trials"), "tracking_uri": target.tracking_uri,
              "experiment": cfg.run.experiment_name, "parent_run_id": parent, "sweep_name": target.run_name,
+             "task": target.task,
              "per_worker": plan.per_worker, "threads": plan.threads,
              "placement_timeout": plan.placement_timeout}
     trainable = tune.with_resources(trial_trainable(sweep), {"CPU": DRIVER_CPU})
@@ -303,6 +307,9 @@ def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, spa
     # deferred: importing it loads pandas, pyarrow, numpy
     from nre_ray.data.audit import write_audit
 
+    # deferred: importing it loads torch, pandas, numpy
+    from nre_ray.tasks.lookup import task_named
+
     space_json = json.dumps([d.as_json() for d in space])
     if target.resumed is not None:
         run_id = target.resumed.info.run_id
@@ -333,6 +340,6 @@ def open_parent(cfg: Config, opts: SweepOptions, target: Any, prepared: Any, spa
         tracker.log_artifact(Path(folder) / "search_space.json")
         if opts.search_space:
             tracker.log_artifact(Path(opts.search_space))
-        for audit in write_audit(prepared.audit, Path(folder)):
+        for audit in write_audit(prepared.audit, Path(folder), task_named(target.task).audit_markdown(prepared.audit)):
             tracker.log_artifact(audit, "data")
     return run_id

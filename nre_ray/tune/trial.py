@@ -111,7 +111,8 @@ def _without_notes(callback: type) -> type:
 def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
     """Tune's trainable. ``params``: the sampled ``{"section.field": value}``; ``sweep`` (the same for every trial):
     ``config`` (the fixed Config.to_dict()), ``data`` (:func:`nre_ray.run.runner.trainer_data` of train and valid),
-    ``trials_storage``, ``tracking_uri``, ``experiment``, ``parent_run_id``, ``sweep_name``, ``per_worker``,
+    ``trials_storage``, ``tracking_uri``, ``experiment``, ``parent_run_id``, ``sweep_name``, ``task`` (its name:
+    :attr:`nre_ray.run.runner.Target.task`), ``per_worker``,
     ``threads``, ``placement_timeout``."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -124,7 +125,8 @@ def run_trial(params: dict[str, Any], sweep: dict[str, Any]) -> None:
                             trial_id, trial_name, params,
                             logged={**cfg.flat(), **tracking.data_params(sweep["data"])},
                             tags=placement_tags(cfg, sweep["threads"]))
-    target = Target(run_name=trial_id, storage=sweep["trials_storage"], tracking_uri=sweep["tracking_uri"])
+    target = Target(run_name=trial_id, storage=sweep["trials_storage"], tracking_uri=sweep["tracking_uri"],
+                    task=sweep["task"])  # the loop trains the sweep's task (sentences, documents, bags)
     _RUN.update(queue=Queue(1, actor_options={"num_cpus": 0}), controller=None, stopping=False)
     resources = Resources(dict(sweep["per_worker"]), sweep["threads"], placement_timeout=sweep["placement_timeout"])
     trainer = build_trainer(cfg, target, sweep["data"], resources, run_id, time.time(),

@@ -107,3 +107,26 @@ def test_balance_shards_by_sentences() -> None:
     assert balance_shards([5, 5], 4).tolist() == [0, 1] and balance_shards([], 2).tolist() == []
     with pytest.raises(ValueError, match="num_shards must be >= 1"):
         balance_shards([1], 0)
+
+
+def test_a_rank_s_batches_come_from_its_sentence_balanced_shard_in_as_many_steps_as_every_rank() -> None:
+    from nre_ray.tasks.bag.bag_split import BagBatchSampler
+
+    rng = np.random.default_rng(0)
+    sizes = [int(s) for s in rng.choice([1, 1, 1, 2, 3, 8, 40], size=101)]
+    one = BagBatchSampler(sizes, 8)
+    first = list(one)
+    assert sorted(i for b in first for i in b) == list(range(101)) and max(map(len, first)) <= 8
+    one.set_epoch(1)
+    assert list(one) != first and sorted(i for b in one for i in b) == list(range(101))
+    for world in (2, 3):
+        ranks = [BagBatchSampler(sizes, 8, r, world, seed=4) for r in range(world)]
+        batches = [list(r) for r in ranks]
+        assert len({len(r) for r in ranks}) == 1 and all(len(b) == len(ranks[0]) for b in batches)  # DDP's steps
+        shards = [sorted({i for b in mine for i in b}) for mine in batches]
+        assert sorted(i for s in shards for i in s) == list(range(101))  # disjoint, every bag
+        totals = [sum(sizes[i] for i in s) for s in shards]
+        assert max(totals) - min(totals) <= max(sizes)  # sentences balanced, not bags
+        assert batches == [list(BagBatchSampler(sizes, 8, r, world, seed=4)) for r in range(world)]
+    few = [list(BagBatchSampler([2, 1], 4, r, 3)) for r in range(3)]
+    assert all(len(b) == 1 and b[0] for b in few)  # fewer bags than ranks: each still takes its one step

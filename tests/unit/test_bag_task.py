@@ -15,7 +15,6 @@ from nre_ray.config import Config, ConfigError, DataConfig, ModelConfig
 from nre_ray.data.errors import DataError
 from nre_ray.data.vocab import Vocab
 from nre_ray.models.registry import ModelSpec
-from nre_ray.run.checkpoint import CheckpointError
 from nre_ray.run.loop import ShardSampler
 from nre_ray.tasks.bag import bag_scores, grouping, heldout
 from nre_ray.tasks.bag.bag_split import BagSplit
@@ -68,14 +67,11 @@ def test_bags_are_chosen_by_the_aggregator_not_by_the_folder(tmp_path):
         Config.from_dict({"data": {"format": "nyt10"}})
     cfg = Config.from_dict({"data": {"format": "nyt10"}, "model": {"bag_aggregator": "att"}})
     assert cfg.model.bag_aggregator == "att" and cfg.data.max_bag_size == 100
-    with pytest.raises(ConfigError, match="--model bert with --bag-aggregator is not supported yet"):
-        BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "att", "model": "bert",
-                                                        "pretrained": "x"}}))
-    with pytest.raises(ConfigError, match="elastic runs on bags are not supported yet"):
-        BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "avg"}, "train": {"num_workers": "1-2"}}))
-    with pytest.raises(CheckpointError, match=r"^bag models: tune is not supported yet \(issue 38\)$"):
-        task_of({"task": "bag"}, "tune")
-    assert all(task_of({"task": "bag"}, c) is BAG for c in ("train", "evaluate", "predict", "serve", "pyfunc"))
+    assert BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "att", "model": "bert",
+                                                           "pretrained": "x"}})) is None  # bert works in bags
+    BAG.check_settings(Config.from_dict({"model": {"bag_aggregator": "avg"}, "train": {"num_workers": "1-2"}}))
+    assert all(task_of({"task": "bag"}, c) is BAG for c in ("train", "evaluate", "predict", "serve", "pyfunc",
+                                                               "tune", "inspect"))
 
 
 def test_bags_keep_a_seeded_sample_and_every_label():
@@ -180,6 +176,25 @@ def test_reports_hold_the_pr_curve_as_data_and_plot(encoded, tmp_path):
     assert curve["precision"].iloc[99] == pytest.approx(BAG.scores(counts, labels, None)["p_at_100"])
     assert (tmp_path / "valid_pr_curve.png").stat().st_size > 1000
     assert [r["label"] for r in BAG.per_label(counts, labels)] == labels[1:]
+
+
+def test_a_checkpoints_reports_take_its_validation_threshold(encoded, tmp_path):
+    """A sweep's test reports (Task.checkpoint_reports) agree with its test scores (Task.checkpoint_scores): the
+    per-relation table at the threshold training chose on validation, not at the scored split's own best."""
+    splits, labels, vocab = encoded
+    counts = _counts(splits["train"], labels, _model(labels, vocab), 1)
+    own = BAG.scores(counts, labels, None)["threshold"]
+    trained = {"valid_threshold": own / 2 if own > 0 else 0.5}  # another threshold than the split's own
+    BAG.checkpoint_reports(counts, labels, trained, tmp_path, "test", "test")
+    table = pd.read_csv(tmp_path / "test_per_relation.csv")
+    assert (table["threshold"] == trained["valid_threshold"]).all() and trained["valid_threshold"] != own
+    expected = pd.DataFrame(BAG.checkpoint_per_label(counts, labels, trained))
+    pd.testing.assert_frame_equal(table, expected, check_dtype=False)
+    scores = BAG.checkpoint_scores(counts, labels, None, trained)
+    tp, predicted, gold = (int(table[c].sum()) for c in ("tp", "predicted", "gold"))
+    micro = 2 * tp / (predicted + gold) if predicted + gold else 0.0  # micro F1 over (bag, relation) pairs
+    assert scores["micro_f1"] == pytest.approx(micro) and scores["threshold"] == trained["valid_threshold"]
+    assert (tmp_path / "test_pr_curve.csv").exists() and (tmp_path / "test_pr_curve.png").exists()
 
 
 def test_bad_rows_are_counted_and_named(tmp_path):

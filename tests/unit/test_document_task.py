@@ -164,21 +164,21 @@ def test_settings_and_commands_refused_in_one_line(tmp_path):
         DOCUMENT.check_settings(Config.from_dict({}))
     DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}}))
     DOCUMENT.check_settings(Config.from_dict({"model": {"model": "bert", "pretrained": "bert-base-cased"}}))
-    with pytest.raises(ConfigError, match="elastic runs on documents are not supported yet"):
-        DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}, "train": {"num_workers": "1-2"}}))
+    DOCUMENT.check_settings(Config.from_dict({"model": {"model": "transformer"}, "train": {"num_workers": "1-2"}}))
     assert DOCUMENT.default_metric(None) == "micro_f1" and DOCUMENT.unsupported("train") is None
     assert DOCUMENT.why_no_metric("accuracy", ["TH", "P17"], None) == "document models report other scores"
     assert SENTENCE.why_no_metric("ign_f1", ["a", "b"], None) == "sentence models report other scores"
     assert SENTENCE.why_no_metric("pos_macro_f1", ["a", "b"], "Other") \
         == "--negative-label 'Other' is not one of the labels"
-    with pytest.raises(CheckpointError, match=r"^document models: tune is not supported yet \(issue 37\)$"):
-        task_of({"task": "document"}, "tune")
-    for command in ("evaluate", "predict", "serve", "pyfunc"):
+    for command in ("evaluate", "predict", "serve", "pyfunc", "inspect", "tune"):  # every command takes documents
         assert task_of({"task": "document"}, command).name == "document"
     assert task_of({"task": "document"}).name == "document" and task_of({}, "predict").name == "sentence"
+    (tmp_path / "meta.json").write_text(json.dumps({"task": "bag"}), encoding="utf-8")
+    check_checkpoint_folder(tmp_path, "inspect")  # every command takes bags and documents now; the refusal stays
+    with pytest.raises(CheckpointError, match=r"^bag models: distill is not supported yet \(issue 38\)$"):
+        check_checkpoint_folder(tmp_path, "distill")
     (tmp_path / "meta.json").write_text(json.dumps({"task": "document"}), encoding="utf-8")
-    with pytest.raises(CheckpointError, match="tune is not supported yet"):
-        check_checkpoint_folder(tmp_path, "tune")
+    check_checkpoint_folder(tmp_path, "tune")
     check_checkpoint_folder(tmp_path, "serve")
     check_checkpoint_folder(tmp_path / "none", "serve")  # no meta.json: the loader says what is wrong
 
@@ -348,3 +348,32 @@ def test_the_default_model_follows_the_data(sample, tmp_path):
         DOCUMENT.check_settings(config("--data-dir", str(sample), "--model", "cnn"))  # given: kept, and refused
     (tmp_path / "train.csv").write_text("sentence,head,tail,relation\n", encoding="utf-8")
     assert config("--data-dir", str(tmp_path)).model.model == config().model.model == "cnn"
+
+
+def test_an_elastic_step_over_documents_is_the_same_update_at_every_world_size(sample):
+    """An elastic run's step (nre_ray.run.elastic: the step's documents shared among the ranks, each document's loss
+    divided by the step's document count, the gradients summed over the ranks) gives the same gradients at 1, 2 and
+    3 simulated ranks (dropout off: eval mode, whose logits are the training ones without it)."""
+    import contextlib
+
+    from nre_ray.run import elastic
+
+    _, labels, vocab, split, _ = _encoded(sample, "train")
+    dataset = DOCUMENT.dataset(split)
+    cfg = Config.from_dict({"model": {"model": "transformer", "hidden_size": 32, "num_layers": 1}})
+
+    def gradients(world: int) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = DOCUMENT.build_model(cfg.model, ModelSpec(len(vocab), len(labels), 0)).eval()
+        order = elastic.epoch_order(len(dataset), 5, 1)
+        for rank in range(world):
+            parts, count = elastic.step_share(order, 0, 9, rank, world, 2)
+            elastic.accumulate(DOCUMENT, model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext,
+                               torch.amp.GradScaler("cpu", enabled=False))
+        return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+    fixed = gradients(3)
+    assert any(g.abs().sum() > 0 for g in fixed)
+    for world in (1, 2):
+        for mine, theirs in zip(gradients(world), fixed, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)

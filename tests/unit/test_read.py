@@ -377,6 +377,12 @@ def test_bad_no_header(tmp_path: Path) -> None:
         "董事长); expected a header line such as 'sentence,head,head_offset,tail,tail_offset,relation'")]
 
 
+def test_nyt10_read_as_sentences_says_add_bag_aggregator(tmp_path: Path) -> None:
+    path = write(tmp_path, "train.tsv", "/m/01\t/m/02\tAnn\tParis\tNA\tAnn saw Paris . ###END###\n")
+    err = data_error(read_table, path)
+    assert str(err.problems[0]).startswith(f"{path}:1: no header row") and "Add --bag-aggregator att" in err.hint
+
+
 @pytest.mark.parametrize("content", [b"", b"\n\r\n  \n", b"\xef\xbb\xbf"], ids=["zero-bytes", "blank", "bom-only"])
 def test_bad_empty_file(tmp_path: Path, content: bytes) -> None:
     path = write(tmp_path, "a.csv", content)

@@ -98,6 +98,25 @@ def test_every_model_has_a_default_space_that_fits_its_defaults(model):
     assert {d.key for d in space} == {f"{s}.{k}" for s, t in DEFAULT_SPACES[model].items() for k in t}
 
 
+def test_a_task_with_a_space_of_its_own_is_searched_on_it():
+    """Documents search the options their model takes (no --dropout: the document model has none), with a few
+    documents a batch; sentences and bags search --model's space; a --search-space file wins over both."""
+    from nre_ray.tasks.bag.bag_task import BAG
+    from nre_ray.tasks.document.document_task import DOCUMENT, SEARCH_SPACE
+    from nre_ray.tasks.sentence.task import SENTENCE
+
+    base = Config.from_dict({"model": {"model": "transformer"}})
+    assert SENTENCE.search_space("cnn") is None and BAG.search_space("pcnn") is None
+    assert DOCUMENT.search_space("bert") is None  # a pretrained encoder: bert's own space, its learning rates
+    space = load_space(None, base, DOCUMENT.search_space("transformer"), DOCUMENT.unit)
+    assert {d.key for d in space} == {f"{s}.{k}" for s, t in SEARCH_SPACE.items() for k in t}
+    assert "model.dropout" not in {d.key for d in space} and "model.dropout" in {
+        d.key for d in load_space(None, base)}
+    assert max(next(d for d in space if d.key == "train.batch_size").values) <= 8
+    with pytest.raises(SpaceError, match=r"^the default space for --model transformer on documents: "):
+        load_space(None, base, {"train": {"lr": {"uniform": [0.1, 0.01]}}}, "documents")
+
+
 def test_apply_puts_sampled_values_into_a_copy():
     base = Config().to_dict()
     out = apply(base, {"train.lr": 0.01, "model.dropout": 0.3})
@@ -146,6 +165,22 @@ def test_sweep_options_are_checked():
             options_from_args(args, cfg)
     with pytest.raises(ConfigError, match="ASHA stops weak trials"):
         _args("--patience", "2")
+
+
+def test_a_sweep_trains_its_tasks_model_and_shows_its_tasks_scores(tmp_path, capsys):
+    from nre_ray.tasks.document.sample import write_sample
+    from nre_ray.tune.__main__ import print_summary
+
+    write_sample(tmp_path / "docs", seed=0, sizes={"train": 2, "valid": 1, "test": 1})
+    assert _args("--data-dir", str(tmp_path / "docs"))[1].model.model == "transformer"  # documents' only model
+    assert _args("--data-dir", str(tmp_path / "docs"), "--model", "cnn")[1].model.model == "cnn"  # (refused later)
+    assert _args()[1].model.model == Config().model.model
+    trial = {"trial_id": "t0", "outcome": COMPLETED, "epochs": 2, "best_valid_auc": 0.5, "train.lr": 1e-3}
+    print_summary({"sweep": "s", "run_id": "r", "experiment": "e", "select_metric": "valid_auc", "trials": [trial],
+                   "best_params": {"train.lr": 1e-3}, "best_trial": "t0", "best_epoch": 2, "best_valid": 0.5,
+                   "task": "bag", "test": {"auc": 0.25, "p_at_100": 0.5, "micro_f1": 0.75, "threshold": 0.1},
+                   "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert "  test  auc 0.2500  p_at_100 0.5000  micro_f1 0.7500\n" in capsys.readouterr().out
 
 
 def test_outcome_of_a_trial():

@@ -20,6 +20,10 @@ HINT_UTF8 = ("Re-save the file as UTF-8 (for example: iconv -f GB18030 -t UTF-8 
              "or 'CSV UTF-8' in Excel's Save As).")
 HINT_COLUMNS = ("Rename the columns in the file, or map your column names to ours with --columns SOURCE=TARGET,... "
                 "(column_map={'SOURCE': 'TARGET'}), e.g. --columns text=sentence,label=relation.")
+NYT10_END_MARK = "###END###"
+"""How a sentence of NYT10's TSV ends (``head id, tail id, head, tail, relation, sentence ###END###``): bag data."""
+HINT_NYT10 = ("This looks like NYT10's TSV (head id, tail id, head, tail, relation, sentence ###END###): bag data. "
+              "Add --bag-aggregator att, avg or one to read it as bags (train and python -m nre_ray.data inspect).")
 
 Source = Path | str
 """A data file or folder: a local path, or a URI (``s3://...``, kept as a string)."""
@@ -260,6 +264,8 @@ def _missing_columns(
         sep = "\t" if fmt == "tsv" else ","
         message = (f"no header row: line {line} names none of the expected columns (found {list_names(names)}); "
                    f"expected a header line such as {sep.join(REQUIRED)!r}")
+        if len(names) == 6 and names[5].rstrip().endswith(NYT10_END_MARK):
+            return DataError([Problem(name, line, None, message)], hint=HINT_NYT10)
         return DataError([Problem(name, line, None, message)],
                          hint="Add a header line naming the columns, or map your column names with "
                               "--columns SOURCE=TARGET,...")

@@ -24,7 +24,12 @@ Evaluate, predict, the MLflow pyfunc model and serve (:mod:`.bag_rows`): a file'
 built them, scored at the checkpoint's validation threshold; one prediction row per bag (its relation, NA below that
 threshold, its score, and the top k); a request's row is one bag.
 
-What is not wired yet: tune and ``python -m nre_ray.data inspect`` (they refuse bag models and data in one line),
-``--model bert`` on bags, elastic runs on bags, a shared ``s3://`` cache for bags, and shards balanced by sentences
-(:func:`~.bags.balance_shards` is not used by the loop yet: the loop's samplers shard bags).
+The data audit (:mod:`.bag_audit`): what ``python -m nre_ray.data inspect --bag-aggregator ...`` prints and a run
+logs, the numbers of the bags the preprocessing built.
+
+Every sentence encoder works inside a bag (cnn, pcnn, bilstm, transformer, and bert: ``--model bert --pretrained
+PATH``, its sentences encoded by the sentence task's subword encoder with entity markers, :mod:`.grouping`).
+
+Training shards balance sentences, not bags (:class:`~.bag_split.BagBatchSampler` on :func:`~.bags.balance_shards`,
+through ``Task.train_batches``). What is not wired yet: a shared ``s3://`` cache for bags.
 """

@@ -4,9 +4,10 @@ training built them, and one row per bag predicted out.
 A file is read by the readers of training (:func:`.grouping.read_split_file`) and grouped into bags by the same pure
 functions (:func:`~.bags.build_bags`, :func:`~.bags.merge_bags`: the checkpoint's ``--max-bag-size`` and the seed it
 carries, :data:`.grouping.SEED_ASSET`, so each bag keeps the same sentences in the same order), then encoded by
-:func:`.grouping.encode_bags` with the checkpoint's vocabulary and labels. Evaluate therefore scores a split file
-exactly as training scored it, wherever the file lies now, and predict scores the same file without its labels
-the same way (a sentence's sampling priority leaves out its file's name and its label).
+:func:`.grouping.encode_bags` with the checkpoint's vocabulary and labels (``--model bert``: with the tokenizer and
+entity markers the checkpoint carries under ``pretrained/``, :func:`sentence_settings`). Evaluate therefore scores a
+split file exactly as training scored it, wherever the file lies now, and predict scores the same file without its
+labels the same way (a sentence's sampling priority leaves out its file's name and its label).
 
 * :func:`encode_file` (evaluate): a labelled file -> a :class:`~.bag_split.BagSplit`;
 * :func:`plan_bags` (predict): the file as chunks of rows, one row per bag (its sentences as JSON in ``_nre_bag``;
@@ -41,7 +42,7 @@ from nre_ray.data.checks import check_rows
 from nre_ray.data.chunks import PREFIX, FramePlan, frame_plan
 from nre_ray.data.errors import MAX_SHOWN
 from nre_ray.data.vocab import Vocab
-from nre_ray.run.checkpoint import CheckpointError
+from nre_ray.run.checkpoint import PRETRAINED_DIR, CheckpointError
 from nre_ray.tasks.bag import bag_scores
 from nre_ray.tasks.bag.bag_split import BagDataset, BagSplit
 from nre_ray.tasks.bag.bags import BAG, NA, build_bags, merge_bags, with_bag_keys
@@ -91,6 +92,18 @@ def threshold_of(trained: Mapping[str, float]) -> float:
     return float(trained[THRESHOLD])
 
 
+def sentence_settings(data: Any, vocab: Vocab, assets: Mapping[str, bytes] | None) -> dict[str, Any]:
+    """How the checkpoint's training encoded a bag's sentences (:func:`.grouping.encode_settings`, ``data``: its data
+    settings): a subword vocabulary (``--model bert``) with the tokenizer files the checkpoint carries under
+    ``pretrained/``; CheckpointError when they are missing."""
+    if not vocab.subword:
+        return encode_settings(data)
+    files = {k: v for k, v in (assets or {}).items() if k.startswith(f"{PRETRAINED_DIR}/")}
+    if not files:
+        raise CheckpointError(f"this --model bert checkpoint carries no {PRETRAINED_DIR}/ tokenizer files")
+    return encode_settings(data, files)
+
+
 def read_bags(path: str, fmt: str | None, columns: str | None, max_bag_size: int | None, seed: int, na: str,
               require_relation: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The bags of the file ``path`` as :func:`.grouping.stored_bags` keeps them (in key order; at most
@@ -136,7 +149,8 @@ def encode_file(path: str, data: Any, vocab: Vocab, labels: list[str], assets: M
     na = data.negative_label or NA
     bags, bad = read_bags(path, fmt, columns, data.max_bag_size, seed_of(assets), na)
     fail_or_skip(bad.head(MAX_SHOWN), len(bad), on_bad_rows, False, EVALUATE_HINT)
-    encoded = encode_bags(bags, list(vocab.tokens), labels, encode_settings(data)) if len(bags) else bags
+    encoded = encode_bags(bags, list(vocab.tokens), labels, sentence_settings(data, vocab, assets)) if len(bags) \
+        else bags
     refused = _bag_problems(encoded) if len(bags) else bad.iloc[:0]
     fail_or_skip(refused.head(MAX_SHOWN), len(refused), on_bad_rows, False, EVALUATE_HINT)
     split = _split_of(encoded, len(labels), data.position_window) if len(bags) \
@@ -270,7 +284,7 @@ def predict_rows(model: nn.Module, frame: pd.DataFrame, settings: PredictSetting
         bags["labels"] = [()] * len(bags)  # what the model is asked, not what the file says
         capped = merge_bags(bags.drop(columns=["split"], errors="ignore"), data.max_bag_size, seed_of(settings.assets))
         encoded = encode_bags(stored_bags(capped, "predict"), list(settings.vocab.tokens), settings.labels,
-                              encode_settings(data))
+                              sentence_settings(data, settings.vocab, settings.assets))
         rows_of: dict[str, list[int]] = {}
         for key, k in zip(bags[BAG], good, strict=True):
             rows_of.setdefault(key, []).append(k)

@@ -97,9 +97,9 @@ def curve(counts: Any, labels: list[str], negative_label: str | None) -> Any:
 
 
 def write_reports(counts: Any, labels: list[str], negative_label: str | None, folder: Path, name: str,
-                  title: str) -> None:
+                  title: str, threshold: float | None = None) -> None:
     """``{name}_pr_curve.csv`` (the curve's points), ``{name}_pr_curve.png`` (its plot, with AUC and P@N) and
-    ``{name}_per_relation.csv`` (per relation at this split's best threshold)."""
+    ``{name}_per_relation.csv`` (per relation at ``threshold``; None: this split's best)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +117,8 @@ def write_reports(counts: Any, labels: list[str], negative_label: str | None, fo
     fig.tight_layout()
     fig.savefig(folder / f"{name}_pr_curve.png", dpi=100)
     plt.close(fig)
-    pd.DataFrame(per_label(counts, labels, negative_label)).to_csv(folder / f"{name}_per_relation.csv", index=False)
+    pd.DataFrame(per_label(counts, labels, negative_label, threshold)).to_csv(folder / f"{name}_per_relation.csv",
+                                                                              index=False)
 
 
 def per_label(counts: Any, labels: list[str], negative_label: str | None,

@@ -148,3 +148,43 @@ class BagDataset(torch.utils.data.Dataset):
         batch["labels"] = torch.from_numpy(self.split.labels[np.asarray(indices, dtype=np.int64)])
         batch["index"] = torch.as_tensor(list(indices), dtype=torch.long)
         return batch
+
+
+class BagBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """A rank's training batches of bags (the ``batch_sampler`` of its DataLoader): its shard balances sentences,
+    not bags.
+
+    The bags go to the ``world_size`` ranks by :func:`~.bags.balance_shards` on their sentence counts (fixed for the
+    run, so a rank reads only its shard's sentences); each epoch (:meth:`set_epoch`) a rank shuffles its shard with
+    ``seed``, the epoch and its rank, and cuts it into as many batches as the largest shard needs at ``batch_size``
+    bags a batch (DDP needs the same number of steps on every rank): a rank with fewer, larger bags takes fewer bags
+    a batch, so a step's sentences stay about even. A shard with fewer bags than batches repeats its bags, as
+    torch's DistributedSampler repeats examples. One rank: a shuffle of every bag in batches of ``batch_size``.
+    """
+
+    def __init__(self, sizes: Sequence[int], batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0
+                 ) -> None:
+        from nre_ray.tasks.bag.bags import balance_shards  # (pandas: only where a bag run trains)
+
+        shard_of = balance_shards(sizes, world_size)
+        self.mine = np.flatnonzero(shard_of == rank)
+        if not len(self.mine) and len(sizes):  # fewer bags than ranks: this one repeats a bag (never no batch)
+            self.mine = np.asarray([rank % len(sizes)])
+        largest = max(int(np.sum(shard_of == r)) for r in range(world_size)) if len(sizes) else 0
+        self.num_batches = max(1, -(-largest // max(batch_size, 1)))
+        self.sentences = int(np.asarray(sizes, dtype=np.int64)[self.mine].sum()) if len(sizes) else 0
+        self.seed, self.rank, self.epoch = seed, rank, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order :meth:`__iter__` gives (as DistributedSampler's ``set_epoch``)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Any:
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank])
+        order = rng.permutation(self.mine)
+        if 0 < len(order) < self.num_batches:
+            order = np.resize(order, self.num_batches)
+        return iter([part.tolist() for part in np.array_split(order, self.num_batches) if len(part)])

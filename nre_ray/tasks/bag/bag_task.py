@@ -6,8 +6,11 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   CSV/TSV/JSON Lines/Parquet with ``head_id``/``tail_id`` (without ids, a bag is a (head, tail) text pair); grouped
   into bags, capped at ``--max-bag-size`` sentences by seeded sampling, and encoded by Ray Data (:mod:`.grouping`)
   into :class:`~.bag_split.BagSplit` files; batches are :class:`~.bag_split.BagDataset`'s: the bags' N sentences as
-  the sentence task's (N, T) tensors, ``scope`` (B + 1,), ``labels`` (B, C) bool, ``index`` (B,);
-* model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer) under the aggregator
+  the sentence task's (N, T) tensors, ``scope`` (B + 1,), ``labels`` (B, C) bool, ``index`` (B,); the data audit
+  (:mod:`.bag_audit`: ``python -m nre_ray.data inspect --bag-aggregator ...`` and a run's ``data/audit.md``)
+  describes those bags;
+* model: ``--model``'s encoder (cnn, pcnn, bilstm, transformer, or bert: a pretrained ``--pretrained`` model whose
+  tokenizer, with entity markers, encodes the bags' sentences) under the aggregator
   (:class:`~.network.BagClassifier`); its output is ``(logits (K, C), query (K,))`` over the (bag, label) instances,
   with the bags' probabilities (B, C) in eval mode; the loss is softmax cross-entropy per instance (OpenNRE's), each
   bag's the mean over its labels, the mean (or sum) over the B bags;
@@ -17,8 +20,10 @@ att|avg|one`` (:func:`nre_ray.tasks.lookup.task_for`); the same sentence files t
   ``--max-bag-size`` and seed) and scores them at the checkpoint's validation threshold (so a split file gets
   training's scores); predict answers one row per bag: head id, tail id, head, tail, relation (NA below that
   threshold), score, and with ``--top-k`` the k most probable labels; the MLflow pyfunc model and serve take a bag
-  a row (its pair and its sentences' texts, :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows. Tune
-  refuses bag models in one line (issue 38).
+  a row (its pair and its sentences' texts, :data:`.bag_rows.REQUEST_COLUMNS`) and answer the same rows;
+* tune searches the space of ``--model`` (:data:`nre_ray.tune.space.DEFAULT_SPACES`: the bag models take the same
+  options), selects on validation AUC and scores the best checkpoint's test bags at its validation threshold
+  (:meth:`BagTask.checkpoint_scores`, :meth:`BagTask.checkpoint_reports`).
 """
 
 from __future__ import annotations
@@ -30,10 +35,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from nre_ray.core.user_error import ConfigError
 from nre_ray.models.registry import ModelSpec
 from nre_ray.tasks.bag import bag_scores
-from nre_ray.tasks.bag.bag_split import BagDataset, BagSplit
+from nre_ray.tasks.bag.bag_split import BagBatchSampler, BagDataset, BagSplit
 from nre_ray.tasks.bag.network import build_bag_model, instances
 from nre_ray.tasks.base import PredictSettings, Task
 
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
     from nre_ray.data.vocab import Vocab
 
 ISSUE = "issue 38"
-SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect", "tune"})
 """The commands that take bag data and models (:meth:`BagTask.unsupported`)."""
 
 
@@ -55,7 +59,7 @@ class BagTask(Task):
 
     name: ClassVar[str] = "bag"
     unit: ClassVar[str] = "bags"
-    bad_unit: ClassVar[str | None] = "sentence rows or bags"
+    bad_unit: ClassVar[str | None] = "sentence rows or bags"  # bad sentence rows; bags none of whose sentences encode
     eval_batch_size: ClassVar[int] = 32
     eval_blocks: ClassVar[bool] = True  # a bag's probabilities come from the same batch on any number of workers
     input_columns: ClassVar[tuple[str, ...]] = ("head_id", "tail_id", "head", "tail", "sentences")  # REQUEST_COLUMNS
@@ -87,21 +91,25 @@ class BagTask(Task):
 
     def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
                 on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
-        """:func:`.grouping.prepare_bags` (a cache local to the driver's node: ``shared_cache`` and the placement
-        arguments are not used yet)."""
+        """:func:`.grouping.prepare_bags` (``pretrained``: ``--model bert``'s model; a cache local to the driver's
+        node: ``shared_cache`` and the placement arguments are not used yet)."""
         from nre_ray.tasks.bag.grouping import prepare_bags
 
-        return prepare_bags(data, seed)
+        return prepare_bags(data, seed, pretrained)
 
     def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
-        """Not yet (``python -m nre_ray.data inspect``): :meth:`unsupported`."""
-        raise ConfigError(self.unsupported("inspect") or "")
+        """:func:`.grouping.is_cached` (the local cache: bags have no shared one yet)."""
+        from nre_ray.tasks.bag.grouping import is_cached
+
+        return is_cached(data, seed)
 
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:
-        """:func:`nre_ray.data.audit.to_markdown`: the bag audit has the sentence audit's layout (bags as rows)."""
-        from nre_ray.data.audit import to_markdown  # pandas: when a run starts
+        """:func:`.bag_audit.audit_markdown`: sentences and bags per split (keyed by ids or by text), bag sizes and
+        what ``--max-bag-size`` leaves out, multi-label and NA bags, facts per relation, sentence lengths against
+        ``--max-length``, entity pairs shared between splits."""
+        from nre_ray.tasks.bag.bag_audit import audit_markdown  # pandas: when a run starts
 
-        return to_markdown(audit)
+        return audit_markdown(audit)
 
     def open_split(self, folder: Path, name: str) -> BagSplit:
         """:meth:`BagSplit.open`."""
@@ -115,16 +123,17 @@ class BagTask(Task):
         """Batches of bags (:class:`BagDataset`)."""
         return BagDataset(split)  # type: ignore[arg-type]
 
+    def train_batches(self, split: EncodedSplit, batch_size: int, rank: int, world_size: int, seed: int
+                      ) -> BagBatchSampler:
+        """Shards that balance sentences, not bags, each cut into the same number of batches
+        (:class:`~.bag_split.BagBatchSampler`)."""
+        return BagBatchSampler(split.sizes, batch_size, rank, world_size, seed)  # type: ignore[attr-defined]
+
     # model and loss
 
     def check_settings(self, config: Any) -> None:
-        """Not ``--model bert`` yet (its subword tokenizer is not run on bags), and a fixed number of workers."""
-        if config.model.model == "bert":
-            raise ConfigError(f"--model bert with --bag-aggregator is not supported yet ({ISSUE}); choose cnn, pcnn, "
-                              "bilstm or transformer")
-        if config.elastic:
-            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
-                              f"on bags are not supported yet ({ISSUE}); give a number of workers")
+        """Every ``--model`` works inside a bag, and elastic runs take bags: a bag's loss is its own, so an elastic
+        step is the same update at any world size (tests/unit/test_bag_rows.py). Nothing to refuse."""
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """``--model``'s encoder under ``--bag-aggregator`` (:func:`.network.build_bag_model`)."""
@@ -198,12 +207,20 @@ class BagTask(Task):
 
         return bag_scores.per_label(counts, labels, None, threshold_of(trained))
 
+    def checkpoint_reports(self, counts: Any, labels: list[str], trained: Mapping[str, float], folder: Path,
+                           name: str, title: str) -> None:
+        """:func:`.bag_scores.write_reports` with the per-relation table at the checkpoint's validation threshold
+        (as :meth:`checkpoint_scores` scores its F1)."""
+        from nre_ray.tasks.bag.bag_rows import threshold_of
+
+        bag_scores.write_reports(counts, labels, None, folder, name, title, threshold_of(trained))
+
     report_metrics: ClassVar[tuple[str, ...] | None] = (*summary_metrics, "threshold")
 
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Tune and ``python -m nre_ray.data inspect`` do not take bags yet (:data:`SUPPORTED`)."""
+        """Every command takes bags (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
         return f"bag models: {command} is not supported yet ({ISSUE})"

@@ -32,6 +32,7 @@ from nre_ray import storage
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats import FORMATS, HINT_FORMAT, PEEK_BYTES, detect_format
 from nre_ray.data.formats.common import (
+    NYT10_END_MARK,
     Source,
     read_text,
     remote_call,
@@ -48,7 +49,7 @@ from nre_ray.data.schema import OPTIONAL, REQUIRED, as_text, quote
 NYT10 = "nyt10"
 """The format name of NYT10's TSV (``--format nyt10`` once the commands take bags)."""
 BAG_FORMATS: tuple[str, ...] = (NYT10, *FORMATS)
-END_MARK = "###END###"
+END_MARK = NYT10_END_MARK
 NYT10_FIELDS = ("head_id", "tail_id", "head", "tail", "relation", "sentence")
 ID_COLUMNS = ("head_id", "tail_id")
 COLUMNS: tuple[str, ...] = (*REQUIRED, *OPTIONAL, *ID_COLUMNS, "file", "line", "problem")

@@ -14,15 +14,19 @@
    (``--valid-fraction``) of the training *bags* validates (:func:`draw_valid`: by a hash of the bag's key, so no
    list of bags is needed).
 4. Ray Data: the training bags' token counts (summed by a groupby) -> the vocabulary; every bag's sentences
-   tokenized and encoded as the sentence task encodes a row (:func:`encode_bags`).
+   tokenized and encoded as the sentence task encodes a row (:func:`encode_bags`). With ``--model bert`` the
+   vocabulary is the pretrained tokenizer's plus the entity markers (built once on the driver into the cache's
+   ``pretrained/`` folder, :func:`nre_ray.data.subword.tokenizer_vocab`, as the sentence task builds it), and each
+   sentence is encoded by the sentence task's subword encoder (:func:`nre_ray.data.subword.encode_subword_batch`:
+   markers around the head and the tail, the model's special tokens, a window of ``--max-length`` subwords).
 5. Driver: the encoded bags stream in (``iter_batches``), are put in the order of their keys and written split by
    split as :class:`~.bag_split.BagSplit` files (4 bytes a token; the raw corpus never reaches the driver), with the
-   vocabulary, labels and audit, in a private folder published as the cache folder (:mod:`nre_ray.core.buildonce`)
-   under a key of the inputs' content and the settings: the next run with the same inputs reuses it.
+   vocabulary, labels and audit (:mod:`.bag_audit`), in a private folder published as the cache folder
+   (:mod:`nre_ray.core.buildonce`) under a key of the inputs' content and the settings: the next run with the same
+   inputs reuses it.
 
 Labels come from the training bags: NA (``--negative-label``, default ``NA``) first, then the relations sorted. A bag
 of the validation or test split with a relation training never saw is a bad row of its file (its first sentence).
-``--model bert`` (a subword tokenizer) is not encoded here yet (:meth:`.bag_task.BagTask.check_settings` refuses it).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import pandas as pd
 from nre_ray import storage
 from nre_ray.config import DataConfig
 from nre_ray.core import buildonce
-from nre_ray.data.batches import encode_flat, token_counts, tokenize_batch
+from nre_ray.data.batches import EncodedSplit, encode_flat, token_counts, tokenize_batch
 from nre_ray.data.checks import check_rows
 from nre_ray.data.datadir import find_data_files
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
@@ -50,7 +54,10 @@ from nre_ray.data.formats.common import Source
 from nre_ray.data.labels import read_labels
 from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, load_task_cache, quiet_ray_data, sources_of
 from nre_ray.data.schema import parse_column_map
+from nre_ray.data.subword import assets_folder, encode_subword_batch, fingerprint, tokenizer_vocab
 from nre_ray.data.vocab import Vocab
+from nre_ray.run.checkpoint import pretrained_assets
+from nre_ray.tasks.bag.bag_audit import SentenceLengths, audit_of
 from nre_ray.tasks.bag.bag_split import BagSplit
 from nre_ray.tasks.bag.bags import BAG, NA, build_bags, with_bag_keys
 from nre_ray.tasks.bag.files import (
@@ -64,7 +71,7 @@ from nre_ray.tasks.bag.files import (
 )
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # 2: a sentence's sampling priority leaves out its file's name and its label
+CACHE_VERSION = 3  # 2: a sentence's sampling priority leaves out its file's name and its label; 3: the bag audit
 MARKER = "meta.json"
 """The file a bag cache folder gets last (with ``"task": "bag"``)."""
 SPLITS = ("train", "valid", "test")
@@ -194,28 +201,50 @@ def bag_token_counts(batch: pd.DataFrame, tokenizer: str, lowercase: bool, marke
     return token_counts(tokenized[tokenized["problem"] == ""])
 
 
-def encode_bags(batch: pd.DataFrame, vocab: list[str], labels: list[str], settings: dict[str, Any]
-                ) -> pd.DataFrame:
-    """Ray Data ``map_batches``: every bag's sentences tokenized and encoded as the sentence task encodes rows
-    (``settings``: ``tokenizer``, ``lowercase``, ``markers``, ``typed``, ``max_length``, ``window``), and its label
-    set as label ids. Adds ``tokens`` (flat ids), ``lengths``, ``spans`` (flat head start/end, tail start/end after
-    truncation), ``label_ids`` and ``problem`` (a sentence whose entity covers no token is left out of its bag; a bag
-    left empty, or with a label not in ``labels``, gets a problem)."""
-    sentences, owner = _sentences_frame(batch)
+def encode_sentences(sentences: pd.DataFrame, vocab: list[str], settings: dict[str, Any]
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """Checked sentence rows (``sentence``, ``head``, ``head_offset``, ``tail``, ``tail_offset``, ``problem``)
+    encoded as the sentence task encodes rows: with ``settings["subword"]`` (a pretrained tokenizer's files, under
+    ``pretrained/``: ``--model bert``) by the subword encoder (:func:`~nre_ray.data.subword.encode_subword_batch`,
+    entity markers inserted by offset), else tokenized (``tokenizer``, ``lowercase``, ``markers``, ``typed``) and
+    looked up in ``vocab`` (:func:`~nre_ray.data.batches.encode_flat`). Returns which rows were encoded (N,) bool,
+    their flat arrays (``tokens``, ``offsets``, ``lengths``, ``head_span``, ``tail_span``: the spans after
+    truncation; a subword span starts at its start marker) and their token counts before truncation (the audit's)."""
+    if settings.get("subword"):
+        encoded = encode_subword_batch(sentences, assets_folder(settings["subword"]), settings["max_length"],
+                                       settings["typed"], None)
+        ok = (encoded["problem"] == "").to_numpy()
+        full = encoded.loc[ok, "full_length"].to_numpy(dtype=np.int64)
+        return ok, EncodedSplit.from_frame(encoded[ok], settings["window"]).flat, full
     tokenized = tokenize_batch(sentences, settings["tokenizer"], settings["lowercase"], settings["markers"],
                                settings["typed"])
     ok = (tokenized["problem"] == "").to_numpy()
     kept = tokenized[ok]
     spans = kept[["head_start", "head_end", "tail_start", "tail_end"]].to_numpy(dtype=np.int64).reshape(-1, 4)
-    flat = encode_flat([list(t) for t in kept["tokens"]], spans, vocab, settings["max_length"], settings["window"])
+    token_lists = [list(t) for t in kept["tokens"]]
+    full = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+    return ok, encode_flat(token_lists, spans, vocab, settings["max_length"], settings["window"]), full
+
+
+def encode_bags(batch: pd.DataFrame, vocab: list[str], labels: list[str], settings: dict[str, Any]
+                ) -> pd.DataFrame:
+    """Ray Data ``map_batches``: every bag's sentences encoded as the sentence task encodes rows
+    (:func:`encode_sentences`; ``settings``: :func:`encode_settings`'), and its label set as label ids. Adds
+    ``tokens`` (flat ids), ``lengths``, ``spans`` (flat head start/end, tail start/end after truncation),
+    ``full_lengths`` (the kept sentences' token counts before truncation: the audit's), ``label_ids`` and
+    ``problem`` (a sentence whose entity covers no token is left out of its bag; a bag left empty, or with a label
+    not in ``labels``, gets a problem)."""
+    sentences, owner = _sentences_frame(batch)
+    ok, flat, full = encode_sentences(sentences, vocab, settings)
     owner_kept = owner[ok]
     index = {name: i for i, name in enumerate(labels)}
     out = batch.drop(columns=["sentences"]).copy()
-    tokens, lengths, span_rows, label_ids, problems = [], [], [], [], []
+    tokens, lengths, full_lengths, span_rows, label_ids, problems = [], [], [], [], [], []
     starts = flat["offsets"]
     for b in range(len(batch)):
         mine = np.flatnonzero(owner_kept == b)
         lengths.append(flat["lengths"][mine].astype(np.int64).tolist())
+        full_lengths.append(full[mine].tolist())
         tokens.append(np.concatenate([flat["tokens"][starts[i]:starts[i + 1]] for i in mine]).astype(np.int64).tolist()
                       if len(mine) else [])
         span_rows.append(np.concatenate([flat["head_span"][mine], flat["tail_span"][mine]], axis=1).reshape(-1)
@@ -225,7 +254,7 @@ def encode_bags(batch: pd.DataFrame, vocab: list[str], labels: list[str], settin
         unknown = [x for x in names if x not in index]
         problems.append(f"relation: {unknown[0]!r} is not a relation of the training bags" if unknown
                         else "" if len(mine) else "no sentence of the bag has its entities as tokens")
-    out["tokens"], out["lengths"], out["spans"] = tokens, lengths, span_rows
+    out["tokens"], out["lengths"], out["full_lengths"], out["spans"] = tokens, lengths, full_lengths, span_rows
     out["label_ids"], out["problem"] = label_ids, problems
     first = [json.loads(s)[0] if s else {} for s in batch["sentences"]]
     out["first_file"] = [str(f.get("file", "")) for f in first]
@@ -237,32 +266,54 @@ def encode_bags(batch: pd.DataFrame, vocab: list[str], labels: list[str], settin
 # the run's data
 
 
-def encode_settings(cfg: DataConfig) -> dict[str, Any]:
+def encode_settings(cfg: DataConfig, subword: dict[str, bytes] | None = None) -> dict[str, Any]:
     """What :func:`encode_bags` encodes with (``settings``), from the data settings ``cfg`` (a run's, or the ones a
-    checkpoint carries)."""
+    checkpoint carries); ``subword``: ``--model bert``'s tokenizer files (``{"pretrained/<file>": bytes}``, what a
+    checkpoint carries: :func:`nre_ray.run.checkpoint.pretrained_assets`), None for words. The files themselves,
+    not a path: Ray Data's tasks and the predictor write them into a local folder once per process
+    (:func:`nre_ray.data.subword.assets_folder`)."""
     return {"tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "markers": cfg.entity_markers,
-            "typed": cfg.typed_markers, "max_length": cfg.max_length, "window": cfg.position_window}
+            "typed": cfg.typed_markers, "max_length": cfg.max_length, "window": cfg.position_window,
+            "subword": subword or None}
 
 
-def settings_of(cfg: DataConfig, seed: int) -> dict[str, Any]:
-    """The settings that change the encoded bags (the cache key uses them)."""
+def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> dict[str, Any]:
+    """The settings that change the encoded bags (the cache key uses them); ``pretrained`` (``--model bert``) by its
+    tokenizer's fingerprint, as the sentence task's cache keys it (:func:`nre_ray.data.subword.fingerprint`)."""
     keep = ("format", "columns", "tokenizer", "lowercase", "min_freq", "max_length", "position_window",
             "valid_fraction", "on_bad_rows", "negative_label", "entity_markers", "typed_markers", "max_bag_size")
-    return {"task": "bag", "version": CACHE_VERSION, "seed": seed, **{k: getattr(cfg, k) for k in keep}}
+    settings = {"task": "bag", "version": CACHE_VERSION, "seed": seed, **{k: getattr(cfg, k) for k in keep}}
+    if pretrained:
+        settings["pretrained"] = fingerprint(pretrained)
+    return settings
 
 
-def prepare_bags(cfg: DataConfig, seed: int) -> Prepared:
-    """The encoded bag splits of the run's files (see the module docstring), from the cache when it has them."""
+def cache_folder(cfg: DataConfig, files: dict[str, Source], seed: int, pretrained: str | None = None) -> Path:
+    """The cache folder of these split files and settings (built or not)."""
+    return Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
+
+
+def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None) -> bool:
+    """Whether :func:`prepare_bags` would reuse a cache, and so needs no Ray (``python -m nre_ray.data inspect``)."""
+    return not cfg.no_cache and complete(cache_folder(cfg, find_bag_files(cfg), seed, pretrained))
+
+
+def prepare_bags(cfg: DataConfig, seed: int, pretrained: str | None = None) -> Prepared:
+    """The encoded bag splits of the run's files (see the module docstring), from the cache when it has them;
+    ``pretrained``: ``--model bert``'s model, whose tokenizer encodes the sentences."""
     files = find_bag_files(cfg)
     formats = formats_of(files, cfg.format)
-    cache = Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed))
+    cache = cache_folder(cfg, files, seed, pretrained)
     with buildonce.turn(cache):  # runs on this machine take turns: the second one reuses the first one's result
         if not cfg.no_cache and complete(cache):
             log.info("preprocess: reused the cache in %s (--no-cache rebuilds it)", cache)
             prepared = load_bags(cache)
         else:
+            log.info("preprocess: %s; the result is cached in %s",
+                     "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
+                     cache)
             with buildonce.private_folder(cache) as private:
-                rejected = build(cfg, files, formats, seed, private)
+                rejected = build(cfg, files, formats, seed, private, pretrained)
                 buildonce.publish(private, cache, complete, replace=True)
             prepared = load_bags(cache)
             prepared.cache_hit = False
@@ -274,21 +325,24 @@ def prepare_bags(cfg: DataConfig, seed: int) -> Prepared:
 
 def problem_summary(batch: pd.DataFrame) -> pd.DataFrame:
     """Ray Data ``map_batches``: the batch's first :data:`~nre_ray.data.errors.MAX_SHOWN` bad rows (``file``,
-    ``line``, ``problem``, ``fatal``, the row's text) and, in ``count``, how many bad rows it has (on its first
-    row)."""
+    ``line``, ``problem``, ``fatal``, the row's text, ``split``) and, in ``count``, how many bad rows it has (on its
+    first row; a batch is a part of one split's file)."""
     bad = batch[batch["problem"] != ""]
-    shown = bad.head(MAX_SHOWN)[["file", "line", "problem", "fatal", "sentence", "head", "tail", "relation"]].copy()
+    shown = bad.head(MAX_SHOWN)[["file", "line", "problem", "fatal", "sentence", "head", "tail", "relation",
+                                 "split"]].copy()
     shown["count"] = np.zeros(len(shown), dtype=np.int64)
     if len(shown):
         shown.iloc[0, shown.columns.get_loc("count")] = len(bad)
     return shown
 
 
-def bag_stats(batch: pd.DataFrame, tokenizer: str, lowercase: bool, markers: bool, typed: bool) -> pd.DataFrame:
+def bag_stats(batch: pd.DataFrame, tokenizer: str | None, lowercase: bool, markers: bool, typed: bool
+              ) -> pd.DataFrame:
     """Ray Data ``map_batches``: what the vocabulary and the labels need of the training bags, as ``kind``
-    (``token`` or ``label``), ``name``, ``count``: their sentences' token counts (:func:`bag_token_counts`) and their
-    labels."""
-    tokens = bag_token_counts(batch, tokenizer, lowercase, markers, typed)
+    (``token`` or ``label``), ``name``, ``count``: their sentences' token counts (:func:`bag_token_counts`; none
+    with ``tokenizer`` None: a pretrained tokenizer's vocabulary is its own) and their labels."""
+    tokens = bag_token_counts(batch, tokenizer, lowercase, markers, typed) if tokenizer else \
+        pd.DataFrame({"token": pd.Series([], dtype=str), "count": pd.Series([], dtype=np.int64)})
     found = sorted({x for text in batch.loc[batch["split"] == "train", "labels"] for x in text.split("\n") if x})
     return pd.DataFrame({"kind": ["token"] * len(tokens) + ["label"] * len(found),
                          "name": [*map(str, tokens["token"]), *found],
@@ -331,16 +385,17 @@ def shuffle_strategy(name: str) -> Iterator[None]:
         context.shuffle_strategy = before
 
 
-def build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], seed: int, folder: Path
-          ) -> pd.DataFrame:
-    """Build the cache into ``folder`` (steps 2-5 of the module docstring); returns the first rejected rows."""
+def build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], seed: int, folder: Path,
+          pretrained: str | None = None) -> pd.DataFrame:
+    """Build the cache into ``folder`` (steps 2-5 of the module docstring; ``pretrained``: ``--model bert``'s model);
+    returns the first rejected rows."""
     quiet_ray_data()
     with shuffle_strategy(SHUFFLE):
-        return _build(cfg, files, formats, seed, folder)
+        return _build(cfg, files, formats, seed, folder, pretrained)
 
 
-def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], seed: int, folder: Path
-           ) -> pd.DataFrame:
+def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], seed: int, folder: Path,
+           pretrained: str | None) -> pd.DataFrame:
     import ray.data
 
     na = cfg.negative_label or NA
@@ -351,7 +406,8 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
     fatal = summary[summary["fatal"] == 1] if len(summary) else summary
     fail_or_skip(fatal, len(fatal), cfg.on_bad_rows, True)
     bad_count = int(summary["count"].sum()) if len(summary) else 0
-    shown = summary.head(MAX_SHOWN).drop(columns=["fatal", "count"]) if len(summary) \
+    bad_rows = {str(k): int(v) for k, v in summary.groupby("split")["count"].sum().items()} if len(summary) else {}
+    shown = summary.head(MAX_SHOWN).drop(columns=["fatal", "count", "split"]) if len(summary) \
         else pd.DataFrame(columns=["file", "line", "problem"])
     fail_or_skip(shown, bad_count, cfg.on_bad_rows, False)
 
@@ -364,22 +420,29 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
                                 batch_format="pandas")
     bags = bags.materialize()
     stats = pd.DataFrame(bags.map_batches(bag_stats, fn_kwargs={
-        "tokenizer": cfg.tokenizer, "lowercase": cfg.lowercase, "markers": cfg.entity_markers,
-        "typed": cfg.typed_markers},
+        "tokenizer": None if pretrained else cfg.tokenizer, "lowercase": cfg.lowercase,
+        "markers": cfg.entity_markers, "typed": cfg.typed_markers},
         batch_format="pandas").take_all(), columns=["kind", "name", "count"])
-    counts = stats[stats["kind"] == "token"].groupby("name")["count"].sum()
-    vocab = Vocab.build({str(t): int(c) for t, c in counts.items()}, cfg.min_freq)
+    if pretrained:  # the tokenizer's vocabulary, entity markers added (bag sentences carry no entity types)
+        vocab, tokenizer_dir, _ = tokenizer_vocab(pretrained, folder / "pretrained", cfg.max_length)
+        settings = encode_settings(cfg, pretrained_assets(tokenizer_dir))
+    else:
+        counts = stats[stats["kind"] == "token"].groupby("name")["count"].sum()
+        vocab = Vocab.build({str(t): int(c) for t, c in counts.items()}, cfg.min_freq)
+        settings = encode_settings(cfg)
     labels = labels_of(sorted(set(stats.loc[stats["kind"] == "label", "name"])), files, na)
-    settings = encode_settings(cfg)
     encoded = bags.map_batches(encode_bags, fn_kwargs={"vocab": vocab.tokens, "labels": labels, "settings": settings},
                                batch_format="pandas")
     writers = {s: BagSplit.Writer(len(labels), cfg.position_window) for s in SPLITS}
-    rejected = []
+    lengths = SentenceLengths()
+    rejected, rejected_bags = [], {s: 0 for s in SPLITS}
     for part in encoded.iter_batches(batch_format="pandas", batch_size=4096):
+        lengths.add(part)
         for row in part.itertuples(index=False):
             if row.problem:
                 rejected.append({"file": row.first_file, "line": int(row.first_line), "problem": row.problem,
                                  "sentence": "", "head": row.head, "tail": row.tail, "relation": row.labels})
+                rejected_bags[row.split] += 1
                 continue
             writers[row.split].add(row)
     rejected_frame = pd.DataFrame(rejected, columns=["file", "line", "problem", "sentence", "head", "tail",
@@ -394,12 +457,14 @@ def _build(cfg: DataConfig, files: dict[str, Source], formats: dict[str, str], s
         split.save(folder, name)
     vocab.save(folder / "vocab.json")
     (folder / "labels.json").write_text(json.dumps(labels, ensure_ascii=False), encoding="utf-8")
-    audit = audit_of(splits, labels, len(rejected_frame) + bad_count)
+    audit = audit_of(splits, labels, na, lengths, cfg.max_length, cfg.max_bag_size, bad_rows, rejected_bags,
+                     valid_from_train)
     (folder / "audit.json").write_text(json.dumps(audit, ensure_ascii=False), encoding="utf-8")
     all_rejected = pd.concat([shown, rejected_frame], ignore_index=True) if bad_count else rejected_frame
     all_rejected.to_csv(folder / "rejected.csv", index=False)
     meta = {"task": "bag", "splits": list(splits), "valid_from_train": valid_from_train,
-            "rejected_count": int(bad_count + len(rejected_frame)), "window": cfg.position_window}
+            "rejected_count": int(bad_count + len(rejected_frame)), "window": cfg.position_window,
+            "pretrained_dir": "pretrained" if pretrained else None}
     (folder / MARKER).write_text(json.dumps(meta), encoding="utf-8")
     return all_rejected
 
@@ -418,20 +483,6 @@ def labels_of(found: list[str], files: dict[str, Source], na: str) -> list[str]:
     return check_label_file(str(path), from_file, {x: "the training bags" for x in data_labels})
 
 
-def audit_of(splits: dict[str, BagSplit], labels: list[str], rejected: int) -> dict[str, Any]:
-    """The data audit in :mod:`nre_ray.data.audit`'s layout: per split its bags (``rows``), sentences, bag sizes and
-    the bags per label."""
-    out: dict[str, Any] = {"warnings": [], "labels": labels, "max_length": 0, "splits": {}}
-    for s, split in splits.items():
-        sizes = split.sizes if len(split) else np.zeros(1, dtype=np.int64)
-        out["splits"][s] = {
-            "rows": len(split), "rejected": rejected if s == "train" else 0, "sentences": int(sizes.sum()),
-            "length": {"mean": float(sizes.mean()), "p50": float(np.percentile(sizes, 50)),
-                       "p90": float(np.percentile(sizes, 90)), "max": int(sizes.max())},
-            "distance": {}, "labels": {lab: int(n) for lab, n in zip(labels, split.labels.sum(axis=0), strict=True)}}
-    return out
-
-
 def complete(folder: Path) -> bool:
     """Whether ``folder`` is a complete bag cache."""
     try:
@@ -441,6 +492,9 @@ def complete(folder: Path) -> bool:
 
 
 def load_bags(folder: Path) -> Prepared:
-    """What :func:`build` wrote into ``folder``."""
-    return load_task_cache(folder, MARKER, BagSplit.open,
-                           position_window=int(json.loads((folder / MARKER).read_text(encoding="utf-8"))["window"]))
+    """What :func:`build` wrote into ``folder`` (with ``--model bert`` its tokenizer folder, ``pretrained/``, which
+    every checkpoint carries)."""
+    meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    pretrained_dir = meta.get("pretrained_dir")
+    return load_task_cache(folder, MARKER, BagSplit.open, position_window=int(meta["window"]),
+                           pretrained_dir=str(folder / pretrained_dir) if pretrained_dir else None)

@@ -16,7 +16,8 @@ tests/unit/test_document_*.py):
 * :mod:`.encoding`: ATLOP's ``*`` mention markers, token ids, mention start positions, the label matrix (TH at 0),
   a word vocabulary for from-scratch encoders. :mod:`.subwords`: the same in a pretrained tokenizer's subwords
   (``--model bert``), the tokenizer every checkpoint carries.
-* :mod:`.batching`: length-bucketed batches, padding share, token-balanced shards, padding into arrays.
+* :mod:`.batching`: length-bucketed batches dealt to the ranks by tokens (the training loader's), padding share,
+  token-balanced shards, padding into arrays.
 * :mod:`.atlop`: ATLOP (entity logsumexp pooling, localized context pooling, grouped bilinear), the
   adaptive-threshold loss, inference, overlapping windows for long documents. :mod:`.encoder`: a from-scratch
   transformer that returns attention, and any Hugging Face encoder (``output_attentions=True``).
@@ -27,7 +28,10 @@ tests/unit/test_document_*.py):
 :mod:`.fact_rows`: documents encoded with a checkpoint's context (evaluate), read as rows (predict, requests), and
 the predicted facts as rows.
 
-What is NOT wired yet: tune (it refuses document data in one line), ``python -m nre_ray.data inspect`` in a
-pretrained model's subwords, a shared ``s3://`` cache; the encoders are to move beside the others in
-``nre_ray/models/``; the generated sample is not committed (call :func:`.sample.write_sample`) (issue 37).
+``python -m nre_ray.data inspect`` describes documents (:mod:`.describe`); training batches are by length, dealt to
+the workers by tokens (:class:`~.batching.LengthBatchSampler`, through ``Task.train_batches``).
+
+What is NOT wired yet: ``python -m nre_ray.data inspect`` in a pretrained model's subwords, a shared ``s3://`` cache;
+the encoders are to move beside the others in ``nre_ray/models/``; the generated sample is not committed (call
+:func:`.sample.write_sample`) (issue 37).
 """

@@ -18,7 +18,8 @@ its entities' mentions and every candidate pair's relations (DocRED / Re-DocRED 
 * rows (:mod:`.fact_rows`): evaluate encodes a labelled file with the context the checkpoint carries of its
   training split (so its scores are training's on the same documents); predict, the MLflow pyfunc model and serve
   answer one row per predicted fact (document, head and tail entity, relation, score); a request is a document in
-  DocRED's JSON (:meth:`DocumentTask.parse_request`). Tune refuses documents in one line (issue 37).
+  DocRED's JSON (:meth:`DocumentTask.parse_request`);
+* tune searches :data:`SEARCH_SPACE` (the document model's options) and selects on validation ``micro_f1``.
 """
 
 from __future__ import annotations
@@ -55,8 +56,16 @@ if TYPE_CHECKING:
 MODELS = ("transformer", "bert")
 """The ``--model`` values the document task trains: an encoder trained from scratch, or a pretrained one."""
 ISSUE = "issue 37"
-SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect"})
+SUPPORTED = frozenset({"train", "evaluate", "predict", "serve", "pyfunc", "inspect", "tune"})
 """The commands that take document data and models (:meth:`DocumentTask.unsupported`)."""
+SEARCH_SPACE: dict[str, dict[str, dict[str, list[Any]]]] = {
+    "train": {"lr": {"loguniform": [3e-4, 3e-3]}, "batch_size": {"choice": [4, 8]},
+              "weight_decay": {"choice": [0.0, 1e-4]}},
+    "model": {"hidden_size": {"choice": [64, 128, 256]}, "num_layers": {"choice": [1, 2]}},
+}
+"""What ``python -m nre_ray.tune`` searches on documents without ``--search-space`` (:meth:`DocumentTask.search_space`):
+the options the document model takes (not ``--dropout``, ``--embedding-dropout`` or ``--kernel-size``), with a few
+documents a batch (a document is hundreds of tokens and its candidate pairs)."""
 
 
 class DocumentTask(Task):
@@ -132,6 +141,11 @@ class DocumentTask(Task):
 
     default_model: ClassVar[str | None] = "transformer"
 
+    def search_space(self, model: str) -> dict[str, dict[str, dict[str, list[Any]]]] | None:
+        """:data:`SEARCH_SPACE` for ``--model transformer``; ``--model bert``'s own space (its learning rates) for a
+        pretrained encoder, whose size is the model's."""
+        return SEARCH_SPACE if model == "transformer" else None
+
     def train_batches(self, split: EncodedSplit, batch_size: int, rank: int, world_size: int, seed: int
                       ) -> LengthBatchSampler:
         """Batches by length, at most ``batch_size`` x the mean document length in padded tokens, dealt to the ranks
@@ -139,15 +153,13 @@ class DocumentTask(Task):
         return LengthBatchSampler(split.lengths, batch_size, rank, world_size, seed)  # type: ignore[attr-defined]
 
     def check_settings(self, config: Any) -> None:
-        """``--model transformer`` or ``--model bert`` (:data:`MODELS`), and a fixed number of workers (elastic
-        runs on documents are untested: refused)."""
+        """``--model transformer`` or ``--model bert`` (:data:`MODELS`). Elastic runs take documents (a document's
+        loss is its own: the same update at any world size, tests/unit/test_document_task.py); their steps are
+        ``--batch-size`` documents a rank at random, not :meth:`train_batches`' length batches."""
         model = config.model.model
         if model not in MODELS:
             raise ConfigError(f"--model {model}: document models take --model transformer (an encoder trained from "
                               "scratch) or --model bert --pretrained PATH_OR_NAME (a pretrained encoder)")
-        if config.elastic:
-            raise ConfigError(f"--num-workers {config.train.min_workers}-{config.train.num_workers}: elastic runs "
-                              f"on documents are not supported yet ({ISSUE}); give a number of workers")
 
     def build_model(self, model_config: Any, spec: ModelSpec) -> nn.Module:
         """ATLOP on a :class:`TransformerDocumentEncoder` of ``--hidden-size`` (d_model), ``--num-layers``
@@ -221,7 +233,7 @@ class DocumentTask(Task):
     # rows
 
     def unsupported(self, command: str) -> str | None:
-        """Only tune does not take documents yet (:data:`SUPPORTED`)."""
+        """Every command takes documents (:data:`SUPPORTED`)."""
         if command in SUPPORTED:
             return None
         return f"document models: {command} is not supported yet ({ISSUE})"
