@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
 import ray.train
+import torch
 
 from nre_ray.data.batches import EncodedSplit, encode_batch, token_counts, tokenize_batch
 from nre_ray.data.vocab import Vocab
@@ -108,3 +109,21 @@ def evaluate_on_1_and_3_workers(summary: dict, data: Path, tmp_path: Path, capsy
                                "--tracking-uri", summary["tracking_uri"])]
     assert reports[1]["metrics"] == reports[0]["metrics"]
     return reports[0]
+
+
+def elastic_step_gradients(task, build: Callable[[], torch.nn.Module], dataset, world: int, step: int, batch: int,
+                           micro: int, seed: int) -> list[torch.Tensor]:
+    """One elastic step (nre_ray.run.elastic: epoch 1's order from ``seed``, the ``step``-th global batch of
+    ``batch`` examples shared among ``world`` simulated ranks in micro-batches of at most ``micro``) on a model
+    ``build`` makes after ``torch.manual_seed(0)``: every parameter's gradient summed over the ranks, as the
+    all-reduce sums them (zeros where a parameter got none)."""
+    from nre_ray.run import elastic
+
+    torch.manual_seed(0)
+    model = build()
+    order = elastic.epoch_order(len(dataset), seed, 1)
+    for rank in range(world):
+        parts, count = elastic.step_share(order, step, batch, rank, world, micro)
+        elastic.accumulate(task, model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext,
+                           torch.amp.GradScaler("cpu", enabled=False))
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]

@@ -234,9 +234,7 @@ def test_an_elastic_step_over_bags_is_the_same_update_at_every_world_size(checkp
     """An elastic run's step (nre_ray.run.elastic: the step's bags shared among the ranks, each bag's loss divided by
     the step's bag count, the gradients summed over the ranks) gives the same gradients at 1, 2 and 3 simulated
     ranks, for every aggregator: a bag's loss is its own, whichever rank holds it."""
-    import contextlib
-
-    from nre_ray.run import elastic
+    from tests.helpers import elastic_step_gradients
 
     cfg, vocab, labels, _, spec = checkpoint
     split, _ = bag_rows.encode_file(str(grouping.sample_dir() / "train.tsv"), cfg.data, vocab, labels, ASSETS)
@@ -245,14 +243,8 @@ def test_an_elastic_step_over_bags_is_the_same_update_at_every_world_size(checkp
                                               "embedding_dropout": 0.0}})
 
     def gradients(world: int) -> list[torch.Tensor]:
-        torch.manual_seed(0)
-        model = BAG.build_model(model_cfg.model, spec).train()
-        order = elastic.epoch_order(len(dataset), 5, 1)
-        for rank in range(world):
-            parts, count = elastic.step_share(order, 1, 24, rank, world, 8)
-            elastic.accumulate(BAG, model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext,
-                               torch.amp.GradScaler("cpu", enabled=False))
-        return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        return elastic_step_gradients(BAG, lambda: BAG.build_model(model_cfg.model, spec).train(), dataset, world,
+                                      step=1, batch=24, micro=8, seed=5)
 
     fixed = gradients(3)
     assert any(g.abs().sum() > 0 for g in fixed)

@@ -354,23 +354,16 @@ def test_an_elastic_step_over_documents_is_the_same_update_at_every_world_size(s
     """An elastic run's step (nre_ray.run.elastic: the step's documents shared among the ranks, each document's loss
     divided by the step's document count, the gradients summed over the ranks) gives the same gradients at 1, 2 and
     3 simulated ranks (dropout off: eval mode, whose logits are the training ones without it)."""
-    import contextlib
-
-    from nre_ray.run import elastic
+    from tests.helpers import elastic_step_gradients
 
     _, labels, vocab, split, _ = _encoded(sample, "train")
     dataset = DOCUMENT.dataset(split)
     cfg = Config.from_dict({"model": {"model": "transformer", "hidden_size": 32, "num_layers": 1}})
 
     def gradients(world: int) -> list[torch.Tensor]:
-        torch.manual_seed(0)
-        model = DOCUMENT.build_model(cfg.model, ModelSpec(len(vocab), len(labels), 0)).eval()
-        order = elastic.epoch_order(len(dataset), 5, 1)
-        for rank in range(world):
-            parts, count = elastic.step_share(order, 0, 9, rank, world, 2)
-            elastic.accumulate(DOCUMENT, model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext,
-                               torch.amp.GradScaler("cpu", enabled=False))
-        return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        return elastic_step_gradients(
+            DOCUMENT, lambda: DOCUMENT.build_model(cfg.model, ModelSpec(len(vocab), len(labels), 0)).eval(), dataset,
+            world, step=0, batch=9, micro=2, seed=5)
 
     fixed = gradients(3)
     assert any(g.abs().sum() > 0 for g in fixed)

@@ -4,7 +4,6 @@ process: each rank's gradients are computed apart and summed, which is what the 
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import pytest
@@ -23,7 +22,7 @@ from nre_ray.run import elastic, runner
 from nre_ray.run.loop import train_loop_per_worker
 from nre_ray.tasks.sentence.classifier import build_model
 from nre_ray.tasks.sentence.task import SENTENCE
-from tests.helpers import tiny_data
+from tests.helpers import elastic_step_gradients, tiny_data
 
 CFG = {"train": {"batch_size": 5, "num_workers": "1-3", "seed": 5, "lr": 0.01},
        "model": {"word_dim": 16, "pos_dim": 4, "hidden_size": 16, "dropout": 0.0, "embedding_dropout": 0.0}}
@@ -65,16 +64,10 @@ def _gradients(world: int, step: int) -> list[torch.Tensor]:
     """The summed gradients of one step of the tiny data at ``world`` simulated ranks."""
     data = tiny_data()
     cfg = Config.from_dict(CFG)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, ModelSpec(len(data["vocab"]), len(data["labels"]), data["num_positions"]))
     dataset = EncodedDataset(EncodedSplit(data["splits"]["train"], "train"))
-    order = elastic.epoch_order(len(dataset), cfg.train.seed, 1)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    for rank in range(world):
-        parts, count = elastic.step_share(order, step, elastic.global_batch(cfg), rank, world, cfg.train.batch_size)
-        elastic.accumulate(SENTENCE, model, dataset, parts, count, torch.device("cpu"), contextlib.nullcontext,
-                           scaler)
-    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    spec = ModelSpec(len(data["vocab"]), len(data["labels"]), data["num_positions"])
+    return elastic_step_gradients(SENTENCE, lambda: build_model(cfg.model, spec), dataset, world, step,
+                                  elastic.global_batch(cfg), cfg.train.batch_size, cfg.train.seed)
 
 
 @pytest.mark.parametrize("step", [0, 2])  # a full global batch of 15, and the last of 36 rows (6)
