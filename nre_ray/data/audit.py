@@ -214,9 +214,36 @@ def _conflicts(key: np.ndarray, label: np.ndarray) -> int:
     return int(pairs["key"].isin(conflicted).sum())
 
 
-def _names(items: Sequence[str], limit: int = 8) -> str:
+def names(items: Sequence[str], limit: int = 8) -> str:
+    """At most ``limit`` of ``items``, comma-separated, and how many there are when some are left out."""
     shown = ", ".join(items[:limit])
     return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+def label_warnings(splits: Mapping[str, Any], labels: Sequence[str], unit: str, label_word: tuple[str, str],
+                   few_unit: str) -> list[str]:
+    """The warnings about labels every audit gives: labels with training ``unit`` (``rows``, ``bags``: each split's
+    count key too) that the validation or test split lacks, and labels with fewer than :data:`MIN_EXAMPLES` in
+    training (``few_unit``: what the count counts). ``label_word``: the singular and plural the text uses."""
+    out = []
+    train = splits.get("train", {})
+
+    def word(n: int) -> str:
+        return label_word[n > 1]
+
+    for name, split_word in (("valid", "validation"), ("test", "test")):
+        if splits.get(name, {}).get(unit):
+            missing = [lab for lab in labels if splits[name]["labels"].get(lab, 0) == 0
+                       and train.get("labels", {}).get(lab, 0) > 0]
+            if missing:
+                out.append(f"{len(missing)} {word(len(missing))} with training {unit} "
+                           f"{'have' if len(missing) > 1 else 'has'} no {split_word} {unit}: {names(missing)}")
+    if train:
+        few = [f"{lab} ({n})" for lab, n in train["labels"].items() if n < MIN_EXAMPLES]
+        if few:
+            out.append(f"{len(few)} {word(len(few))} with fewer than {MIN_EXAMPLES} training {few_unit}: "
+                       f"{names(few)}")
+    return out
 
 
 def warnings_of(audit: Mapping[str, Any]) -> list[str]:
@@ -224,7 +251,6 @@ def warnings_of(audit: Mapping[str, Any]) -> list[str]:
     splits = audit["splits"]
     labels = audit["labels"]
     out = []
-    train = splits.get("train", {})
     for name in ("test", "valid"):
         shared = splits.get(name, {}).get("shared_with_train", 0)
         if shared:
@@ -233,18 +259,7 @@ def warnings_of(audit: Mapping[str, Any]) -> list[str]:
                 if name == "valid" and audit.get("valid_from_train") else ""
             out.append(f"train/{name} overlap: {shared} of {rows} {name} rows ({shared / rows:.1%}) have the same "
                        f"sentence, head, tail and offsets as a training row; {name} scores are optimistic{where}")
-    for name, word in (("valid", "validation"), ("test", "test")):
-        if name in splits and splits[name].get("rows"):
-            missing = [lab for lab in labels if splits[name]["labels"].get(lab, 0) == 0
-                       and train.get("labels", {}).get(lab, 0) > 0]
-            if missing:
-                out.append(f"{len(missing)} class{'es' if len(missing) > 1 else ''} with training rows "
-                           f"{'have' if len(missing) > 1 else 'has'} no {word} rows: {_names(missing)}")
-    if train:
-        few = [f"{lab} ({n})" for lab, n in train["labels"].items() if n < MIN_EXAMPLES]
-        if few:
-            out.append(f"{len(few)} class{'es' if len(few) > 1 else ''} with fewer than {MIN_EXAMPLES} training "
-                       f"examples: {_names(few)}")
+    out += label_warnings(splits, labels, "rows", ("class", "classes"), "examples")
     for name in SPLIT_ORDER:
         info = splits.get(name, {})
         if info.get("conflicting_duplicates"):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nre_ray.data.audit import MIN_EXAMPLES, SPLIT_ORDER, histogram_summary, markdown_table
+from nre_ray.data.audit import SPLIT_ORDER, histogram_summary, label_warnings, markdown_table
 from nre_ray.tasks.bag.bag_split import BagSplit
 
 ID_KIND = "id\x1f"
@@ -137,11 +137,6 @@ def audit_of(splits: Mapping[str, BagSplit], labels: Sequence[str], na: str, len
     return audit
 
 
-def _names(items: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
-
-
 def warnings_of(audit: Mapping[str, Any]) -> list[str]:
     """Plain-language warnings about what silently spoils a bag result (fields: :func:`audit_of`)."""
     splits = audit["splits"]
@@ -153,19 +148,7 @@ def warnings_of(audit: Mapping[str, Any]) -> list[str]:
             out.append(f"train/{name} overlap: {shared} of {bags} {name} bags ({shared / bags:.1%}) are entity "
                        "pairs that also have a training bag; distant supervision labels the pair, so the model was "
                        f"trained on their relations and {name} scores are optimistic")
-    train = splits.get("train", {})
-    for name, word in (("valid", "validation"), ("test", "test")):
-        if splits.get(name, {}).get("bags"):
-            missing = [lab for lab in audit["labels"] if splits[name]["labels"].get(lab, 0) == 0
-                       and train.get("labels", {}).get(lab, 0) > 0]
-            if missing:
-                out.append(f"{len(missing)} label{'s' if len(missing) > 1 else ''} with training bags "
-                           f"{'have' if len(missing) > 1 else 'has'} no {word} bags: {_names(missing)}")
-    if train:
-        few = [f"{lab} ({n})" for lab, n in train["labels"].items() if n < MIN_EXAMPLES]
-        if few:
-            out.append(f"{len(few)} label{'s' if len(few) > 1 else ''} with fewer than {MIN_EXAMPLES} training "
-                       f"bags: {_names(few)}")
+    out += label_warnings(splits, audit["labels"], "bags", ("label", "labels"), "bags")
     for name in splits:
         lost = splits[name].get("unencoded_sentences", 0)
         if lost:
