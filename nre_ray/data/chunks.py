@@ -68,6 +68,7 @@ class InputPlan:
     header: bytes = b""
     columns: list[str] = field(default_factory=list)
     frame: pd.DataFrame | None = None
+    bad_rows: int = 0  #: (a file read chunk by chunk: its bad rows are found as they are read, not known ahead)
 
     @property
     def total_rows(self) -> int:

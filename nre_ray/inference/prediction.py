@@ -389,7 +389,7 @@ def _write(batches: Iterator[pd.DataFrame], plan: InputPlan, output: storage.Pat
     try:
         # a tqdm bar on a terminal, a line every few seconds in a log file (on stderr: stdout may be piped on)
         out = console.Console(sys.stderr) if progress else console.Console(_Discard(), tty=False)
-        known_bad = getattr(plan, "bad_rows", 0)  # a task's input read whole: the rows it could not read, known
+        known_bad = plan.bad_rows  # a task's input read whole knows its bad rows ahead; a streamed file does not
         more = f" (and {known_bad} bad {bad_unit})" if known_bad else ""
         with out.phase("predict", f"labelling {plan.total_rows - known_bad} {unit} of {plan.path}{more}") as step:
             bar = step.progress(total=plan.total_rows, unit=unit)
