@@ -228,6 +228,15 @@ class ModelConfig:
                                       "optionally .gz) loaded into the word embedding for vocabulary words; their "
                                       "dimension must equal --word-dim. The file must be readable on every node.")
 
+    def pretrained_source(self) -> str | None:
+        """``--pretrained`` as preprocessing and the workers read it: None unless ``--model bert``; a local folder
+        made absolute (Ray workers run in another directory); a URI or a hub name as given."""
+        if self.model != "bert" or not self.pretrained:
+            return None
+        if storage.is_uri(self.pretrained) or Path(self.pretrained).expanduser().exists():
+            return storage.absolute(self.pretrained)
+        return self.pretrained
+
 
 @dataclass
 class TrainConfig:

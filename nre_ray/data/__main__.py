@@ -55,10 +55,15 @@ INSPECT_HELPS = {
     "model.bag_aggregator": "Describe the data as a bag run (train's --bag-aggregator) sees it: every sentence of "
                             "one entity pair (head_id/tail_id, else the head and tail texts) is one bag. Any of "
                             "the choices gives the same audit.",
+    "model.model": "bert (with --pretrained): describe the data as a --model bert run encodes it, lengths in the "
+                   "pretrained tokenizer's subwords against the model's positions (the run's own cache). The other "
+                   "models give the same audit (in words).",
+    "model.pretrained": "--model bert: the pretrained model (a local folder or a hub name) whose tokenizer encodes "
+                        "the data, as train's --pretrained.",
 }
 #: The training flags inspect takes (the sections of train's config and, per section, the fields; None: all).
 INSPECT_SECTIONS: dict[str, tuple[str, ...] | None] = {
-    "data": None, "model": ("bag_aggregator",), "train": ("seed",),
+    "data": None, "model": ("bag_aggregator", "model", "pretrained"), "train": ("seed",),
     "run": ("address", "storage_path", "allow_local_storage")}
 CONVERT_HINT = "Fix these rows, or pass --on-bad-rows skip to convert the good rows only."
 
@@ -92,10 +97,11 @@ def inspect(args: argparse.Namespace) -> int:
     # train's cache: the same --cache-dir, --storage-path and --allow-local-storage find the same folders
     cfg.data.cache_dir, shared = pipeline.cache_places(cfg.data.cache_dir, cfg.run.storage_path,
                                                        cfg.run.allow_local_storage)
-    if not task.is_cached(cfg.data, cfg.train.seed, shared_cache=shared):
+    pretrained = cfg.model.pretrained_source()  # --model bert: its subwords (train's cache for such a run)
+    if not task.is_cached(cfg.data, cfg.train.seed, shared_cache=shared, pretrained=pretrained):
         task.check_inputs(cfg.data)  # bad folders, files, headers and columns fail here, before Ray starts
         start_ray(cfg.run.address, log_to_driver=False)
-    prepared = task.prepare(cfg.data, cfg.train.seed, shared_cache=shared)
+    prepared = task.prepare(cfg.data, cfg.train.seed, pretrained, shared_cache=shared)
     sys.stdout.write(task.audit_markdown(prepared.audit))
     if prepared.rejected_count:
         where = f", listed in {prepared.rejected_csv}" if prepared.rejected_csv else ""

@@ -326,9 +326,8 @@ def resolve_target(cfg: Config) -> Target:
             check_dim(cfg.model.embeddings, cfg.model.word_dim)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    if cfg.model.model == "bert" and cfg.model.pretrained and (fs.is_uri(cfg.model.pretrained)
-                                                               or Path(cfg.model.pretrained).expanduser().exists()):
-        cfg.model.pretrained = fs.absolute(cfg.model.pretrained)  # a folder (not a hub name)
+    if cfg.model.model == "bert":
+        cfg.model.pretrained = cfg.model.pretrained_source()
     # The one rule of every command that preprocesses (data inspect too): under an s3:// storage path, published
     # there; under a local one mounted on every node, there itself (every node reads it, any node can build it).
     cfg.data.cache_dir, _ = cache_places(cfg.data.cache_dir, storage, cfg.run.allow_local_storage)

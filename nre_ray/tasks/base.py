@@ -127,9 +127,10 @@ class Task(ABC):
         self.check_data(data)
 
     @abstractmethod
-    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
-        """Whether :meth:`prepare` would reuse a cache (local, or the shared one ``shared_cache``), so needs no
-        Ray (``python -m nre_ray.data inspect``)."""
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None,
+                  pretrained: str | None = None) -> bool:
+        """Whether :meth:`prepare` (with the same ``pretrained``) would reuse a cache (local, or the shared one
+        ``shared_cache``), so needs no Ray (``python -m nre_ray.data inspect``)."""
 
     @abstractmethod
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from nre_ray.data.__main__ import main as data_main
 from nre_ray.evaluate import main as evaluate_main
 from nre_ray.run.checkpoint import PRETRAINED_DIR, load_checkpoint
 from nre_ray.tasks.document.counts import PREDICTED
@@ -43,6 +44,15 @@ def test_bert_on_documents_then_evaluate_without_the_pretrained_folder(ray_clust
     assert {"tokenizer.json", "config.json"} <= {p.name for p in (checkpoint / PRETRAINED_DIR).iterdir()}
     loaded = load_checkpoint(checkpoint, weights=False)
     assert loaded.meta["task"] == "document" and loaded.meta["model"] == "bert" and loaded.vocab.subword
+
+    # inspect as a --model bert run sees the data: the run's cache (no Ray started), in subwords against the model's
+    # 128 positions
+    assert data_main(["inspect", "--data-dir", str(docs), "--model", "bert", "--pretrained", str(base)]) == 0
+    printed = capsys.readouterr().out
+    assert "Length in the pretrained tokenizer's subwords" in printed, printed
+    assert "The window is the pretrained model's positions (128 subwords)" in printed, printed
+    longer = re.search(r"^\| train \|(?: [\d.]+ \|){4} (\d+) \|$", printed, re.M)
+    assert longer and int(longer.group(1)) > 0, printed
 
     shutil.rmtree(base)  # evaluate needs only the checkpoint: its tokenizer files and config.json
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

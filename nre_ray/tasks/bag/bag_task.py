@@ -97,11 +97,12 @@ class BagTask(Task):
 
         return prepare_bags(data, seed, pretrained)
 
-    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None,
+                  pretrained: str | None = None) -> bool:
         """:func:`.grouping.is_cached` (the local cache: bags have no shared one yet)."""
         from nre_ray.tasks.bag.grouping import is_cached
 
-        return is_cached(data, seed)
+        return is_cached(data, seed, pretrained)
 
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:
         """:func:`.bag_audit.audit_markdown`: sentences and bags per split (keyed by ids or by text), bag sizes and

@@ -27,7 +27,10 @@ def audit_markdown(audit: Mapping[str, Any]) -> str:
                     [[s, splits[s]["rows"], splits[s].get("rejected", 0), splits[s].get("entities", 0),
                       splits[s].get("mentions", 0), splits[s].get("candidate_pairs", 0), splits[s].get("facts", 0)]
                      for s in splits])
-    for key, title in (("length", "Length in words"), ("tokens", "Length in encoded tokens (with mention markers)")):
+    subwords = bool(audit.get("subwords"))
+    tokens = ("Length in the pretrained tokenizer's subwords (with mention markers and the model's special tokens)"
+              if subwords else "Length in encoded tokens (with mention markers)")
+    for key, title in (("length", "Length in words"), ("tokens", tokens)):
         header = ["split", "mean", "p50", "p90", "max"]
         extra = key == "tokens" and window
         if extra:
@@ -35,7 +38,10 @@ def audit_markdown(audit: Mapping[str, Any]) -> str:
         body = [[s, *(splits[s].get(key, {}).get(h, "") for h in header[1:5]),
                  *([splits[s].get("longer_than_window", "")] if extra else [])] for s in names]
         lines += ["", f"## {title}", "", *_table(header, body)]
-    if window:
+    if window and subwords:
+        lines += ["", f"The window is the pretrained model's positions ({window} subwords); longer documents are "
+                      "read in windows overlapping by half."]
+    elif window:
         lines += ["", f"The window is --max-positions' default ({window} tokens); longer documents are read in "
                       "overlapping windows."]
     lines += ["", "## Facts per relation", ""]

@@ -112,11 +112,12 @@ class DocumentTask(Task):
 
         return prepare_documents(data, seed, pretrained)
 
-    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None,
+                  pretrained: str | None = None) -> bool:
         """:func:`.prepare.is_cached` (the local cache: documents have no shared one yet)."""
         from nre_ray.tasks.document.prepare import is_cached
 
-        return is_cached(data, seed)
+        return is_cached(data, seed, pretrained)
 
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:
         """:func:`.describe.audit_markdown`: documents, entities, mentions, candidate pairs, facts per relation,

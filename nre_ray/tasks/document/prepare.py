@@ -352,20 +352,21 @@ def _build(cfg: DataConfig, files: dict[str, Source], seed: int, pretrained: str
                             columns=["file", "line", "problem"])
     return Prepared(splits=splits, vocab=vocab, labels=labels, sources={}, rejected=rejected,
                     valid_from_train=valid_from_train,
-                    audit=audit_of(documents, labels, splits, len(problems), window),
+                    audit=audit_of(documents, labels, splits, len(problems), window, subwords=bool(pretrained)),
                     rejected_count=len(problems), assets={CONTEXT_ASSET: context_asset(context)},
                     pretrained_dir=None if tokenizer_dir is None else str(tokenizer_dir))
 
 
 def audit_of(documents: dict[str, list[Document]], labels: list[str], splits: dict[str, DocumentSplit],
-             rejected: int, window: int | None = None) -> dict[str, Any]:
+             rejected: int, window: int | None = None, subwords: bool = False) -> dict[str, Any]:
     """The data audit (``python -m nre_ray.data inspect``, MLflow's ``data/audit.md``: :mod:`.describe`): per split
     its documents (``rows``), skipped ones, entities, mentions, candidate pairs, facts per relation (``labels``),
-    lengths in words and in encoded tokens (markers included), and how many documents are longer than the encoder's
-    ``window`` (default: ``--max-positions``'s default; read in overlapping windows)."""
+    lengths in words and in encoded tokens (markers included; ``subwords``: a pretrained tokenizer's, its special
+    tokens too), and how many documents are longer than the encoder's ``window`` (default: ``--max-positions``'s
+    default; the pretrained model's positions with ``subwords``; read in overlapping windows)."""
     window = window or ModelConfig().max_positions
     out: dict[str, Any] = {"task": "document", "warnings": [], "labels": labels[1:], "max_length": 0,
-                           "window": window, "splits": {}}
+                           "window": window, "subwords": subwords, "splits": {}}
     for s, docs in documents.items():
         facts = Counter(f.relation for d in docs for f in d.facts)
         tokens = splits[s].lengths if s in splits else np.zeros(0, dtype=np.int64)

@@ -83,11 +83,12 @@ class SentenceTask(Task):
 
         check_inputs(data)
 
-    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None) -> bool:
+    def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None,
+                  pretrained: str | None = None) -> bool:
         """:func:`nre_ray.data.pipeline.is_cached`."""
         from nre_ray.data.pipeline import is_cached
 
-        return is_cached(data, seed, shared_cache=shared_cache)
+        return is_cached(data, seed, pretrained, shared_cache=shared_cache)
 
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:
         """:func:`nre_ray.data.audit.to_markdown`: rows, duplicates, lengths, distances, labels, warnings."""
