@@ -484,6 +484,10 @@ def _serve(options: ServeOptions, identity: ModelIdentity, tracking_uri: str, ow
             signal.signal(signal.SIGINT, previous)
 
 
+#: Seconds Serve's controller gives a proxy actor of the command's own Ray to start (Serve's default is 5).
+PROXY_READY_S = 30
+
+
 def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
     """The environment of a local Ray (set before it starts: Serve's controller, proxies and replicas read it when
     they start) for ``ingress`` (:data:`nre_ray.serve.cli.INGRESSES`). ``haproxy``: Ray Serve 2.60's HAProxy ingress
@@ -493,12 +497,16 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
     ``/tmp/haproxy-serve`` and ports 8404 / 9101, so that two servers on one machine do not meet; a replica that
     stops drains for 2 s (HAProxy on the same node hears of it at once), not Serve's 30 s meant for outside load
     balancers; HAProxy's connection limit at 4096, Ray 2.60's default (Ray 2.59's 20000 makes HAProxy ask for 50036
-    file descriptors, and it crashes at its start where the limit is lower). ``proxy``: nothing (Serve's defaults). A
-    variable already set is kept."""
+    file descriptors, and it crashes at its start where the limit is lower). Either ingress: Serve's controller waits
+    :data:`PROXY_READY_S` for a proxy actor to start (Serve's 5 s, after which it kills it and ``serve.start`` fails,
+    is less than a worker process takes to start on a loaded machine: seen at a load of 16 on 2 cores). A variable
+    already set is kept."""
+    both = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(PROXY_READY_S)}
     if ingress == "proxy":
-        return {}
+        return {key: os.environ.get(key, value) for key, value in both.items()}
     folder = Path(scratch)
     wanted = {
+        **both,
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
@@ -553,8 +561,16 @@ def _stop(signum: int, frame: Any) -> None:
 def _ingress_failure(err: Exception, options: ServeOptions) -> Exception:
     """What to raise for ``err``, from Serve's start or its application's: a UsageError of one line when Serve's
     HAProxy could not listen on the port (taken after :func:`_check_port` looked: Ray's own processes take free
-    ports as they start); ``err`` itself otherwise. HAProxy's reason is its ``[ALERT]`` line: Serve passes the binary's
-    output on inside a RuntimeError's text (ray 2.60), with no error type of its own to tell it by."""
+    ports as they start), or when Serve's proxy actor was given up before it ever started (its controller's ready
+    check ran out: a loaded machine); ``err`` itself otherwise. HAProxy's reason is its ``[ALERT]`` line: Serve passes
+    the binary's output on inside a RuntimeError's text (ray 2.60), with no error type of its own to tell it by."""
+    from ray.exceptions import ActorDiedError
+
+    if isinstance(err, ActorDiedError) and "SERVE_PROXY_ACTOR" in str(err) and "never ran" in str(err):
+        waited = os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "5")
+        return UsageError(f"Serve's proxy did not start: its controller gave it up after {waited} s (this machine's "
+                          f"load: {os.getloadavg()[0]:.1f}); run the command again, or give Serve more time with "
+                          "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S=SECONDS")
     alerts = [line.split(":", 1)[-1].strip() for line in str(err).splitlines() if line.startswith("[ALERT]")]
     bind = next((line for line in alerts if "cannot bind socket" in line), None)
     if bind is None:

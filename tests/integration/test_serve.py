@@ -199,16 +199,23 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered(u
     assert victim not in after and len(after - before) == 1
 
 
+#: The command's one-line refusals of a start that the machine's load cut short (Ray's node registration, Serve's
+#: proxy start): in a start_serve, each gets one more try.
+LOAD_REFUSALS = ("its node did not register within", "Serve's proxy did not start")
+
+
 def start_serve(args: list[str], log: Path, tmp_path: Path) -> subprocess.Popen:
     """``python -m nre_ray.serve ARGS``, up to its URL line. The command starts a Ray of its own (Serve is one per
     cluster), whose raylet must register within Ray's fixed 30 s: with the suite in two processes the load once
-    reached 67 on 2 cores and the command refused in one line, as it should; that refusal (and only it) gets one more
-    try, since these tests are about the serving, not about Ray's start."""
+    reached 67 on 2 cores and the command refused in one line, as it should; that refusal, and Serve's proxy given
+    up before it started (seen at a load of 16), and only they, get one more try (:data:`LOAD_REFUSALS`), since these
+    tests are about the serving, not about the start."""
     for attempt in (1, 2):
         proc = procs.start([sys.executable, "-m", "nre_ray.serve", *args], log, cwd=tmp_path)
         procs.wait_for("the URL line", lambda p=proc: "serving " in log.read_text() or p.poll() is not None,
                        timeout=UP_TIMEOUT_S, interval=0.5)
-        if proc.poll() is None or attempt == 2 or "its node did not register within" not in log.read_text():
+        said = log.read_text()
+        if proc.poll() is None or attempt == 2 or not any(refusal in said for refusal in LOAD_REFUSALS):
             return proc
         procs.stop_tree(proc)  # (what its Ray had started)
         log.write_text(f"(the first try refused on the load: {log.read_text()})\n")

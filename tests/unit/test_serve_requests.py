@@ -74,7 +74,9 @@ def test_haproxy_ingress_keeps_its_files_and_ports_to_itself(tmp_path, monkeypat
     paths = [v for k, v in env.items() if k.endswith(("_LOC", "_PATH", "_BASE", "_FILE"))]
     assert len(paths) == 5 and all(v.startswith(str(tmp_path)) for v in paths)
     assert env["RAY_SERVE_HAPROXY_METRICS_PORT"] != "9101"
-    assert ingress_env("proxy", str(tmp_path)) == {}
+    # either ingress: a proxy gets 30 s to start, not Serve's 5 (a loaded machine's worker start is slower)
+    assert ingress_env("proxy", str(tmp_path)) == {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}
+    assert env["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "30"
 
 
 def test_haproxy_connection_limit_is_one_serve_reads_and_fits_this_machines_file_limit(tmp_path):
@@ -148,3 +150,28 @@ def test_haproxy_that_cannot_listen_is_one_line_naming_the_port():
     assert "cannot bind socket (Address already in use)" in str(error) and str(error).endswith("pass a free --port")
     other = RuntimeError("the controller died")
     assert _ingress_failure(other, options) is other
+
+
+def test_a_proxy_given_up_before_it_started_is_one_line(monkeypatch):
+    """Serve's controller killed its proxy actor before it ever ran (its ready check ran out at a load of 16 on 2
+    cores, in a clean-clone run): one line saying what happened and what to do, not Ray's traceback; another actor's
+    death is raised as it was."""
+    from types import SimpleNamespace
+
+    from ray.exceptions import ActorDiedError
+
+    from nre_ray.cluster.session import UsageError
+    from nre_ray.serve.app import _ingress_failure
+
+    seen = ActorDiedError()
+    seen.error_msg = ("The actor died unexpectedly before finishing this task.\n\tclass_name: HAProxyManager\n\t"
+                      "name: SERVE_PROXY_ACTOR-d918a8455a9f\n\tnamespace: serve\nThe actor is dead because it was "
+                      "killed by `ray.kill`.\nThe actor never ran - it was cancelled before it started running.")
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
+    error = _ingress_failure(seen, SimpleNamespace(host="127.0.0.1", port=8000))
+    assert isinstance(error, UsageError) and "\n" not in str(error)
+    assert str(error).startswith("Serve's proxy did not start: its controller gave it up after 30 s (this machine's "
+                                 "load: ")
+    replica = ActorDiedError()
+    replica.error_msg = "The actor died unexpectedly before finishing this task.\n\tname: SERVE_REPLICA::app#x"
+    assert _ingress_failure(replica, SimpleNamespace(host="127.0.0.1", port=8000)) is replica
