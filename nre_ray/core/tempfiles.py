@@ -67,6 +67,7 @@ def remove_stale(folder: storage.PathLike | None = None, pattern: re.Pattern[str
     once nothing in it changed for ``max_age`` s. ``folders_only``: files are left alone. Never an entry of a live
     process of this machine's, nor one named otherwise; what cannot be listed or removed is left (and logged)."""
     folder = folder if folder is not None else tempfile.gettempdir()
+    removed = []
     for entry, is_folder in _entries(folder, folders_only):
         match = pattern.fullmatch(storage.name_of(entry))
         if match is None:
@@ -76,8 +77,13 @@ def remove_stale(folder: storage.PathLike | None = None, pattern: re.Pattern[str
         else:
             stale = max_age is not None and time.time() - _last_change(entry) > max_age
         if stale:
-            log.info("removing %s, left by a process that ended", entry)
+            removed.append(entry)
             _remove(entry, is_folder)
+    if len(removed) == 1:
+        log.info("removed %s, left by a process that ended", removed[0])
+    elif removed:  # one line, not one a leftover (a test suite's local-mode runs leave dozens)
+        log.info("removed %d leftovers of processes that ended from %s (%s, ...)", len(removed), folder,
+                 storage.name_of(min(removed)))
 
 
 def _entries(folder: storage.PathLike, folders_only: bool) -> list[tuple[str, bool]]:

@@ -13,7 +13,7 @@ from nre_ray.core import buildonce, tempfiles
 from nre_ray.core.tempfiles import HOST
 
 
-def test_the_temporaries_of_processes_that_are_gone_are_removed(tmp_path):
+def test_the_temporaries_of_processes_that_are_gone_are_removed(tmp_path, caplog):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()
     dead_file = tmp_path / f"nre_ray_events_{gone}-{HOST}-k3x9_a.jsonl"
@@ -27,8 +27,12 @@ def test_the_temporaries_of_processes_that_are_gone_are_removed(tmp_path):
     dead_file.write_text("{}\n", encoding="utf-8")
     for name in kept:
         (tmp_path / name).write_text("x", encoding="utf-8")
-    tempfiles.remove_stale(tmp_path)
+    with caplog.at_level("INFO", logger=tempfiles.__name__):
+        tempfiles.remove_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, mine.rsplit("/", 1)[-1]])
+    # one line for all of them, not one a leftover
+    assert [r.getMessage() for r in caplog.records] == [f"removed 2 leftovers of processes that ended from {tmp_path} "
+                                                        f"({min(dead_file.name, dead_folder.name)}, ...)"]
 
 
 def test_a_name_keeps_its_makers_start_time_and_a_reused_id_does_not_keep_its_files(tmp_path):
