@@ -27,6 +27,7 @@ import torch
 from nre_ray.cluster.session import (
     UsageError,
     cluster,
+    cpu_allocator_env,
     local_cluster,
     placement_failed,
     ray_phase,
@@ -251,7 +252,7 @@ def _run_trainer(loaded: Any, ship: Callable[[Any], Any], rows: int, negative: s
                 name=f"evaluate-{uuid.uuid4().hex[:8]}", storage_path=storage,
                 failure_config=ray.train.FailureConfig(controller_failure_limit=0),
                 logging_config=ray.train.LoggingConfig(log_level="WARNING"),
-                worker_runtime_env={"env_vars": ray_quiet_env()},
+                worker_runtime_env={"env_vars": {**ray_quiet_env(), **cpu_allocator_env()}},
             ),
         )
         with out.phase("evaluate", f"scoring {rows} {task.unit} on {num_workers} worker(s)") as step:

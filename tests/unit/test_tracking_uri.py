@@ -282,3 +282,17 @@ def test_one_parser_reads_every_tracking_uri(in_tmp):
     assert sqlite_store.default_artifact_location(uris.sqlite_uri(in_tmp / "m.db")) == (in_tmp / "mlruns").as_uri()
     assert sqlite_store.default_artifact_location("http://h:5000") is None
     assert local_tracking("SQLITE:///x.db") and local_tracking("http://LOCALHOST:5000")
+
+
+def test_the_workers_that_run_the_model_get_glibcs_allocator_settings(monkeypatch):
+    """Training and serve's workers (and evaluate's) keep freed memory and map no block afresh
+    (:data:`nre_ray.cluster.session.CPU_ALLOCATOR_ENV`); a value the user set in the driver's environment wins."""
+    from nre_ray.cluster.session import cpu_allocator_env, quiet_env_for_workers
+
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert cpu_allocator_env() == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 34)}
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
+    env = quiet_env_for_workers()
+    assert env["MALLOC_MMAP_MAX_"] == "65536" and env["MALLOC_TRIM_THRESHOLD_"] == str(2 ** 34)
+    assert env["RAY_worker_niceness"] == "0"
