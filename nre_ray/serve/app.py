@@ -501,24 +501,22 @@ def ingress_env(ingress: str, scratch: str) -> dict[str, str]:
     :data:`PROXY_READY_S` for a proxy actor to start (Serve's 5 s, after which it kills it and ``serve.start`` fails,
     is less than a worker process takes to start on a loaded machine: seen at a load of 16 on 2 cores). A variable
     already set is kept."""
-    both = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(PROXY_READY_S)}
-    if ingress == "proxy":
-        return {key: os.environ.get(key, value) for key, value in both.items()}
-    folder = Path(scratch)
-    wanted = {
-        **both,
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
-        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
-        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port("")),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port("")),
-        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-        "RAY_SERVE_HAPROXY_MAXCONN": "4096",
-    }
+    wanted = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(PROXY_READY_S)}
+    if ingress == "haproxy":
+        folder = Path(scratch)
+        wanted.update({
+            "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port("")),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port("")),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+            "RAY_SERVE_HAPROXY_MAXCONN": "4096",
+        })
     return {key: os.environ.get(key, value) for key, value in wanted.items()}
 
 
