@@ -53,6 +53,7 @@ from nre_ray.cluster.session import alive_nodes
 from nre_ray.config import ConfigError, DataConfig
 from nre_ray.core import buildonce, console
 from nre_ray.data import audit as data_audit
+from nre_ray.data import shared_cache as shared_cache_rules
 from nre_ray.data import stages, subword
 from nre_ray.data.batches import EncodedSplit
 from nre_ray.data.errors import MAX_SHOWN, DataError, Problem
@@ -251,7 +252,7 @@ def cache_folder(cfg: DataConfig, seed: int, files: dict[str, Source] | None = N
     return Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
 
 
-MARKER = "meta.json"
+MARKER = shared_cache_rules.MARKER
 """The file a cache folder gets last: the folder is complete when it is there with this :data:`LAYOUT` (locally and
 in a shared cache)."""
 LAYOUT = 4
@@ -434,11 +435,7 @@ class _Where:
 
 def _complete(folder: Path) -> bool:
     """``folder`` holds a complete cache of this :data:`LAYOUT`."""
-    try:
-        meta = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("layout") == LAYOUT
+    return shared_cache_rules.complete(folder, _accepts)
 
 
 def split_files_complete(folder: Path, splits: list[str]) -> bool:
@@ -447,16 +444,14 @@ def split_files_complete(folder: Path, splits: list[str]) -> bool:
     return _complete(folder) and all((folder / f).is_file() for s in splits for f in EncodedSplit.files(s))
 
 
+def _accepts(meta: dict[str, Any]) -> bool:
+    """A cache folder's ``meta.json`` is of this :data:`LAYOUT`."""
+    return meta.get("layout") == LAYOUT
+
+
 def _shared_complete(shared: str) -> bool:
     """The shared folder ``shared`` holds a complete cache of this :data:`LAYOUT` (raises StorageError)."""
-    marker = storage.join(shared, MARKER)
-    if not storage.is_file(marker):
-        return False
-    try:
-        meta = json.loads(storage.read_bytes(marker))
-    except ValueError:
-        return False
-    return isinstance(meta, dict) and meta.get("layout") == LAYOUT
+    return shared_cache_rules.shared_complete(shared, _accepts)
 
 
 def _load_complete(cache: Path) -> Prepared | None:
@@ -497,46 +492,16 @@ def _relocate(prepared: Prepared, folder: Path) -> None:
 
 
 def _fetch_shared(shared: str, cache: Path) -> bool:
-    """Download the complete shared cache folder ``shared`` into a private folder (``meta.json`` last), then rename
-    it onto ``cache`` (unless a complete one got there first); False when there is none, or it cannot be read (a
-    warning)."""
-    try:
-        if not _shared_complete(shared):
-            return False
-        with buildonce.private_folder(cache) as private:
-            storage.download(shared, private, last=MARKER)
-            if not _complete(private):  # replaced while it was copied: build here
-                return False
-            buildonce.publish(private, cache, _complete)
-    except storage.StorageError as err:
-        log.warning("preprocess: cannot read the shared cache (%s); preprocessing here", err)
-        return False
-    return True
+    """:func:`nre_ray.data.shared_cache.fetch` of a cache of this :data:`LAYOUT`."""
+    return shared_cache_rules.fetch(shared, cache, _accepts)
 
 
 def _ensure_published(cache: Path, shared: str) -> bool:
     """``shared`` holds a complete copy of ``cache``: already there, or uploaded now."""
-    try:
-        if _shared_complete(shared):
-            return True
-    except storage.StorageError:
-        pass  # _publish_shared says what is wrong
-    return _publish_shared(cache, shared)
+    return shared_cache_rules.ensure_published(cache, shared, _accepts)
 
 
-def _publish_shared(cache: Path, shared: str, present: frozenset[str] = frozenset()) -> bool:
-    """Upload the finished local cache folder to ``shared``, ``meta.json`` last (a rebuild first takes the old
-    marker away, so that no one reads a half-replaced copy), except the files in ``present`` (that the build wrote
-    there itself); False and a warning when it cannot be written."""
-    try:
-        storage.remove(storage.join(shared, MARKER))
-        storage.upload(cache, shared, last=MARKER, skip=present)
-    except storage.StorageError as err:
-        log.warning("preprocess: cannot publish the result to the shared cache (%s); later jobs will "
-                    "preprocess again", err)
-        return False
-    log.info("preprocess: published to the shared cache %s", shared)
-    return True
+_publish_shared = shared_cache_rules.publish
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -31,5 +31,6 @@ Every sentence encoder works inside a bag (cnn, pcnn, bilstm, transformer, and b
 PATH``, its sentences encoded by the sentence task's subword encoder with entity markers, :mod:`.grouping`).
 
 Training shards balance sentences, not bags (:class:`~.bag_split.BagBatchSampler` on :func:`~.bags.balance_shards`,
-through ``Task.train_batches``). What is not wired yet: a shared ``s3://`` cache for bags.
+through ``Task.train_batches``). With a storage path in an object store, the cache is shared there as the sentence
+task's is (:mod:`nre_ray.data.shared_cache`).
 """

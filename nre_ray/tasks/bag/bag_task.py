@@ -91,18 +91,19 @@ class BagTask(Task):
 
     def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
                 on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
-        """:func:`.grouping.prepare_bags` (``pretrained``: ``--model bert``'s model; a cache local to the driver's
-        node: ``shared_cache`` and the placement arguments are not used yet)."""
+        """:func:`.grouping.prepare_bags` (``pretrained``: ``--model bert``'s model), fetched from or published to
+        ``shared_cache``. The bags are written into the cache on the driver's node (the placement arguments do not
+        apply)."""
         from nre_ray.tasks.bag.grouping import prepare_bags
 
-        return prepare_bags(data, seed, pretrained)
+        return prepare_bags(data, seed, pretrained, shared_cache)
 
     def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None,
                   pretrained: str | None = None) -> bool:
-        """:func:`.grouping.is_cached` (the local cache: bags have no shared one yet)."""
+        """:func:`.grouping.is_cached` (the local cache, or ``shared_cache``)."""
         from nre_ray.tasks.bag.grouping import is_cached
 
-        return is_cached(data, seed, pretrained)
+        return is_cached(data, seed, pretrained, shared_cache)
 
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:
         """:func:`.bag_audit.audit_markdown`: sentences and bags per split (keyed by ids or by text), bag sizes and

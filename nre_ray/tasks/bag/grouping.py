@@ -23,7 +23,9 @@
    split as :class:`~.bag_split.BagSplit` files (4 bytes a token; the raw corpus never reaches the driver), with the
    vocabulary, labels and audit (:mod:`.bag_audit`), in a private folder published as the cache folder
    (:mod:`nre_ray.core.buildonce`) under a key of the inputs' content and the settings: the next run with the same
-   inputs reuses it.
+   inputs reuses it. With a storage path in an object store it is published to the shared cache too
+   (``<storage-path>/.nre_ray_cache/<key>/``), where jobs on other machines and workers on other nodes find it
+   (:mod:`nre_ray.data.shared_cache`).
 
 Labels come from the training bags: NA (``--negative-label``, default ``NA``) first, then the relations sorted. A bag
 of the validation or test split with a relation training never saw is a bad row of its file (its first sentence).
@@ -45,7 +47,7 @@ import pandas as pd
 
 from nre_ray import storage
 from nre_ray.config import DataConfig
-from nre_ray.core import buildonce
+from nre_ray.data import shared_cache as shared_cache_rules
 from nre_ray.data.batches import EncodedSplit, encode_flat, token_counts, tokenize_batch
 from nre_ray.data.checks import check_rows
 from nre_ray.data.datadir import find_data_files
@@ -293,31 +295,24 @@ def cache_folder(cfg: DataConfig, files: dict[str, Source], seed: int, pretraine
     return Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
 
 
-def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None) -> bool:
-    """Whether :func:`prepare_bags` would reuse a cache, and so needs no Ray (``python -m nre_ray.data inspect``)."""
-    return not cfg.no_cache and complete(cache_folder(cfg, find_bag_files(cfg), seed, pretrained))
+def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None) -> bool:
+    """Whether :func:`prepare_bags` would reuse a cache, local or in ``shared_cache``, and so needs no Ray
+    (``python -m nre_ray.data inspect``)."""
+    return not cfg.no_cache and shared_cache_rules.is_cached(cache_folder(cfg, find_bag_files(cfg), seed, pretrained),
+                                                             shared_cache, _accepts)
 
 
-def prepare_bags(cfg: DataConfig, seed: int, pretrained: str | None = None) -> Prepared:
+def prepare_bags(cfg: DataConfig, seed: int, pretrained: str | None = None,
+                 shared_cache: str | None = None) -> Prepared:
     """The encoded bag splits of the run's files (see the module docstring), from the cache when it has them;
-    ``pretrained``: ``--model bert``'s model, whose tokenizer encodes the sentences."""
+    ``pretrained``: ``--model bert``'s model, whose tokenizer encodes the sentences; ``shared_cache``: a folder
+    every machine sees (``<storage-path>/.nre_ray_cache``), where the result is fetched from or published to
+    (:func:`nre_ray.data.shared_cache.build_or_reuse`)."""
     files = find_bag_files(cfg)
     formats = formats_of(files, cfg.format)
-    cache = cache_folder(cfg, files, seed, pretrained)
-    with buildonce.turn(cache):  # runs on this machine take turns: the second one reuses the first one's result
-        if not cfg.no_cache and complete(cache):
-            log.info("preprocess: reused the cache in %s (--no-cache rebuilds it)", cache)
-            prepared = load_bags(cache)
-        else:
-            log.info("preprocess: %s; the result is cached in %s",
-                     "rebuilding (--no-cache)" if cfg.no_cache else "nothing cached yet for these inputs and settings",
-                     cache)
-            with buildonce.private_folder(cache) as private:
-                rejected = build(cfg, files, formats, seed, private, pretrained)
-                buildonce.publish(private, cache, complete, replace=True)
-            prepared = load_bags(cache)
-            prepared.cache_hit = False
-            prepared.rejected = rejected
+    prepared = shared_cache_rules.build_or_reuse(
+        cache_folder(cfg, files, seed, pretrained), shared_cache, _accepts, cfg.no_cache,
+        lambda private: build(cfg, files, formats, seed, private, pretrained), load_bags)
     prepared.sources = sources_of(files)
     prepared.assets = {SEED_ASSET: json.dumps({"seed": seed}).encode("utf-8")}
     return prepared
@@ -483,12 +478,14 @@ def labels_of(found: list[str], files: dict[str, Source], na: str) -> list[str]:
     return check_label_file(str(path), from_file, {x: "the training bags" for x in data_labels})
 
 
+def _accepts(meta: dict[str, Any]) -> bool:
+    """A cache folder's ``meta.json`` is a bag cache's."""
+    return meta.get("task") == "bag"
+
+
 def complete(folder: Path) -> bool:
     """Whether ``folder`` is a complete bag cache."""
-    try:
-        return json.loads((folder / MARKER).read_text(encoding="utf-8")).get("task") == "bag"
-    except (OSError, ValueError):
-        return False
+    return shared_cache_rules.complete(folder, _accepts)
 
 
 def load_bags(folder: Path) -> Prepared:

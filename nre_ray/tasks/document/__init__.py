@@ -31,7 +31,7 @@ the predicted facts as rows.
 ``python -m nre_ray.data inspect`` describes documents (:mod:`.describe`); training batches are by length, dealt to
 the workers by tokens (:class:`~.batching.LengthBatchSampler`, through ``Task.train_batches``).
 
-What is NOT wired yet: ``python -m nre_ray.data inspect`` in a pretrained model's subwords, a shared ``s3://`` cache;
-the encoders are to move beside the others in ``nre_ray/models/``; the generated sample is not committed (call
-:func:`.sample.write_sample`) (issue 37).
+With a storage path in an object store, the cache is shared there as the sentence task's is
+(:mod:`nre_ray.data.shared_cache`). What is NOT done yet: the encoders are to move beside the others in
+``nre_ray/models/``; the generated sample is not committed (call :func:`.sample.write_sample`) (issue 37).
 """

@@ -106,18 +106,19 @@ class DocumentTask(Task):
 
     def prepare(self, data: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None,
                 on_every_node: bool = False, multi_node: bool | None = None) -> Prepared:
-        """:func:`.prepare.prepare_documents`, in ``pretrained``'s subwords when given (``--model bert``; a cache
-        local to the driver's node: ``shared_cache`` and the placement arguments are not used yet)."""
+        """:func:`.prepare.prepare_documents`, in ``pretrained``'s subwords when given (``--model bert``), fetched
+        from or published to ``shared_cache``. The documents are read and the cache built on the driver's node (the
+        placement arguments do not apply)."""
         from nre_ray.tasks.document.prepare import prepare_documents
 
-        return prepare_documents(data, seed, pretrained)
+        return prepare_documents(data, seed, pretrained, shared_cache)
 
     def is_cached(self, data: DataConfig, seed: int, shared_cache: str | None = None,
                   pretrained: str | None = None) -> bool:
-        """:func:`.prepare.is_cached` (the local cache: documents have no shared one yet)."""
+        """:func:`.prepare.is_cached` (the local cache, or ``shared_cache``)."""
         from nre_ray.tasks.document.prepare import is_cached
 
-        return is_cached(data, seed, pretrained)
+        return is_cached(data, seed, pretrained, shared_cache)
 
     def audit_markdown(self, audit: Mapping[str, Any]) -> str:
         """:func:`.describe.audit_markdown`: documents, entities, mentions, candidate pairs, facts per relation,

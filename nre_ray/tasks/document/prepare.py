@@ -19,8 +19,10 @@
    content and the settings, the pretrained model's fingerprint included (:func:`nre_ray.data.pipeline.cache_key`);
    the next run with the same inputs and settings reuses it.
 
-Documents are few and small next to sentence corpora (CDR: 1,500 abstracts), so the driver holds them; the cache is
-local to the driver's node (a shared ``s3://`` cache, as the sentence pipeline has, is not done yet).
+Documents are few and small next to sentence corpora (CDR: 1,500 abstracts), so the driver holds them and builds the
+cache on its node. With a storage path in an object store the result is also published to (and the next job's fetched
+from) the shared cache ``<storage-path>/.nre_ray_cache/<key>/``, as the sentence pipeline's is; training workers on
+other nodes copy it from there (:mod:`nre_ray.data.shared_cache`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import pandas as pd
 
 from nre_ray import storage
 from nre_ray.config import DataConfig, ModelConfig
-from nre_ray.core import buildonce
+from nre_ray.data import shared_cache as shared_cache_rules
 from nre_ray.data.errors import DataError, Problem
 from nre_ray.data.formats.common import HINT_PATH, Source, storage_problem
 from nre_ray.data.pipeline import CACHE_FOLDER, Prepared, cache_key, load_task_cache, quiet_ray_data, sources_of
@@ -260,12 +262,15 @@ def _encode_with_ray_data(documents: dict[str, list[Document]], context: dict[st
 # the run's data
 
 
-def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None) -> bool:
-    """Whether :func:`prepare_documents` would reuse a cache (and so needs no Ray)."""
-    if cfg.no_cache:
-        return False
-    return complete(Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(find_files(cfg.data_dir),
-                                                                               settings_of(cfg, seed, pretrained)))
+def cache_folder(cfg: DataConfig, files: dict[str, Source], seed: int, pretrained: str | None = None) -> Path:
+    """The local cache folder of these split files and settings (built or not)."""
+    return Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
+
+
+def is_cached(cfg: DataConfig, seed: int, pretrained: str | None = None, shared_cache: str | None = None) -> bool:
+    """Whether :func:`prepare_documents` would reuse a cache, local or in ``shared_cache`` (and so needs no Ray)."""
+    return not cfg.no_cache and shared_cache_rules.is_cached(
+        cache_folder(cfg, find_files(cfg.data_dir), seed, pretrained), shared_cache, _accepts)
 
 
 def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> dict[str, Any]:
@@ -279,22 +284,21 @@ def settings_of(cfg: DataConfig, seed: int, pretrained: str | None = None) -> di
     return settings
 
 
-def prepare_documents(cfg: DataConfig, seed: int, pretrained: str | None = None) -> Prepared:
+def prepare_documents(cfg: DataConfig, seed: int, pretrained: str | None = None,
+                      shared_cache: str | None = None) -> Prepared:
     """The encoded splits of ``cfg.data_dir`` (see the module docstring), from the cache when it has them;
-    ``pretrained`` (``--model bert``): in that model's subwords (:mod:`.subwords`)."""
+    ``pretrained`` (``--model bert``): in that model's subwords (:mod:`.subwords`); ``shared_cache``: a folder every
+    machine sees (``<storage-path>/.nre_ray_cache``), where the result is fetched from or published to
+    (:func:`nre_ray.data.shared_cache.build_or_reuse`)."""
     files = find_files(cfg.data_dir)
-    cache = Path(cfg.cache_dir or CACHE_FOLDER).absolute() / cache_key(files, settings_of(cfg, seed, pretrained))
-    with buildonce.turn(cache):  # runs on this machine take turns: the second one reuses the first one's result
-        if not cfg.no_cache and complete(cache):
-            log.info("preprocess: reused the cache in %s (--no-cache rebuilds it)", cache)
-            prepared = load_documents(cache)
-        else:
-            with buildonce.private_folder(cache) as private:
-                built = _build(cfg, files, seed, pretrained, private)
-                save_documents(built, private)
-                buildonce.publish(private, cache, complete, replace=True)
-            prepared = load_documents(cache)
-            prepared.cache_hit, prepared.rejected = False, built.rejected
+
+    def build(private: Path) -> pd.DataFrame:
+        built = _build(cfg, files, seed, pretrained, private)
+        save_documents(built, private)
+        return built.rejected
+
+    prepared = shared_cache_rules.build_or_reuse(cache_folder(cfg, files, seed, pretrained), shared_cache, _accepts,
+                                                 cfg.no_cache, build, load_documents)
     prepared.sources = sources_of(files)
     return prepared
 
@@ -389,12 +393,14 @@ def _spread(values: list[int]) -> dict[str, float]:
             "max": int(a.max())}
 
 
+def _accepts(meta: dict[str, Any]) -> bool:
+    """A cache folder's ``meta.json`` is a document cache's."""
+    return meta.get("task") == "document"
+
+
 def complete(folder: Path) -> bool:
     """Whether ``folder`` is a complete document cache."""
-    try:
-        return json.loads((folder / MARKER).read_text(encoding="utf-8")).get("task") == "document"
-    except (OSError, ValueError):
-        return False
+    return shared_cache_rules.complete(folder, _accepts)
 
 
 def splits_complete(folder: Path, names: list[str]) -> bool:
