@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     print_report(report)
     if args.output:
         try:
-            write_text(args.output, json.dumps(report, indent=2, ensure_ascii=False))
+            write_text(args.output, json.dumps({**report, "confusion_matrix": report["confusion_matrix"].tolist()},
+                                               indent=2, ensure_ascii=False))
         except StorageError as err:
             print(f"error: --output: {err}", file=sys.stderr)
             return 2
