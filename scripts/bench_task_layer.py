@@ -29,7 +29,9 @@ CASES: dict[str, list[str]] = {
     "sample, cnn, 1 worker": ["--data-dir", str(SAMPLE), "--epochs", "3", "--num-workers", "1"],
     "sample, cnn, 2 workers": ["--data-dir", str(SAMPLE), "--epochs", "3", "--num-workers", "2"],
     "sample, cnn, 3 workers": ["--data-dir", str(SAMPLE), "--epochs", "3", "--num-workers", "3"],
-    "sample, pcnn, 2 workers": ["--data-dir", str(SAMPLE), "--epochs", "3", "--num-workers", "2", "--model", "pcnn"],
+    # with --negative-label: the positive-class and SemEval scorer's scores too
+    "sample, pcnn, 2 workers, no_relation negative": ["--data-dir", str(SAMPLE), "--epochs", "3", "--num-workers", "2",
+                                                      "--model", "pcnn", "--negative-label", "no_relation"],
     "FewRel, cnn, 2 workers": ["--data-dir", str(SHARED / "fewrel" / "csv"), "--epochs", "2", "--num-workers", "2"],
     "DeepKE Chinese, bilstm, 2 workers": ["--data-dir", str(SHARED / "deepke_chinese" / "csv"), "--epochs", "2",
                                           "--num-workers", "2", "--model", "bilstm"],
@@ -58,7 +60,7 @@ def run(code: Path | None, flags: list[str], work: Path, timeout: float) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", default="3942d04", help="the commit before the task layer (default 3942d04)")
-    parser.add_argument("--cases", default=",".join(CASES), help="which cases, comma-separated (default: all)")
+    parser.add_argument("--cases", default=";".join(CASES), help="which cases, separated by ';' (default: all)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
     parser.add_argument("--out", type=Path, default=Path("bench_task_layer.json"), help="JSON results")
     args = parser.parse_args()
@@ -71,7 +73,7 @@ def main() -> None:
                    capture_output=True)
     rows, cases = [], {}
     try:
-        for i, name in enumerate(args.cases.split(",")):
+        for i, name in enumerate(args.cases.split(";")):
             flags = CASES[name]
             old = run(before, flags, scratch / f"{i}-before", args.timeout)
             new = run(None, flags, scratch / f"{i}-after", args.timeout)
