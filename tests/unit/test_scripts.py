@@ -83,18 +83,30 @@ def test_bench_accuracy_reads_rows_saved_before_datasets(bench_accuracy, tmp_pat
 
 def test_bench_document_results_splits_redocred_by_seed(tmp_path, monkeypatch):
     """Re-DocRED's one file here is cut 80/10/10 by a seeded shuffle: disjoint, every document once, in the file's
-    order within a part, the same parts for the same seed and other parts for another."""
+    order within a part, the same parts for the same seed and other parts for another; a held-out document with a
+    relation no training document has moves to train."""
     monkeypatch.syspath_prepend(str(SCRIPTS))
     module = importlib.import_module("bench_document_results")
     source = tmp_path / "dev_revised.json"
     source.write_text(json.dumps([{"title": f"d{i}", "sents": [["x"]], "vertexSet": [], "labels": []}
                                   for i in range(50)]), encoding="utf-8")
+    rare = tmp_path / "rare.json"  # d7 alone has relation P9: wherever the cut puts it, it trains
+    rare.write_text(json.dumps([{"title": f"d{i}", "sents": [["x"]], "vertexSet": [],
+                                 "labels": [{"h": 0, "t": 1, "r": "P9" if i == 7 else "P1"}]} for i in range(50)]),
+                    encoding="utf-8")
+    for seed in range(8):
+        folder = tmp_path / f"rare-{seed}"
+        folder.mkdir()
+        sizes = module.redocred_split(rare, folder, seed)
+        train = [d["title"] for d in json.loads((folder / "train.json").read_text())]
+        assert "d7" in train and sizes["train_documents"] == 40 + sizes["moved_to_train"]
+        assert sizes["moved_to_train"] <= 1 and sum(v for k, v in sizes.items() if k.endswith("documents")) == 50
 
     def parts(seed: int) -> dict[str, list[str]]:
         folder = tmp_path / str(seed)
         folder.mkdir()
         sizes = module.redocred_split(source, folder, seed)
-        assert sizes == {"train_documents": 40, "dev_documents": 5, "test_documents": 5}
+        assert sizes == {"moved_to_train": 0, "train_documents": 40, "dev_documents": 5, "test_documents": 5}
         return {n: [d["title"] for d in json.loads((folder / f"{n}.json").read_text())] for n in ("train", "dev",
                                                                                                     "test")}
 
