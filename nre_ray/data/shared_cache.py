@@ -29,8 +29,6 @@ from nre_ray.core import buildonce
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nre_ray.data.pipeline import Prepared
-
 log = logging.getLogger(__name__)
 
 MARKER = "meta.json"
@@ -116,7 +114,7 @@ def is_cached(cache: Path, shared_root: str | None, accepts: Accepts) -> bool:
 
 
 def build_or_reuse(cache: Path, shared_root: str | None, accepts: Accepts, no_cache: bool,
-                   build: Callable[[Path], pd.DataFrame], load: Callable[[Path], Prepared]) -> Prepared:
+                   build: Callable[[Path], pd.DataFrame], load: Callable[[Path], Any]) -> Any:
     """A task's cache folder ``cache``: reused when complete (``no_cache`` False), else copied from its key's folder
     in the shared cache ``shared_root`` when that is complete, else built: ``build(private)`` writes a complete
     folder (the marker last) and returns the rejected rows, and the folder is published onto ``cache``. Then, with
@@ -124,7 +122,8 @@ def build_or_reuse(cache: Path, shared_root: str | None, accepts: Accepts, no_ca
     ``shared_cache_dir`` names it, so that workers on other nodes copy it (:func:`nre_ray.run.loop.open_splits`).
 
     Runs on one machine take turns (:func:`nre_ray.core.buildonce.turn`): the second one reuses the first one's
-    result. ``load(folder)`` reads a complete folder."""
+    result. ``load(folder)`` reads a complete folder into a :class:`nre_ray.data.pipeline.Prepared` (which this module
+    does not import: the pipeline imports it)."""
     shared = storage.join(shared_root, cache.name) if shared_root else None
 
     def done(folder: Path) -> bool:
