@@ -60,6 +60,22 @@ def redocred_split(source: Path, work: Path, seed: int) -> dict[str, int]:
     return sizes
 
 
+CURVE = ("train_loss", "valid_loss", "valid_micro_f1", "valid_ign_f1")
+"""The per-epoch metrics a run logs (``epoch/<name>`` in MLflow) that the result keeps, epoch by epoch."""
+
+
+def learning_curve(tracking_uri: str, run_id: str) -> list[dict[str, float]]:
+    """The run's :data:`CURVE` metrics by epoch, read back from its MLflow store: one dict per epoch logged."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    by_epoch: dict[int, dict[str, float]] = {}
+    for name in CURVE:
+        for metric in client.get_metric_history(run_id, f"epoch/{name}"):
+            by_epoch.setdefault(metric.step, {"epoch": metric.step})[name] = metric.value
+    return [by_epoch[epoch] for epoch in sorted(by_epoch)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=("cdr", "redocred"), required=True)
@@ -90,13 +106,15 @@ def main() -> None:
         "epoch_seconds": steady(run["epochs"], "epoch_seconds"), "best_epoch": summary.get("best_epoch"),
         # epoch to epoch on the clock: the training pass, validation, the checkpoint and the report
         "epoch_wall_s": median(b["logged_at"] - a["logged_at"] for a, b in pairwise(run["epochs"])),
+        "curve": learning_curve(summary["tracking_uri"], summary["run_id"]),
         "summary": summary,
     }
     rows = [[split, *(summary[split].get(key, float("nan")) for key in SHOWN)] for split in ("valid", "test")]
     tables = table(["split", *SHOWN], rows)
     tables += (f"\n\n{result['epochs']} epochs, best {result['best_epoch']}; the training pass of an epoch "
                f"{result['epoch_seconds']:.0f} s, epoch to epoch {result['epoch_wall_s']:.0f} s, on {args.workers} "
-               f"workers; {result['wall_s']:.0f} s in all")
+               f"workers; {result['wall_s']:.0f} s in all\nvalidation micro F1 by epoch: "
+               + ", ".join(f"{e.get('valid_micro_f1', float('nan')):.3f}" for e in result["curve"]))
     finish(result, tables, args, work)
 
 

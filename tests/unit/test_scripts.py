@@ -116,3 +116,22 @@ def test_bench_document_results_splits_redocred_by_seed(tmp_path, monkeypatch):
     assert all(p == sorted(p, key=lambda t: int(t[1:])) for p in first.values())
     (tmp_path / "0").rename(tmp_path / "old")
     assert parts(0) == first and parts(1) != first
+
+
+def test_bench_document_results_keeps_the_learning_curve(tmp_path, monkeypatch):
+    """Every epoch's training loss and validation scores, read back from the run's MLflow store (a real sqlite
+    store here), in the order of the epochs, whatever order they were logged in."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    module = importlib.import_module("bench_document_results")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("curve")).info.run_id
+    for epoch, f1 in ((2, 0.3), (1, 0.1), (3, 0.2)):
+        client.log_metric(run_id, "epoch/valid_micro_f1", f1, step=epoch)
+        client.log_metric(run_id, "epoch/train_loss", 1.0 / epoch, step=epoch)
+    curve = module.learning_curve(uri, run_id)
+    assert [e["epoch"] for e in curve] == [1, 2, 3]
+    assert [e["valid_micro_f1"] for e in curve] == [0.1, 0.3, 0.2] and curve[1]["train_loss"] == 0.5
+    assert "valid_ign_f1" not in curve[0]  # not logged: not made up
