@@ -368,10 +368,10 @@ def _cached_or_built(cfg: DataConfig, files: dict[str, Source], seed: int, cache
         if not shared:
             return prepared
         if place.store:  # the splits' files are there already; the small files and the marker are not
-            published = _publish_shared(cache, shared,
-                                        frozenset(f for s in prepared.splits for f in EncodedSplit.files(s)))
+            present = frozenset(f for s in prepared.splits for f in EncodedSplit.files(s))
+            published = shared_cache_rules.publish(cache, shared, present)
         else:
-            published = (_publish_shared if cfg.no_cache else _ensure_published)(cache, shared)
+            published = (shared_cache_rules.publish if cfg.no_cache else _ensure_published)(cache, shared)
         if published:
             prepared.shared_cache_dir = shared
         return prepared
@@ -500,8 +500,6 @@ def _ensure_published(cache: Path, shared: str) -> bool:
     """``shared`` holds a complete copy of ``cache``: already there, or uploaded now."""
     return shared_cache_rules.ensure_published(cache, shared, _accepts)
 
-
-_publish_shared = shared_cache_rules.publish
 
 
 # --------------------------------------------------------------------------------------------------------------------

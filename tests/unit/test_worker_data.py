@@ -57,11 +57,11 @@ def test_in_memory_splits_padded_or_flat_still_work() -> None:
 def test_a_worker_on_another_node_copies_the_shared_cache_in_the_bucket_once(
         tmp_path: Path, object_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from nre_ray import storage
-    from nre_ray.data import pipeline
+    from nre_ray.data import shared_cache
 
     local = _cache(tmp_path / "driver" / "key")
     shared = storage.join(object_store, "worker-data", ".nre_ray_cache", "key")
-    assert pipeline._publish_shared(local, shared)
+    assert shared_cache.publish(local, shared)
     monkeypatch.setattr(buildonce, "default_cache_root", lambda: tmp_path / "node-copies")  # this test's "node"
     description = {"cache": {"dir": str(tmp_path / "not-on-this-node" / "key"), "shared": shared,
                              "splits": ["train", "test"]}}
